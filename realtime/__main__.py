@@ -1,0 +1,5 @@
+import sys
+
+from realtime.cli import main
+
+sys.exit(main())

@@ -1,0 +1,88 @@
+"""PCM conversions and WAV input preparation shared by the server, the CLI and clients.
+
+One function prepares every input (``prepare_input``), so that
+``realtime generate --stream`` and a WAV sent through ``/v1/realtime`` feed the
+model the very same samples and so produce the same bytes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from realtime.models.base import INPUT_SAMPLE_RATE, Samples
+
+PCM16 = npt.NDArray[np.int16]
+
+
+def float_to_pcm16(samples: npt.ArrayLike) -> PCM16:
+    """``round(clip(x, -1, 1) * 32767)`` as int16: the wire's float-to-PCM rule."""
+    x = np.clip(np.asarray(samples, dtype=np.float32), -1.0, 1.0)
+    pcm: PCM16 = np.rint(x * np.float32(32767.0)).astype(np.int16)
+    return pcm
+
+
+def pcm16_to_float(pcm: PCM16) -> Samples:
+    """int16 / 32768 as float32, so values lie in [-1, 1)."""
+    samples: Samples = np.asarray(pcm, dtype=np.int16).astype(np.float32) / np.float32(32768.0)
+    return samples
+
+
+def to_mono(samples: npt.ArrayLike) -> Samples:
+    """Downmix by averaging channels; accepts (n,) or (n, channels)."""
+    x = np.asarray(samples, dtype=np.float32)
+    if x.ndim == 1:
+        return x
+    if x.ndim == 2:
+        mono: Samples = x.mean(axis=1, dtype=np.float32)
+        return mono
+    raise ValueError(f"audio must be 1-D or (samples, channels), got shape {x.shape}")
+
+
+def resample(samples: Samples, from_rate: int, to_rate: int) -> Samples:
+    """High-quality resampling with soxr; a no-op when the rates match."""
+    if from_rate <= 0 or to_rate <= 0:
+        raise ValueError(f"sample rates must be positive, got {from_rate} and {to_rate}")
+    if from_rate == to_rate:
+        return np.asarray(samples, dtype=np.float32)
+    import soxr
+
+    out = soxr.resample(np.asarray(samples, dtype=np.float32), from_rate, to_rate, quality="HQ")
+    return np.asarray(out, dtype=np.float32)
+
+
+def prepare_input(samples: npt.ArrayLike, sample_rate: int, *, extra_seconds: float = 0.0) -> PCM16:
+    """Any-rate mono/stereo audio to the 16 kHz mono PCM16 the model is fed.
+
+    Appends ``extra_seconds`` of silence so the model can finish answering
+    (it only produces output while it is fed input).
+    """
+    if extra_seconds < 0:
+        raise ValueError(f"extra_seconds must be >= 0, got {extra_seconds}")
+    mono = resample(to_mono(samples), sample_rate, INPUT_SAMPLE_RATE)
+    pcm = float_to_pcm16(mono)
+    pad = round(extra_seconds * INPUT_SAMPLE_RATE)
+    if pad:
+        pcm = np.concatenate([pcm, np.zeros(pad, dtype=np.int16)])
+    return pcm
+
+
+def read_wav(path: str | Path) -> tuple[Samples, int]:
+    """Read any WAV (or other libsndfile format) as float32 (n,) or (n, ch)."""
+    import soundfile
+
+    data, rate = soundfile.read(str(path), dtype="float32", always_2d=False)
+    return np.asarray(data, dtype=np.float32), int(rate)
+
+
+def load_input_wav(path: str | Path, *, extra_seconds: float = 0.0) -> PCM16:
+    samples, rate = read_wav(path)
+    return prepare_input(samples, rate, extra_seconds=extra_seconds)
+
+
+def write_wav_pcm16(path: str | Path, pcm: PCM16, sample_rate: int) -> None:
+    import soundfile
+
+    soundfile.write(str(path), np.asarray(pcm, dtype=np.int16), sample_rate, subtype="PCM_16")

@@ -1,0 +1,242 @@
+"""Command line: ``realtime serve | generate | demo-model``.
+
+Usage errors and unusable models exit with code 2 and a one-line message,
+before any server binds a port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from realtime.limits import Limits
+
+log = logging.getLogger("realtime")
+
+
+class CliError(Exception):
+    """A problem the user can fix; printed as one line, exit code 2."""
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected an integer > 0, got {text!r}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be in 0..65535, got {value}")
+    return value
+
+
+def _add_limit_options(parser: argparse.ArgumentParser) -> None:
+    d = Limits()
+    g = parser.add_argument_group("limits (per connection)")
+    g.add_argument(
+        "--max-message-bytes",
+        type=_positive_int,
+        default=d.max_message_bytes,
+        help="largest client message accepted (default %(default)s)",
+    )
+    g.add_argument(
+        "--max-pending-audio-seconds",
+        type=_positive_float,
+        default=d.max_pending_audio_seconds,
+        help="input audio queued ahead of the model before appends are "
+        "refused (default %(default)s)",
+    )
+    g.add_argument(
+        "--configure-timeout",
+        type=_positive_float,
+        default=d.configure_timeout,
+        help="seconds to wait for session.update (default %(default)s)",
+    )
+    g.add_argument(
+        "--idle-timeout",
+        type=_positive_float,
+        default=d.idle_timeout,
+        help="seconds without a client message before closing (default %(default)s)",
+    )
+    g.add_argument(
+        "--send-timeout",
+        type=_positive_float,
+        default=d.send_timeout,
+        help="seconds a client may stop reading before it is dropped (default %(default)s)",
+    )
+    g.add_argument(
+        "--send-queue-events",
+        type=_positive_int,
+        default=d.send_queue_events,
+        help="outgoing events buffered per connection (default %(default)s)",
+    )
+
+
+def limits_from_args(args: argparse.Namespace) -> Limits:
+    return Limits(
+        max_message_bytes=args.max_message_bytes,
+        max_pending_audio_seconds=args.max_pending_audio_seconds,
+        configure_timeout=args.configure_timeout,
+        idle_timeout=args.idle_timeout,
+        send_timeout=args.send_timeout,
+        send_queue_events=args.send_queue_events,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="realtime",
+        description="Serve a full-duplex speech model over the /v1/realtime WebSocket.",
+    )
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("REALTIME_LOG_LEVEL", "info"),
+        choices=["debug", "info", "warning", "error"],
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    serve = sub.add_parser("serve", help="serve /v1/realtime (the demo model when -m is omitted)")
+    serve.add_argument(
+        "-m",
+        "--model",
+        metavar="PATH",
+        help="checkpoint folder; omitted: the built-in random-weight demo",
+    )
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=_port, default=8080)
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("REALTIME_API_KEY") or None,
+        help="require 'Authorization: Bearer KEY' on every route (default: $REALTIME_API_KEY)",
+    )
+    serve.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="browser Origin allowed to open the WebSocket besides the "
+        "server's own (repeatable; '*' allows any)",
+    )
+    serve.add_argument(
+        "--quantize",
+        type=int,
+        choices=[4, 8],
+        default=None,
+        help="with no -m: serve the 4- or 8-bit variant of the demo model",
+    )
+    _add_limit_options(serve)
+
+    gen = sub.add_parser("generate", help="run a WAV through the model offline")
+    gen.add_argument(
+        "-m", "--model", metavar="PATH", help="checkpoint folder; omitted: the built-in demo model"
+    )
+    gen.add_argument("--input", required=True, metavar="IN.wav")
+    gen.add_argument("--output", required=True, metavar="OUT.wav")
+    gen.add_argument(
+        "--stream",
+        action="store_true",
+        help="push 1280-sample frames through the streaming session the "
+        "server uses and print text as it arrives",
+    )
+    gen.add_argument("--system-prompt", default=None)
+    gen.add_argument("--seed", type=_seed, default=0)
+    gen.add_argument(
+        "--extra-seconds",
+        type=_non_negative_float,
+        default=3.0,
+        help="silence appended so the answer can finish (default %(default)s)",
+    )
+    gen.add_argument(
+        "--max-seconds",
+        type=_positive_float,
+        default=None,
+        help="max_streaming_seconds of the session (bounds its caches)",
+    )
+    gen.add_argument(
+        "--profile",
+        action="store_true",
+        help="with --stream: print a per-stage frame timing summary",
+    )
+
+    demo = sub.add_parser("demo-model", help="write the tiny random-weight demo checkpoint")
+    demo.add_argument("dir", metavar="DIR")
+    demo.add_argument("--quantize", type=int, choices=[4, 8], default=None)
+    return parser
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _configure_logging(args.log_level)
+    try:
+        if args.command == "serve":
+            from realtime.server import serve_command
+
+            return serve_command(args, limits_from_args(args))
+        if args.command == "generate":
+            from realtime.offline import generate_command
+
+            return generate_command(args)
+        if args.command == "demo-model":
+            from realtime.models.demo import demo_model_command
+
+            return demo_model_command(args)
+    except CliError as exc:
+        print(f"realtime: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,330 @@
+"""The ``/v1/realtime`` wire protocol, sans-IO.
+
+Pure functions over attrs value types: parse a client frame into a message or
+a :class:`ProtocolError`, and build server events as JSON-ready dicts. No
+socket, no trio, no model here, so every rule is unit-testable on its own.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import secrets
+from pathlib import PurePath
+from typing import Any, Final, Literal
+
+import attrs
+import numpy as np
+
+from realtime.audio import float_to_pcm16, pcm16_to_float
+from realtime.models.base import (
+    AUDIO_CODEBOOKS,
+    FRAME_SAMPLES,
+    INPUT_SAMPLE_RATE,
+    OUTPUT_SAMPLE_RATE,
+    AssistantTextDelta,
+    AudioDelta,
+    Cancelled,
+    Done,
+    FunctionDelta,
+    ModelEvent,
+    Samples,
+    UserTranscriptDelta,
+)
+
+ErrorCode = Literal[
+    "invalid_request", "server_busy", "session_initialization_failed", "inference_error"
+]
+ERROR_CODES: Final = (
+    "invalid_request",
+    "server_busy",
+    "session_initialization_failed",
+    "inference_error",
+)
+MAX_SEED: Final = 2**63 - 1
+
+INPUT_AUDIO_FORMAT: Final = {"type": "pcm16", "sample_rate": INPUT_SAMPLE_RATE}
+OUTPUT_AUDIO_FORMAT: Final = {"type": "pcm16", "sample_rate": OUTPUT_SAMPLE_RATE}
+
+Event = dict[str, Any]
+
+
+def new_event_id() -> str:
+    return f"event_{secrets.token_hex(8)}"
+
+
+def new_session_id() -> str:
+    return f"sess_{secrets.token_hex(8)}"
+
+
+class ProtocolError(Exception):
+    """A client message that breaks the protocol; answered with ``invalid_request``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+# --- client messages ---------------------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class SessionUpdate:
+    model: str | None = None
+    system_prompt: str | None = None
+    seed: int = 0
+    max_streaming_seconds: float | None = None
+
+
+@attrs.frozen(slots=True, eq=False)
+class AudioAppend:
+    samples: Samples
+    """float32 in [-1, 1): the PCM16 payload divided by 32768."""
+    sample_rate: int = INPUT_SAMPLE_RATE
+
+
+@attrs.frozen(slots=True)
+class AudioCommit:
+    pad_partial: bool = True
+
+
+@attrs.frozen(slots=True)
+class Cancel:
+    type: str = "session.cancel"
+
+
+@attrs.frozen(slots=True)
+class Ping:
+    pass
+
+
+ClientMessage = SessionUpdate | AudioAppend | AudioCommit | Cancel | Ping
+
+CLIENT_TYPES: Final = (
+    "session.update",
+    "input_audio_buffer.append",
+    "input_audio_buffer.commit",
+    "session.cancel",
+    "response.cancel",
+    "session.ping",
+)
+
+
+def pcm16_from_base64(data: str) -> Samples:
+    """Strict base64 of little-endian PCM16 mono to float32 ``/ 32768``."""
+    if not isinstance(data, str):
+        raise ProtocolError("audio must be a base64 string")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ProtocolError(f"audio is not valid base64: {exc}") from None
+    if len(raw) % 2:
+        raise ProtocolError(
+            f"audio has an odd number of bytes ({len(raw)}); PCM16 needs 2 bytes per sample"
+        )
+    return pcm16_to_float(np.frombuffer(raw, dtype="<i2"))
+
+
+def audio_to_base64(samples: Samples) -> str:
+    """float samples to base64 little-endian PCM16 of ``round(clip(x, -1, 1) * 32767)``."""
+    return base64.b64encode(float_to_pcm16(samples).astype("<i2", copy=False).tobytes()).decode(
+        "ascii"
+    )
+
+
+def _field(obj: dict[str, Any], name: str, path: str) -> Any:
+    return obj.get(name), f"{path}.{name}" if path else name
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _optional_str(obj: dict[str, Any], name: str, path: str) -> str | None:
+    value, where = _field(obj, name, path)
+    if value is None or isinstance(value, str):
+        return value
+    raise ProtocolError(f"{where} must be a string or null")
+
+
+def _parse_session_update(msg: dict[str, Any]) -> SessionUpdate:
+    session = msg.get("session", {})
+    if session is None:
+        session = {}
+    if not isinstance(session, dict):
+        raise ProtocolError("session must be an object")
+    model = _optional_str(session, "model", "session")
+    system_prompt = _optional_str(session, "system_prompt", "session")
+    seed, where = _field(session, "seed", "session")
+    if seed is None:
+        seed = 0
+    elif not _is_int(seed) or not 0 <= seed <= MAX_SEED:
+        raise ProtocolError(f"{where} must be an integer between 0 and {MAX_SEED}")
+    mss, where = _field(session, "max_streaming_seconds", "session")
+    if mss is not None:
+        if not isinstance(mss, (int, float)) or isinstance(mss, bool):
+            raise ProtocolError(f"{where} must be a number > 0 or null")
+        mss = float(mss)
+        if not (mss > 0 and math.isfinite(mss)):
+            raise ProtocolError(f"{where} must be a number > 0 or null")
+    return SessionUpdate(
+        model=model, system_prompt=system_prompt, seed=seed, max_streaming_seconds=mss
+    )
+
+
+def _parse_append(msg: dict[str, Any]) -> AudioAppend:
+    if "audio" not in msg:
+        raise ProtocolError("audio is required")
+    rate = msg.get("sample_rate", INPUT_SAMPLE_RATE)
+    if not _is_int(rate) or rate <= 0:
+        raise ProtocolError(f"sample_rate must be a positive integer ({INPUT_SAMPLE_RATE})")
+    return AudioAppend(samples=pcm16_from_base64(msg["audio"]), sample_rate=rate)
+
+
+def _parse_commit(msg: dict[str, Any]) -> AudioCommit:
+    pad = msg.get("pad_partial", True)
+    if not isinstance(pad, bool):
+        raise ProtocolError("pad_partial must be a boolean")
+    return AudioCommit(pad_partial=pad)
+
+
+def parse_client_message(frame: str | bytes) -> ClientMessage:
+    """Parse one WebSocket frame; raise :class:`ProtocolError` with a clear reason."""
+    if isinstance(frame, (bytes, bytearray)):
+        raise ProtocolError("binary frames are not supported; send JSON text frames")
+    try:
+        msg = json.loads(frame)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ProtocolError(f"message is not valid JSON: {exc}") from None
+    if not isinstance(msg, dict):
+        raise ProtocolError("message must be a JSON object")
+    kind = msg.get("type")
+    if kind is None:
+        raise ProtocolError("type is required")
+    if not isinstance(kind, str):
+        raise ProtocolError("type must be a string")
+    if kind == "input_audio_buffer.append":
+        return _parse_append(msg)
+    if kind == "session.ping":
+        return Ping()
+    if kind == "session.update":
+        return _parse_session_update(msg)
+    if kind == "input_audio_buffer.commit":
+        return _parse_commit(msg)
+    if kind in ("session.cancel", "response.cancel"):
+        return Cancel(type=kind)
+    raise ProtocolError(f"unknown message type {kind!r}; expected one of {', '.join(CLIENT_TYPES)}")
+
+
+def model_matches(requested: str, model_id: str, path: str | None) -> bool:
+    """``session.model`` may name the served model by id, path or the path's last part."""
+    if requested in (model_id, path):
+        return True
+    last = PurePath(requested.rstrip("/\\")).name
+    if last and last == model_id:
+        return True
+    return bool(path and last and last == PurePath(path.rstrip("/\\")).name)
+
+
+# --- server events -------------------------------------------------------------
+
+
+def _event(type_: str, **fields: Any) -> Event:
+    return {"type": type_, "event_id": new_event_id(), **fields}
+
+
+def session_created(session_id: str) -> Event:
+    return _event(
+        "session.created",
+        session={
+            "id": session_id,
+            "state": "configuring",
+            "input_audio_format": dict(INPUT_AUDIO_FORMAT),
+            "output_audio_format": dict(OUTPUT_AUDIO_FORMAT),
+        },
+    )
+
+
+def session_updated(session_id: str, model_id: str, update: SessionUpdate) -> Event:
+    return _event(
+        "session.updated",
+        session={
+            "id": session_id,
+            "state": "ready",
+            "model": model_id,
+            "frame_samples": FRAME_SAMPLES,
+            "system_prompt": update.system_prompt,
+            "seed": update.seed,
+            "max_streaming_seconds": update.max_streaming_seconds,
+            "input_audio_format": dict(INPUT_AUDIO_FORMAT),
+            "output_audio_format": dict(OUTPUT_AUDIO_FORMAT),
+        },
+    )
+
+
+def input_audio_committed() -> Event:
+    return _event("input_audio_buffer.committed")
+
+
+def pong() -> Event:
+    return _event("session.pong")
+
+
+def error_event(code: ErrorCode, message: str) -> Event:
+    return _event("error", error={"code": code, "message": message})
+
+
+def cancelled(frame_index: int) -> Event:
+    return _event("response.cancelled", frame_index=frame_index)
+
+
+def wire_event(event: ModelEvent) -> Event:
+    """Map one model event to its wire event (SPEC's model-event table)."""
+    if isinstance(event, AudioDelta):
+        codes = [int(c) for c in event.audio_codes]
+        if len(codes) != AUDIO_CODEBOOKS:
+            raise ValueError(f"audio_codes has {len(codes)} codes, expected {AUDIO_CODEBOOKS}")
+        return _event(
+            "response.audio.delta",
+            frame_index=event.frame_index,
+            delta=audio_to_base64(event.samples),
+            format="pcm16",
+            sample_rate=event.sample_rate,
+            channels=1,
+            audio_codes=codes,
+        )
+    if isinstance(event, AssistantTextDelta):
+        return _event(
+            "response.text.delta",
+            frame_index=event.frame_index,
+            token_id=event.token_id,
+            delta=event.delta,
+            text=event.text,
+        )
+    if isinstance(event, FunctionDelta):
+        return _event(
+            "response.function.delta",
+            frame_index=event.frame_index,
+            token_id=event.token_id,
+            delta=event.delta,
+            text=event.text,
+        )
+    if isinstance(event, UserTranscriptDelta):
+        return _event(
+            "conversation.item.input_audio_transcription.delta",
+            frame_index=event.frame_index,
+            delta=event.delta,
+            transcript=event.transcript,
+        )
+    if isinstance(event, Done):
+        return _event("response.done", frame_index=event.frame_index)
+    if isinstance(event, Cancelled):
+        return cancelled(event.frame_index)
+    raise TypeError(f"not a model event: {event!r}")
+
+
+def serialize(event: Event) -> str:
+    """One server event as a compact JSON text frame."""
+    return json.dumps(event, separators=(",", ":"), ensure_ascii=False)

@@ -1,0 +1,169 @@
+"""Launching: load the model on the engine thread, then serve the app with Hypercorn.
+
+The model loads before any port is bound, so a bad checkpoint exits with code 2
+and a one-line message. SIGINT/SIGTERM close an active session with 1001,
+release it, stop Hypercorn and join the engine thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+
+from realtime.app import ServerState, create_app
+from realtime.cli import CliError
+from realtime.engine import Engine, EngineLoadError
+from realtime.limits import Limits
+
+log = logging.getLogger("realtime")
+
+SHUTDOWN_GRACE_SECONDS = 3.0
+
+
+def hypercorn_config(host: str, port: int, limits: Limits) -> Config:
+    config = Config()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    # Messages between our limit and twice it get a clear error event from the
+    # connection; only far larger ones are cut off by Hypercorn (close 1009).
+    config.websocket_max_message_size = 2 * limits.max_message_bytes + 65536
+    config.graceful_timeout = SHUTDOWN_GRACE_SECONDS
+    config.accesslog = None
+    return config
+
+
+def resolve_model_path(model: str | None, quantize: int | None) -> Path:
+    """The checkpoint to serve: the given folder (checked), or the demo checkpoint."""
+    from realtime.models import ModelPathError, check_model_path
+
+    if model is None:
+        from realtime.models.demo import ensure_demo_checkpoint
+
+        path = ensure_demo_checkpoint(quantize=quantize)
+        log.warning(
+            "no -m given: serving the built-in DEMO checkpoint at %s. It has random "
+            "weights: it exercises the whole pipeline but speaks noise and writes "
+            "gibberish. Pass -m PATH to serve a real VoiceChat checkpoint.",
+            path,
+        )
+        return path
+    if quantize is not None:
+        raise CliError("--quantize applies to the demo model only (omit -m)")
+    try:
+        check_model_path(model)
+    except ModelPathError as exc:
+        raise CliError(str(exc)) from None
+    return Path(model)
+
+
+def start_engine(path: Path) -> Engine:
+    from realtime.models import load_model
+
+    engine = Engine(lambda: load_model(path))
+    started = time.perf_counter()
+    try:
+        model = engine.start()
+    except EngineLoadError as exc:
+        raise CliError(f"could not load {path}: {exc}") from None
+    log.info("serving model %s (loaded in %.1f s)", model.model_id, time.perf_counter() - started)
+    return engine
+
+
+async def run_server(
+    state: ServerState,
+    config: Config,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until ``shutdown_trigger`` returns (default: SIGINT or SIGTERM).
+
+    Connections are told to close (1001) first, so sessions end and release
+    before Hypercorn stops.
+    """
+    app = create_app(state)
+    stop = trio.Event()
+
+    async def graceful() -> None:
+        await stop.wait()
+
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            if shutdown_trigger is None:
+                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for signum in signals:
+                        log.info("received %s; shutting down", signal.Signals(signum).name)
+                        break
+            else:
+                await shutdown_trigger()
+            state.shutdown.set()
+            with trio.move_on_after(SHUTDOWN_GRACE_SECONDS):
+                await state.idle.wait()
+            stop.set()
+
+        nursery.start_soon(watch)
+        binds = await nursery.start(
+            lambda task_status: serve(
+                app, config, shutdown_trigger=graceful, task_status=task_status
+            )
+        )
+        task_status.started(binds)
+        await stop.wait()
+
+
+def _ws_urls(binds: list[str]) -> list[str]:
+    return [
+        b.replace("http://", "ws://").replace("https://", "wss://") + "/v1/realtime" for b in binds
+    ]
+
+
+def _first(exc: BaseException, kind: type[OSError]) -> OSError | None:
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _first(inner, kind)
+            if found is not None:
+                return found
+    return None
+
+
+def serve_command(args: argparse.Namespace, limits: Limits) -> int:
+    path = resolve_model_path(args.model, args.quantize)
+    engine = start_engine(path)
+    state = ServerState(
+        engine=engine,
+        limits=limits,
+        api_key=args.api_key,
+        allowed_origins=tuple(args.allowed_origin),
+    )
+    config = hypercorn_config(args.host, args.port, limits)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(run_server, state, config)
+            for url in _ws_urls(binds):
+                print(f"realtime: serving {url}", file=sys.stderr, flush=True)
+
+    try:
+        trio.run(main)
+    except (OSError, BaseExceptionGroup) as exc:
+        os_error = _first(exc, OSError)
+        if os_error is None:
+            raise
+        raise CliError(
+            f"cannot listen on {args.host}:{args.port}: {os_error.strerror or os_error}"
+        ) from None
+    finally:
+        engine.shutdown()
+    log.info("stopped")
+    return 0

@@ -1,0 +1,381 @@
+"""The /v1/realtime lifecycle over a real Hypercorn server and a real WebSocket client."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+from trio_websocket import open_websocket_url
+
+from realtime.engine import Engine
+from realtime.limits import Limits
+from tests.fakes import FakeModel, FakeOptions
+from tests.helpers import Client, append_msg, connect, noise, running_server
+
+
+def started(model: FakeModel) -> Engine:
+    engine = Engine(lambda: model)
+    engine.start()
+    return engine
+
+
+async def wait_released(engine: Engine, timeout: float = 2.0) -> float:
+    start = trio.current_time()
+    with trio.fail_after(timeout):
+        while engine.is_reserved():
+            await trio.sleep(0.005)
+    return trio.current_time() - start
+
+
+async def test_session_created_then_updated(engine: Engine) -> None:
+    async with running_server(engine) as server, connect(server.url) as client:
+        created = await client.recv()
+        assert created["type"] == "session.created"
+        assert created["event_id"].startswith("event_") and len(created["event_id"]) == 22
+        session = created["session"]
+        assert session["id"].startswith("sess_") and len(session["id"]) == 21
+        assert session["state"] == "configuring"
+        assert session["input_audio_format"] == {"type": "pcm16", "sample_rate": 16000}
+        assert session["output_audio_format"] == {"type": "pcm16", "sample_rate": 22050}
+        await client.send(
+            {"type": "session.update", "session": {"system_prompt": "Be brief.", "seed": 7}}
+        )
+        updated = await client.recv()
+        assert updated["type"] == "session.updated"
+        assert updated["session"]["state"] == "ready"
+        assert updated["session"]["model"] == "fake-voicechat"
+        assert updated["session"]["frame_samples"] == 1280
+        assert updated["session"]["id"] == session["id"]
+        assert updated["session"]["input_audio_format"]["sample_rate"] == 16000
+        assert updated["session"]["output_audio_format"]["sample_rate"] == 22050
+
+
+async def test_append_before_update_errors(engine: Engine) -> None:
+    async with running_server(engine) as server, connect(server.url) as client:
+        await client.recv()
+        await client.send(append_msg(noise(1280)))
+        err = await client.recv()
+        assert err["type"] == "error"
+        assert err["error"]["code"] == "invalid_request"
+        assert "session.update before audio" in err["error"]["message"]
+        await client.send({"type": "session.ping"})
+        assert (await client.recv())["type"] == "session.pong"
+
+
+async def test_append_streams_events_per_1280_sample_slice(
+    engine: Engine, fake_model: FakeModel
+) -> None:
+    async with running_server(engine) as server, connect(server.url) as client:
+        await client.configure()
+        await client.send(append_msg(noise(3000)))
+        await client.send({"type": "input_audio_buffer.commit"})
+        events = await client.recv_until("response.done")
+    assert fake_model.calls_named("push") == [1280, 1280, 440]
+    types = [e["type"] for e in events]
+    audio = [e for e in events if e["type"] == "response.audio.delta"]
+    # 3000 samples: two full frames from the appends, the third from the padded flush.
+    assert [a["frame_index"] for a in audio] == [0, 1, 2]
+    assert types.index("input_audio_buffer.committed") < types.index("response.done")
+    # Frame 1's events all come before frame 2's, frame 0's before frame 1's.
+    frames = [e["frame_index"] for e in events if "frame_index" in e]
+    assert frames == sorted(frames)
+    first = audio[0]
+    assert first["format"] == "pcm16" and first["sample_rate"] == 22050
+    assert first["channels"] == 1 and len(first["audio_codes"]) == 31
+    text = [e for e in events if e["type"] == "response.text.delta"]
+    assert text[0]["delta"] == "t0 " and text[1]["text"] == "t0 t1 "
+    transcript = [
+        e for e in events if e["type"] == "conversation.item.input_audio_transcription.delta"
+    ]
+    assert transcript[0]["transcript"] == "transcript to 0"
+
+
+async def test_commit_emits_committed_then_done_and_closes_1000(engine: Engine) -> None:
+    async with running_server(engine) as server, connect(server.url) as client:
+        await client.configure()
+        await client.send(append_msg(noise(1280 * 2)))
+        await client.send({"type": "input_audio_buffer.commit", "pad_partial": False})
+        events = await client.recv_until("response.done")
+        types = [e["type"] for e in events]
+        assert types.count("response.audio.delta") == 2
+        assert types[-1] == "response.done" and events[-1]["frame_index"] == 2
+        assert "input_audio_buffer.committed" in types
+        assert await client.closed_code() == 1000
+    await wait_released(engine)
+
+
+async def test_second_connection_gets_server_busy_1013(engine: Engine) -> None:
+    async with running_server(engine) as server, connect(server.url) as first:
+        await first.configure()
+        async with connect(server.url) as second:
+            err = await second.recv()
+            assert err["type"] == "error" and err["error"]["code"] == "server_busy"
+            assert await second.closed_code() == 1013
+        # The first session is untouched.
+        await first.send({"type": "session.ping"})
+        assert (await first.recv())["type"] == "session.pong"
+        await first.send({"type": "session.cancel"})
+        await first.recv_until("response.cancelled")
+        assert await first.closed_code() == 1000
+        await wait_released(engine)
+        async with connect(server.url) as third:
+            assert (await third.recv())["type"] == "session.created"
+
+
+@pytest.mark.parametrize("kind", ["session.cancel", "response.cancel"])
+async def test_cancel_emits_cancelled_and_releases(
+    engine: Engine, fake_model: FakeModel, kind: str
+) -> None:
+    async with running_server(engine) as server, connect(server.url) as client:
+        await client.configure()
+        await client.send(append_msg(noise(1280)))
+        await client.recv_until("response.audio.delta")
+        await client.send({"type": kind})
+        events = await client.recv_until("response.cancelled")
+        assert events[-1]["frame_index"] == 1
+        assert await client.closed_code() == 1000
+    await wait_released(engine)
+    assert fake_model.calls_named("cancel")
+
+
+async def test_wrong_sample_rate_is_inference_error(engine: Engine) -> None:
+    async with running_server(engine) as server, connect(server.url) as client:
+        await client.configure()
+        await client.send(append_msg(noise(1280), sample_rate=8000))
+        err = await client.recv()
+        assert err["type"] == "error" and err["error"]["code"] == "inference_error"
+        assert "16000" in err["error"]["message"] and "8000" in err["error"]["message"]
+        # The session goes on.
+        await client.send(append_msg(noise(1280)))
+        assert (await client.recv_until("response.audio.delta"))[-1]["frame_index"] == 0
+
+
+async def test_abrupt_disconnect_releases_reservation(
+    engine: Engine, fake_model: FakeModel
+) -> None:
+    fake_model.options.frame_delay = 0.02
+    async with running_server(engine) as server:
+        async with open_websocket_url(server.url) as ws:
+            client = Client(ws)
+            await client.configure()
+            await client.send(append_msg(noise(1280 * 50)))
+            await client.recv_until("response.audio.delta")
+            # Drop the TCP connection without a close handshake.
+            await ws._stream.aclose()
+        waited = await wait_released(engine, timeout=2.0)
+        assert waited < 0.25
+        with trio.fail_after(2):
+            while not fake_model.calls_named("clear_cache"):
+                await trio.sleep(0.01)
+        assert fake_model.calls_named("cancel")
+        # Not every queued frame ran: the session was closed on the engine.
+        assert fake_model.frames_run < 50
+
+
+async def test_ping_answered_during_long_append(engine: Engine, fake_model: FakeModel) -> None:
+    fake_model.options.frame_delay = 0.02
+    async with running_server(engine) as server, connect(server.url) as client:
+        await client.configure()
+        await client.send(append_msg(noise(1280 * 100)))
+        await client.recv_until("response.audio.delta")
+        frames_at_ping = fake_model.frames_run
+        await client.send({"type": "session.ping"})
+        events = await client.recv_until("session.pong")
+        frames_at_pong = fake_model.frames_run
+        # Answered while the append is still running, within a frame or two of compute.
+        assert frames_at_pong < 100
+        assert frames_at_pong - frames_at_ping <= 2
+        assert len([e for e in events if e["type"] == "response.audio.delta"]) < 100
+        await client.send({"type": "session.cancel"})
+        await client.recv_until("response.cancelled", timeout=10)
+
+
+async def test_cancel_interrupts_long_append(engine: Engine, fake_model: FakeModel) -> None:
+    fake_model.options.frame_delay = 0.02
+    async with running_server(engine) as server, connect(server.url) as client:
+        await client.configure()
+        await client.send(append_msg(noise(1280 * 100)))
+        await client.recv_until("response.audio.delta")
+        await client.send({"type": "session.cancel"})
+        frames_at_cancel = fake_model.frames_run
+        events = await client.recv_until("response.cancelled")
+        # At most one more slice ran after the cancel arrived.
+        assert fake_model.frames_run - frames_at_cancel <= 1
+        assert events[-1]["frame_index"] == fake_model.frames_run
+        assert await client.closed_code() == 1000
+    await wait_released(engine)
+
+
+async def test_binary_frame_is_error(engine: Engine) -> None:
+    async with running_server(engine) as server, connect(server.url) as client:
+        await client.recv()
+        await client.ws.send_message(b"\x00\x01")
+        err = await client.recv()
+        assert err["error"]["code"] == "invalid_request"
+        assert "binary" in err["error"]["message"]
+        await client.send("{not json")
+        err = await client.recv()
+        assert "not valid JSON" in err["error"]["message"]
+        await client.send({"type": "nope"})
+        err = await client.recv()
+        assert "unknown message type 'nope'" in err["error"]["message"]
+        # The loop continues: the session can still be configured.
+        await client.send({"type": "session.update", "session": {}})
+        assert (await client.recv())["type"] == "session.updated"
+
+
+async def test_second_update_is_error(engine: Engine) -> None:
+    async with running_server(engine) as server, connect(server.url) as client:
+        await client.configure()
+        await client.send({"type": "session.update", "session": {}})
+        err = await client.recv()
+        assert err["error"]["code"] == "invalid_request"
+        assert "already configured" in err["error"]["message"]
+
+
+async def test_unknown_model_name_is_error(engine: Engine) -> None:
+    async with running_server(engine) as server, connect(server.url) as client:
+        await client.recv()
+        await client.send({"type": "session.update", "session": {"model": "other"}})
+        err = await client.recv()
+        assert err["error"]["code"] == "invalid_request"
+        assert "'fake-voicechat'" in err["error"]["message"]
+        await client.send(
+            {"type": "session.update", "session": {"model": "mlx-community/fake-voicechat"}}
+        )
+        assert (await client.recv())["type"] == "session.updated"
+
+
+async def test_backlog_limit_refuses_extra_audio(engine: Engine, fake_model: FakeModel) -> None:
+    fake_model.options.frame_delay = 0.01
+    limits = Limits(max_pending_audio_seconds=1.0)
+    async with running_server(engine, limits=limits) as server, connect(server.url) as client:
+        await client.configure()
+        await client.send(append_msg(noise(12800)))  # 0.8 s
+        await client.send(append_msg(noise(6400)))  # would make 1.2 s
+        events = await client.recv_until("error")
+        assert "backlog is full" in events[-1]["error"]["message"]
+        await client.send({"type": "input_audio_buffer.commit", "pad_partial": False})
+        events = await client.recv_until("response.done")
+        audio = [e for e in events if e["type"] == "response.audio.delta"]
+        # Everything accepted ran: 10 frames from the first append, none from the refused one.
+        assert fake_model.calls_named("push") == [1280] * 10
+        assert [a["frame_index"] for a in audio] == list(range(10))
+
+
+async def test_stalled_client_is_closed_and_releases(engine: Engine, fake_model: FakeModel) -> None:
+    # Big audio events fill the socket buffers fast once the client stops reading.
+    fake_model.options.audio_samples = 50_000
+    limits = Limits(send_timeout=1.0, send_queue_events=4)
+    async with running_server(engine, limits=limits) as server, connect(server.url) as client:
+        await client.configure()
+        await client.send(append_msg(noise(16000 * 19)))
+        # Read nothing: the server must give the slot up on its own.
+        with trio.fail_after(15):
+            while engine.is_reserved():
+                await trio.sleep(0.05)
+        assert fake_model.calls_named("clear_cache")
+        async with connect(server.url) as other:
+            assert (await other.recv())["type"] == "session.created"
+        # Hypercorn shields socket writes, so the close frame goes out once the
+        # blocked write completes: reading again reveals it.
+        assert await client.closed_code(timeout=10) == 1008
+        # Frames stopped: not all 237 queued frames ran.
+        assert fake_model.frames_run < 237
+
+
+async def test_idle_timeout_closes_1008(engine: Engine) -> None:
+    limits = Limits(idle_timeout=0.3)
+    async with running_server(engine, limits=limits) as server, connect(server.url) as client:
+        await client.configure()
+        events = await client.recv_until("error", timeout=5)
+        assert "no message for 0.3 s" in events[-1]["error"]["message"]
+        assert await client.closed_code() == 1008
+    await wait_released(engine)
+
+
+async def test_oversized_message_is_error_and_loop_continues(engine: Engine) -> None:
+    limits = Limits(max_message_bytes=10_000)
+    async with running_server(engine, limits=limits) as server, connect(server.url) as client:
+        await client.configure()
+        await client.send(append_msg(noise(8000)))
+        err = await client.recv()
+        assert err["error"]["code"] == "invalid_request"
+        assert "exceeds the 10000-byte limit" in err["error"]["message"]
+        await client.send(append_msg(noise(1280)))
+        assert (await client.recv_until("response.audio.delta"))[-1]["frame_index"] == 0
+
+
+async def test_context_limit_is_inference_error_and_commit_still_done(engine: Engine) -> None:
+    async with running_server(engine) as server, connect(server.url) as client:
+        await client.configure(max_streaming_seconds=0.16)
+        await client.send(append_msg(noise(1280 * 3)))
+        events = await client.recv_until("error")
+        assert events[-1]["error"]["code"] == "inference_error"
+        assert "context limit" in events[-1]["error"]["message"]
+        await client.send(append_msg(noise(1280)))
+        assert (await client.recv())["error"]["code"] == "inference_error"
+        await client.send({"type": "input_audio_buffer.commit"})
+        assert (await client.recv_until("response.done"))[-1]["frame_index"] == 2
+        assert await client.closed_code() == 1000
+
+
+async def test_session_initialization_failure_allows_retry() -> None:
+    model = FakeModel(FakeOptions(open_error="system prompt prefill failed: too long"))
+    engine = started(model)
+    try:
+        async with running_server(engine) as server, connect(server.url) as client:
+            await client.recv()
+            await client.send({"type": "session.update", "session": {}})
+            await client.send(append_msg(noise(1280)))
+            err = await client.recv()
+            assert err["error"]["code"] == "session_initialization_failed"
+            assert "prefill failed" in err["error"]["message"]
+            # The append that raced the failed update is refused, not lost silently.
+            err = await client.recv()
+            assert "session.update before audio" in err["error"]["message"]
+            model.options.open_error = None
+            await client.send({"type": "session.update", "session": {}})
+            assert (await client.recv())["type"] == "session.updated"
+    finally:
+        engine.shutdown()
+
+
+async def test_engine_death_is_reported_and_closes() -> None:
+    model = FakeModel(FakeOptions(die_on_frame=1))
+    engine = started(model)
+    async with running_server(engine) as server:
+        async with connect(server.url) as client:
+            await client.configure()
+            await client.send(append_msg(noise(1280 * 3)))
+            events = await client.recv_until("error")
+            assert events[-1]["error"]["code"] == "inference_error"
+            assert "engine has stopped" in events[-1]["error"]["message"]
+            assert await client.closed_code() == 1011
+        await wait_released(engine)
+        async with connect(server.url) as client:
+            err = await client.recv()
+            assert err["error"]["code"] == "inference_error"
+            assert await client.closed_code() == 1011
+
+
+async def test_shutdown_closes_session_1001(engine: Engine) -> None:
+    async with running_server(engine) as server, connect(server.url) as client:
+        await client.configure()
+        server.state.shutdown.set()
+        assert await client.closed_code() == 1001
+        await wait_released(engine)
+
+
+async def test_many_sequential_sessions_leave_the_slot_free(engine: Engine) -> None:
+    async with running_server(engine) as server:
+        for i in range(20):
+            async with connect(server.url) as client:
+                await client.configure(seed=i)
+                await client.send(append_msg(noise(1280)))
+                if i % 2:
+                    await client.send({"type": "input_audio_buffer.commit"})
+                    await client.recv_until("response.done")
+                else:
+                    await client.recv_until("response.audio.delta")
+            await wait_released(engine)
+    assert not engine.is_reserved()
