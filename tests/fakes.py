@@ -36,6 +36,8 @@ class FakeOptions:
     die_on_frame: int | None = None
     """Raise SystemExit on this frame, killing the engine thread."""
     open_error: str | None = None
+    open_delay: float = 0.0
+    """Seconds opening a session takes (warm-up and prompt prefill)."""
     max_frames: int | None = None
     """Frames before the context limit (InferenceError) is hit."""
     text_every: int = 1
@@ -152,6 +154,8 @@ class FakeModel:
         self, *, system_prompt: str | None, seed: int, max_streaming_seconds: float | None
     ) -> FakeSession:
         self.record("open", (system_prompt, seed, max_streaming_seconds))
+        if self.options.open_delay:
+            time.sleep(self.options.open_delay)
         if self.options.open_error:
             raise SessionInitializationError(self.options.open_error)
         max_frames = self.options.max_frames

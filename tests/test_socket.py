@@ -171,6 +171,27 @@ async def test_abrupt_disconnect_releases_reservation(
         assert fake_model.frames_run < 50
 
 
+async def test_disconnect_while_the_session_opens_releases(
+    engine: Engine, fake_model: FakeModel
+) -> None:
+    fake_model.options.open_delay = 0.5
+    async with running_server(engine) as server:
+        async with open_websocket_url(server.url) as ws:
+            client = Client(ws)
+            await client.recv()
+            await client.send({"type": "session.update", "session": {}})
+            with trio.fail_after(2):
+                while not fake_model.calls_named("open"):
+                    await trio.sleep(0.005)
+            await ws._stream.aclose()
+        # The slot is free at once; the engine closes the session once it has opened.
+        assert await wait_released(engine, timeout=2.0) < 0.25
+        fake_model.options.open_delay = 0
+        async with connect(server.url) as client:
+            await client.configure()
+        assert fake_model.calls_named("cancel")  # the abandoned session was cancelled
+
+
 async def test_ping_answered_during_long_append(engine: Engine, fake_model: FakeModel) -> None:
     fake_model.options.frame_delay = 0.02
     async with running_server(engine) as server, connect(server.url) as client:
