@@ -46,19 +46,21 @@ def limits_from_env(environ: os._Environ[str] | dict[str, str] = os.environ) -> 
 
 
 def create_app_from_env() -> QuartTrio:
-    from realtime.server import resolve_model_path
+    from realtime.cli import CliError
+    from realtime.server import model_loader
 
     logging.basicConfig(level=os.environ.get("REALTIME_LOG_LEVEL", "INFO").upper())
-    path = resolve_model_path(os.environ.get("REALTIME_MODEL") or None, None)
-    from realtime.models import load_model
-
-    engine = Engine(lambda: load_model(path))
+    try:
+        engine = Engine(model_loader(os.environ.get("REALTIME_MODEL") or None, None))
+        limits = limits_from_env()
+    except (CliError, ValueError) as exc:
+        raise SystemExit(f"realtime: error: {exc}") from None
     origins = tuple(
         o.strip() for o in os.environ.get("REALTIME_ALLOWED_ORIGINS", "").split(",") if o.strip()
     )
     state = ServerState(
         engine=engine,
-        limits=limits_from_env(),
+        limits=limits,
         api_key=os.environ.get("REALTIME_API_KEY") or None,
         allowed_origins=origins,
     )

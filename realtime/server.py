@@ -13,7 +13,6 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import trio
 from hypercorn.config import Config
@@ -23,6 +22,7 @@ from realtime.app import ServerState, create_app
 from realtime.cli import CliError
 from realtime.engine import Engine, EngineLoadError
 from realtime.limits import Limits
+from realtime.models.base import RealtimeModel
 
 log = logging.getLogger("realtime")
 
@@ -40,39 +40,43 @@ def hypercorn_config(host: str, port: int, limits: Limits) -> Config:
     return config
 
 
-def resolve_model_path(model: str | None, quantize: int | None) -> Path:
-    """The checkpoint to serve: the given folder (checked), or the demo checkpoint."""
-    from realtime.models import ModelPathError, check_model_path
+def model_loader(model: str | None, quantize: int | None) -> Callable[[], RealtimeModel]:
+    """The loader the engine thread runs: the given checkpoint (checked here, before
+    any thread starts, so a bad path exits 2 at once), or the demo checkpoint, which
+    is built on the engine thread too since building it runs MLX."""
+    from realtime.models import ModelPathError, check_model_path, load_model
 
     if model is None:
-        from realtime.models.demo import ensure_demo_checkpoint
-
-        path = ensure_demo_checkpoint(quantize=quantize)
         log.warning(
-            "no -m given: serving the built-in DEMO checkpoint at %s. It has random "
-            "weights: it exercises the whole pipeline but speaks noise and writes "
-            "gibberish. Pass -m PATH to serve a real VoiceChat checkpoint.",
-            path,
+            "no -m given: serving the built-in DEMO checkpoint. It has random weights: "
+            "it exercises the whole pipeline but speaks noise and writes gibberish. "
+            "Pass -m PATH to serve a real VoiceChat checkpoint."
         )
-        return path
+
+        def load_demo() -> RealtimeModel:
+            from realtime.models.demo import ensure_demo_checkpoint
+
+            path = ensure_demo_checkpoint(quantize=quantize)
+            log.info("demo checkpoint: %s", path)
+            return load_model(path)
+
+        return load_demo
     if quantize is not None:
         raise CliError("--quantize applies to the demo model only (omit -m)")
     try:
-        check_model_path(model)
+        info = check_model_path(model)
     except ModelPathError as exc:
         raise CliError(str(exc)) from None
-    return Path(model)
+    return lambda: load_model(info.path)
 
 
-def start_engine(path: Path) -> Engine:
-    from realtime.models import load_model
-
-    engine = Engine(lambda: load_model(path))
+def start_engine(loader: Callable[[], RealtimeModel]) -> Engine:
+    engine = Engine(loader)
     started = time.perf_counter()
     try:
         model = engine.start()
     except EngineLoadError as exc:
-        raise CliError(f"could not load {path}: {exc}") from None
+        raise CliError(f"could not load the model: {exc}") from None
     log.info("serving model %s (loaded in %.1f s)", model.model_id, time.perf_counter() - started)
     return engine
 
@@ -138,8 +142,7 @@ def _first(exc: BaseException, kind: type[OSError]) -> OSError | None:
 
 
 def serve_command(args: argparse.Namespace, limits: Limits) -> int:
-    path = resolve_model_path(args.model, args.quantize)
-    engine = start_engine(path)
+    engine = start_engine(model_loader(args.model, args.quantize))
     state = ServerState(
         engine=engine,
         limits=limits,

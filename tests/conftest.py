@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from realtime.engine import Engine
+from realtime.models.demo import ensure_demo_checkpoint, write_demo_checkpoint
+from realtime.models.voicechat import VoiceChatModel
 from tests.fakes import FakeModel
 from tests.helpers import ServerProcess, start_realtime_server
 
@@ -26,15 +28,42 @@ def engine(fake_model: FakeModel) -> Iterator[Engine]:
 
 @pytest.fixture(scope="session")
 def demo_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A private cache for the demo checkpoint, shared by every test of the run."""
-    path = Path(os.environ.get("REALTIME_TEST_CACHE_DIR") or tmp_path_factory.mktemp("cache"))
-    old = os.environ.get("REALTIME_CACHE_DIR")
-    os.environ["REALTIME_CACHE_DIR"] = str(path)
-    yield path
-    if old is None:
-        os.environ.pop("REALTIME_CACHE_DIR", None)
-    else:
-        os.environ["REALTIME_CACHE_DIR"] = old
+    """A private ``REALTIME_CACHE_DIR`` holding the built demo checkpoint, for the run.
+
+    Built here once, so server subprocesses started by tests find it ready.
+    """
+    root = tmp_path_factory.mktemp("realtime-cache")
+    previous = os.environ.get("REALTIME_CACHE_DIR")
+    os.environ["REALTIME_CACHE_DIR"] = str(root)
+    try:
+        ensure_demo_checkpoint()
+        yield root
+    finally:
+        if previous is None:
+            os.environ.pop("REALTIME_CACHE_DIR", None)
+        else:
+            os.environ["REALTIME_CACHE_DIR"] = previous
+
+
+@pytest.fixture(scope="session")
+def demo_path(demo_cache_dir: Path) -> Path:
+    return ensure_demo_checkpoint()
+
+
+@pytest.fixture(scope="session")
+def demo_model(demo_path: Path) -> VoiceChatModel:
+    from realtime.models import load_model
+
+    model = load_model(demo_path)
+    assert isinstance(model, VoiceChatModel)
+    return model
+
+
+@pytest.fixture(scope="session")
+def demo_path_4bit(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_demo_checkpoint(
+        tmp_path_factory.mktemp("q4") / "realtime-demo-voicechat-4bit", quantize=4
+    )
 
 
 @pytest.fixture(scope="session")

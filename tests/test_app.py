@@ -168,7 +168,7 @@ def test_serve_sigterm_closes_session_1001_and_exits_0(
         assert code == 1001
         assert server.proc.wait(30) == 0
         log = server.output()
-        assert "stopped" in log and "Traceback" not in log
+        assert "stopped" in log and "Traceback" not in log, log
 
 
 async def _hold_session_then_signal(server: ServerProcess) -> int | None:

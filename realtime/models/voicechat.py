@@ -1,0 +1,367 @@
+"""NemotronLabs VoiceChat through mlx-vlm, adapted to the model seam.
+
+mlx-vlm's ``nemotron_voicechat`` is the reference MLX implementation; this module
+only loads it, opens its streaming sessions and converts its events (MLX arrays)
+into the project's value types, on the engine thread that owns MLX.
+Nothing here touches MLX at import time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, cast
+
+import attrs
+import numpy as np
+
+from realtime.models.base import (
+    AUDIO_CODEBOOKS,
+    OUTPUT_FRAME_SAMPLES,
+    OUTPUT_SAMPLE_RATE,
+    AssistantTextDelta,
+    AudioDelta,
+    Cancelled,
+    Done,
+    FunctionDelta,
+    InferenceError,
+    ModelEvent,
+    Samples,
+    SessionInitializationError,
+    UserTranscriptDelta,
+)
+from realtime.models.checkpoint import CheckpointInfo, check_model_path, model_id_for, one_line
+
+log = logging.getLogger("realtime.models.voicechat")
+
+# Materialise weights in about this many steps so a long load shows progress.
+_LOAD_PROGRESS_STEPS = 10
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def _materialize(model: Any, started: float) -> None:
+    """Read the lazily mapped weights in, logging progress by bytes."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    flat = cast("list[tuple[str, Any]]", tree_flatten(model.parameters()))
+    params = [value for _, value in flat]
+    total = sum(int(p.nbytes) for p in params) or 1
+    step = max(total // _LOAD_PROGRESS_STEPS, 1)
+    group: list[Any] = []
+    done = group_bytes = 0
+    for value in params:
+        group.append(value)
+        group_bytes += int(value.nbytes)
+        if group_bytes >= step:
+            mx.eval(*group)
+            done += group_bytes
+            group, group_bytes = [], 0
+            log.info(
+                "weights %3d%% (%s of %s in memory) after %.1f s",
+                min(100, 100 * done // total),
+                _gb(done),
+                _gb(total),
+                time.perf_counter() - started,
+            )
+    if group:
+        mx.eval(*group)
+        done += group_bytes
+        log.info(
+            "weights 100%% (%s in memory) after %.1f s", _gb(done), time.perf_counter() - started
+        )
+
+
+@attrs.frozen(slots=True, eq=False)
+class OfflineResult:
+    """One offline turn: the whole answer at once (``realtime generate`` without --stream)."""
+
+    samples: Samples
+    sample_rate: int
+    text: str
+    function_text: str
+    transcript: str
+    frames: int
+
+
+class VoiceChatSession:
+    """One streaming timeline over an mlx-vlm ``VoiceChatStreamingSession``.
+
+    Every method runs on the engine thread. After a failure (the context limit,
+    a model error) ``push_audio`` keeps raising InferenceError, while ``flush``
+    still ends the timeline with ``Done`` so a commit gets its ``response.done``.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self._failed: str | None = None
+
+    @property
+    def frame_index(self) -> int:
+        return int(self._inner.frame_index)
+
+    def push_audio(self, samples: Samples, sample_rate: int) -> list[ModelEvent]:
+        from mlx_vlm.models.nemotron_voicechat import VoiceChatContextLimitError
+
+        if self._failed is not None:
+            raise InferenceError(self._failed)
+        if self._inner.closed:
+            raise InferenceError("the session is closed")
+        chunk = np.asarray(samples, dtype=np.float32)
+        if chunk.ndim != 1:
+            raise InferenceError(f"audio must be mono 1-D samples, got shape {chunk.shape}")
+        try:
+            events = self._inner.push_audio(chunk, sample_rate=sample_rate)
+        except VoiceChatContextLimitError as exc:
+            self._failed = (
+                "the session's context limit (max_streaming_seconds) was reached; "
+                f"no more audio is accepted ({one_line(str(exc))})"
+            )
+            raise InferenceError(self._failed) from exc
+        except ValueError as exc:  # wrong sample rate or shape: the session is intact
+            raise InferenceError(one_line(str(exc))) from exc
+        except Exception as exc:
+            self._failed = f"model failure: {type(exc).__name__}: {one_line(str(exc))}"
+            log.exception("VoiceChat frame failed")
+            raise InferenceError(self._failed) from exc
+        return [_convert(e) for e in events]
+
+    def flush(self, pad_partial: bool) -> list[ModelEvent]:
+        if self._inner.closed:
+            return []
+        # After a failure the pending partial frame is dropped, not run.
+        pad = pad_partial and self._failed is None
+        try:
+            events = self._inner.flush(pad_partial=pad)
+        except Exception as exc:
+            log.exception("VoiceChat flush failed")
+            self._failed = f"model failure: {type(exc).__name__}: {one_line(str(exc))}"
+            if not self._inner.closed:
+                events = self._inner.flush(pad_partial=False)
+                return [_convert(e) for e in events]
+            raise InferenceError(self._failed) from exc
+        return [_convert(e) for e in events]
+
+    def cancel(self) -> list[ModelEvent]:
+        return [_convert(e) for e in self._inner.cancel()]
+
+    def profile_summary(self, drop_first: int = 1) -> dict[str, Any] | None:
+        """Per-stage frame timings when the session was opened with ``profile=True``."""
+        if not getattr(self._inner, "_profiling", False):
+            return None
+        summary: dict[str, Any] = self._inner.profile.summary(drop_first=drop_first)
+        return summary
+
+
+def _convert(event: Any) -> ModelEvent:
+    """An mlx-vlm ``VoiceChatEvent`` as a project value (MLX arrays become numpy/ints)."""
+    kind = event.kind
+    frame = int(event.frame_index or 0)
+    if kind == "audio":
+        samples = np.array(event.samples, dtype=np.float32).reshape(-1)
+        codes = tuple(int(c) for c in np.array(event.audio_codes).reshape(-1).tolist())
+        if samples.shape[0] != OUTPUT_FRAME_SAMPLES or len(codes) != AUDIO_CODEBOOKS:
+            raise InferenceError(
+                f"unexpected audio frame: {samples.shape[0]} samples, {len(codes)} codes"
+            )
+        return AudioDelta(
+            frame_index=frame,
+            samples=samples,
+            audio_codes=codes,
+            sample_rate=int(event.sample_rate or OUTPUT_SAMPLE_RATE),
+        )
+    if kind == "assistant_text_delta":
+        return AssistantTextDelta(
+            frame_index=frame,
+            token_id=int(event.token_id),
+            delta=str(event.delta),
+            text=str(event.text),
+        )
+    if kind == "function_delta":
+        return FunctionDelta(
+            frame_index=frame,
+            token_id=int(event.token_id),
+            delta=str(event.delta),
+            text=str(event.text),
+        )
+    if kind == "user_transcript_delta":
+        return UserTranscriptDelta(
+            frame_index=frame, delta=str(event.delta), transcript=str(event.text)
+        )
+    if kind == "done":
+        return Done(frame_index=frame)
+    if kind == "cancelled":
+        return Cancelled(frame_index=frame)
+    raise InferenceError(f"unknown VoiceChat event kind {kind!r}")
+
+
+def _check_seed(seed: object) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise SessionInitializationError(f"seed must be an integer, got {seed!r}")
+    value = int(seed)
+    if not 0 <= value < 2**63:
+        raise SessionInitializationError(f"seed must be in 0..2**63-1, got {value}")
+    return value
+
+
+class VoiceChatModel:
+    """A loaded VoiceChat checkpoint (the RealtimeModel the engine serves)."""
+
+    def __init__(self, runtime: Any, path: Path) -> None:
+        self._runtime = runtime  # mlx-vlm VoiceChatSession: model + tokenizer
+        self._path = path
+        self._model_id = model_id_for(path)
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    @property
+    def path(self) -> str:
+        """The absolute checkpoint folder."""
+        return os.path.abspath(self._path)
+
+    @property
+    def runtime(self) -> Any:
+        """mlx-vlm's VoiceChatSession (for tests and tools that compare against it)."""
+        return self._runtime
+
+    def open_session(
+        self,
+        *,
+        system_prompt: str | None,
+        seed: int,
+        max_streaming_seconds: float | None,
+        profile: bool = False,
+    ) -> VoiceChatSession:
+        """Seed, warm the TTS voice prompt and prefill the system prompt."""
+        value = _check_seed(seed)
+        if system_prompt is not None and not isinstance(system_prompt, str):
+            raise SessionInitializationError("system_prompt must be a string")
+        if max_streaming_seconds is not None and not (
+            isinstance(max_streaming_seconds, (int, float))
+            and np.isfinite(max_streaming_seconds)
+            and max_streaming_seconds > 0
+        ):
+            raise SessionInitializationError(
+                f"max_streaming_seconds must be a number > 0, got {max_streaming_seconds!r}"
+            )
+        try:
+            inner = self._runtime.create_streaming_session(
+                system_prompt=system_prompt,
+                seed=value,
+                max_streaming_seconds=max_streaming_seconds,
+                profile=profile,
+            )
+        except Exception as exc:
+            log.debug("opening a VoiceChat session failed", exc_info=True)
+            raise SessionInitializationError(
+                f"{type(exc).__name__}: {one_line(str(exc))}"
+                if not isinstance(exc, ValueError)
+                else one_line(str(exc))
+            ) from exc
+        return VoiceChatSession(inner)
+
+    def generate_offline(
+        self,
+        samples: Samples,
+        *,
+        system_prompt: str | None,
+        seed: int,
+        max_seconds: float | None = None,
+    ) -> OfflineResult:
+        """mlx-vlm's offline path: perceive all audio at once, then decode every frame."""
+        import mlx.core as mx
+
+        value = _check_seed(seed)
+        max_frames = None
+        if max_seconds is not None:
+            max_frames = max(2, int(max_seconds / 0.08))
+        try:
+            result = self._runtime.generate(
+                mx.array(np.asarray(samples, dtype=np.float32)),
+                system_prompt=system_prompt,
+                seed=value,
+                max_frames=max_frames,
+                extra_decoding_seconds=0.0,
+            )
+            audio = np.array(result.audio, dtype=np.float32).reshape(-1)
+        except Exception as exc:
+            raise InferenceError(f"{type(exc).__name__}: {one_line(str(exc))}") from exc
+        tokenizer = self._runtime.tokenizer
+        special = _special_ids(self._runtime.model.config)
+        function_ids = [int(t) for t in np.array(result.function_tokens).tolist()]
+        function_text = tokenizer.decode(
+            [t for t in function_ids if t not in special], skip_special_tokens=False
+        )
+        return OfflineResult(
+            samples=audio,
+            sample_rate=int(result.sample_rate),
+            text=str(result.text),
+            function_text=str(function_text),
+            transcript=str(result.user_transcript or ""),
+            frames=int(np.array(result.text_tokens).shape[0]),
+        )
+
+    def clear_cache(self) -> None:
+        import mlx.core as mx
+
+        mx.clear_cache()
+
+
+def _special_ids(config: Any) -> set[int]:
+    return {
+        int(config.pad_token_id),
+        int(config.silence_token_id),
+        int(config.bos_token_id),
+        int(config.eos_token_id),
+    }
+
+
+def _describe(info: CheckpointInfo) -> str:
+    kind = f"{info.quantization_bits}-bit LLM" if info.quantization_bits else "unquantized"
+    try:
+        index = json.loads((info.path / "model.safetensors.index.json").read_text("utf-8"))
+        tensors = len(index.get("weight_map", {}))
+    except (OSError, ValueError):
+        tensors = 0
+    shards = len(info.shards)
+    return (
+        f"{shards} shard{'s' if shards != 1 else ''}, {_gb(info.total_bytes)}"
+        + (f", {tensors} tensors" if tensors else "")
+        + f", {kind}"
+    )
+
+
+def load_voicechat(
+    path: str | os.PathLike[str], *, info: CheckpointInfo | None = None
+) -> VoiceChatModel:
+    """Load a VoiceChat checkpoint folder with mlx-vlm. Run it on the engine thread.
+
+    No text warm-up is run: the first session's prefill warms what it needs.
+    """
+    from mlx_vlm.utils import load as mlx_vlm_load
+
+    info = info or check_model_path(path)
+    started = time.perf_counter()
+    log.info("loading %s from %s (%s)", info.model_id, info.path, _describe(info))
+    model, processor = mlx_vlm_load(str(info.path), lazy=True, strict=True, trust_remote_code=False)
+    log.info("model graph built and weights mapped in %.1f s", time.perf_counter() - started)
+    _materialize(model, started)
+    runtime = model.create_session(processor)
+    log.info("loaded %s in %.1f s", info.model_id, time.perf_counter() - started)
+    return VoiceChatModel(runtime, info.path)
+
+
+__all__ = [
+    "OfflineResult",
+    "VoiceChatModel",
+    "VoiceChatSession",
+    "load_voicechat",
+]

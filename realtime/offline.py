@@ -1,0 +1,210 @@
+"""``realtime generate``: run a WAV through the model without a server.
+
+With ``--stream`` it feeds the very adapter session the server uses, in the
+server's 1280-sample slices, from the same input preparation, so its output WAV
+equals (byte for byte) the audio a file client receives over ``/v1/realtime``
+for the same input, prompt, seed and extra seconds. Without ``--stream`` it uses
+mlx-vlm's offline path. There is no engine here, so MLX runs on the main thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+
+from realtime.audio import PCM16, float_to_pcm16, load_input_wav, pcm16_to_float, write_wav_pcm16
+from realtime.cli import CliError
+from realtime.models.base import (
+    FRAME_SAMPLES,
+    INPUT_SAMPLE_RATE,
+    OUTPUT_SAMPLE_RATE,
+    AssistantTextDelta,
+    AudioDelta,
+    FunctionDelta,
+    InferenceError,
+    ModelEvent,
+    Samples,
+    SessionInitializationError,
+    UserTranscriptDelta,
+)
+
+
+def stream_slices(samples: Samples) -> Iterator[Samples]:
+    """The input in the server's 1280-sample slices (the last one may be short)."""
+    for start in range(0, samples.shape[0], FRAME_SAMPLES):
+        yield samples[start : start + FRAME_SAMPLES]
+
+
+def read_input(path: str | Path, extra_seconds: float) -> Samples:
+    """The float32 samples the model is fed: PCM16 decoded ``/ 32768`` as on the wire."""
+    source = Path(path)
+    if not source.is_file():
+        raise CliError(f"input file {source} does not exist or is not a file")
+    try:
+        pcm: PCM16 = load_input_wav(source, extra_seconds=extra_seconds)
+    except Exception as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        raise CliError(f"cannot read input audio {source}: {message}") from None
+    if pcm.shape[0] == 0:
+        raise CliError(f"input audio {source} is empty")
+    return pcm16_to_float(pcm)
+
+
+def _resolve_model(model: str | None) -> Path:
+    from realtime.models import ModelPathError, check_model_path
+
+    if model is None:
+        from realtime.models.demo import ensure_demo_checkpoint
+
+        path = ensure_demo_checkpoint()
+        print(
+            f"realtime: no -m given, using the random-weight demo checkpoint {path}",
+            file=sys.stderr,
+        )
+        return path
+    try:
+        return check_model_path(model).path
+    except ModelPathError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _label(event: ModelEvent) -> tuple[str, str] | None:
+    if isinstance(event, UserTranscriptDelta):
+        return "user", event.delta
+    if isinstance(event, AssistantTextDelta):
+        return "assistant", event.delta
+    if isinstance(event, FunctionDelta):
+        return "function", event.delta
+    return None
+
+
+def _print_profile(summary: dict[str, object], out: TextIO) -> None:
+    stages = summary.get("stages")
+    rtf = summary.get("realtime_factor")
+    print(
+        f"profile: {summary.get('frames')} frames "
+        f"(first {summary.get('dropped_cold_frames')} dropped), "
+        f"realtime factor {float(rtf) if isinstance(rtf, (int, float)) else 0.0:.3f}",
+        file=out,
+    )
+    if isinstance(stages, dict):
+        print(f"  {'stage':<11} {'mean':>8} {'p50':>8} {'p95':>8} {'max':>8}  (ms)", file=out)
+        for stage, stats in stages.items():
+            print(
+                f"  {stage:<11} {stats['mean_ms']:8.2f} {stats['p50_ms']:8.2f} "
+                f"{stats['p95_ms']:8.2f} {stats['max_ms']:8.2f}",
+                file=out,
+            )
+    out.flush()
+
+
+def _run_stream(
+    model: object, samples: Samples, args: argparse.Namespace
+) -> tuple[list[Samples], int]:
+    from realtime.models.voicechat import VoiceChatModel
+
+    assert isinstance(model, VoiceChatModel)
+    try:
+        session = model.open_session(
+            system_prompt=args.system_prompt,
+            seed=args.seed,
+            max_streaming_seconds=args.max_seconds,
+            profile=bool(args.profile),
+        )
+    except SessionInitializationError as exc:
+        raise CliError(f"cannot open a session: {exc}") from None
+    audio: list[Samples] = []
+    status = 0
+
+    def emit(events: list[ModelEvent]) -> None:
+        for event in events:
+            if isinstance(event, AudioDelta):
+                audio.append(event.samples)
+                continue
+            labelled = _label(event)
+            if labelled is not None:
+                print(f"[{labelled[0]}] {labelled[1]}", flush=True)
+
+    for piece in stream_slices(samples):
+        try:
+            emit(session.push_audio(piece, INPUT_SAMPLE_RATE))
+        except InferenceError as exc:
+            print(f"realtime: inference error: {exc}", file=sys.stderr, flush=True)
+            status = 1
+            break
+    emit(session.flush(pad_partial=True))
+    if args.profile:
+        summary = session.profile_summary()
+        if summary is not None:
+            _print_profile(summary, sys.stdout)
+    return audio, status
+
+
+def generate_command(args: argparse.Namespace) -> int:
+    """``realtime generate -m PATH --input IN.wav --output OUT.wav [--stream] ...``."""
+    from realtime.models import ModelLoadError, ModelPathError, load_model
+
+    output = Path(args.output)
+    if output.exists() and output.is_dir():
+        raise CliError(f"output {output} is a directory")
+    if not output.parent.exists():
+        raise CliError(f"output folder {output.parent} does not exist")
+    samples = read_input(args.input, args.extra_seconds)
+    path = _resolve_model(args.model)
+    if args.profile and not args.stream:
+        print("realtime: --profile applies to --stream only; ignored", file=sys.stderr)
+
+    started = time.perf_counter()
+    try:
+        model = load_model(path)
+    except (ModelPathError, ModelLoadError) as exc:
+        raise CliError(str(exc)) from None
+    loaded = time.perf_counter()
+
+    status = 0
+    if args.stream:
+        chunks, status = _run_stream(model, samples, args)
+        out = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
+    else:
+        from realtime.models.voicechat import VoiceChatModel
+
+        assert isinstance(model, VoiceChatModel)
+        try:
+            result = model.generate_offline(
+                samples,
+                system_prompt=args.system_prompt,
+                seed=args.seed,
+                max_seconds=args.max_seconds,
+            )
+        except (InferenceError, SessionInitializationError) as exc:
+            raise CliError(f"generation failed: {exc}") from None
+        out = result.samples
+        print(f"[user] {result.transcript}", flush=True)
+        print(f"[assistant] {result.text}", flush=True)
+        if result.function_text:
+            print(f"[function] {result.function_text}", flush=True)
+    finished = time.perf_counter()
+
+    try:
+        write_wav_pcm16(output, float_to_pcm16(out), OUTPUT_SAMPLE_RATE)
+    except Exception as exc:
+        raise CliError(f"cannot write {output}: {' '.join(str(exc).split())}") from None
+    input_seconds = samples.shape[0] / INPUT_SAMPLE_RATE
+    compute = finished - loaded
+    summary = {
+        "output": str(output),
+        "output_seconds": round(out.shape[0] / OUTPUT_SAMPLE_RATE, 3),
+        "input_seconds": round(input_seconds, 3),
+        "load_seconds": round(loaded - started, 3),
+        "compute_seconds": round(compute, 3),
+        "realtime_factor": round(compute / input_seconds, 3) if input_seconds else None,
+    }
+    print(f"realtime: wrote {json.dumps(summary)}", file=sys.stderr, flush=True)
+    return status

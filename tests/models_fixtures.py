@@ -1,0 +1,56 @@
+"""Helpers for the model and offline tests: test signals and subprocess environments.
+
+The demo checkpoint fixtures live in ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from realtime.models.base import ModelEvent, ModelSession
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def noise(frames: int, seed: int = 3, level: float = 0.1) -> np.ndarray:
+    """Deterministic white noise, ``frames`` x 1280 samples, in [-1, 1)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(frames * 1280) * level
+    return np.clip(x, -1.0, 0.999).astype(np.float32)
+
+
+def speechlike(frames: int, seed: int = 3) -> np.ndarray:
+    """A voiced, syllable-modulated harmonic tone with a little noise."""
+    t = np.arange(frames * 1280) / 16000
+    f0 = 120 + 40 * np.sin(2 * np.pi * 0.7 * t)
+    phase = 2 * np.pi * np.cumsum(f0) / 16000
+    x = sum(np.sin(k * phase) / k for k in range(1, 8))
+    x = x * (0.5 + 0.5 * np.sin(2 * np.pi * 3 * t)) ** 2 * 0.2
+    x = x + np.random.default_rng(seed).standard_normal(x.shape[0]) * 0.01
+    return np.asarray(x, dtype=np.float32)
+
+
+def push_all(session: ModelSession, samples: np.ndarray, chunk: int = 1280) -> list[ModelEvent]:
+    """Push ``samples`` in ``chunk``-sized pieces, then flush with padding."""
+    events: list[ModelEvent] = []
+    for start in range(0, samples.shape[0], chunk):
+        events += session.push_audio(samples[start : start + chunk], 16000)
+    events += session.flush(True)
+    return events
+
+
+def subprocess_env(cache_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["REALTIME_CACHE_DIR"] = str(cache_dir)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(
+        os.pathsep
+    )
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+PYTHON = sys.executable

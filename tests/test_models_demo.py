@@ -1,0 +1,169 @@
+"""The demo checkpoint: real layout, deterministic bytes, loads through mlx-vlm."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from realtime.models import check_model_path, load_model
+from realtime.models.base import AssistantTextDelta, FunctionDelta, UserTranscriptDelta
+from realtime.models.demo import (
+    BUILDER_VERSION,
+    MARKER_FILE,
+    demo_checkpoint_is_complete,
+    ensure_demo_checkpoint,
+    write_demo_checkpoint,
+)
+from realtime.models.voicechat import VoiceChatModel
+from tests.models_fixtures import PYTHON, REPO_ROOT, noise, push_all, speechlike, subprocess_env
+
+
+def _files(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.is_file()}
+
+
+def test_demo_model_is_deterministic(demo_path: Path, tmp_path: Path) -> None:
+    again = write_demo_checkpoint(tmp_path / "again")
+    first, second = _files(demo_path), _files(again)
+    assert sorted(first) == sorted(second)
+    for name in first:
+        assert first[name] == second[name], name
+
+
+def test_demo_model_layout(demo_path: Path) -> None:
+    info = check_model_path(demo_path)
+    assert info.model_type == "nemotron_voicechat"
+    assert info.model_id == "realtime-demo-voicechat"
+    assert len(info.shards) >= 2
+    config = json.loads((demo_path / "config.json").read_text())
+    assert "quantization" not in config
+    index = json.loads((demo_path / "model.safetensors.index.json").read_text())
+    keys = set(index["weight_map"])
+    # NeMo names and PyTorch layouts, as in the real uploads.
+    assert "tts_model._control_codes" in keys
+    assert any(".dec_rnn.lstm.weight_ih_l0" in k for k in keys)
+    assert any(".dec_rnn.lstm.bias_hh_l1" in k for k in keys)
+    assert any("prvq._variance_list." in k for k in keys)
+    assert not any(k.endswith((".Wx", ".Wh")) for k in keys)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        assert (demo_path / name).is_file()
+    marker = json.loads((demo_path / MARKER_FILE).read_text())
+    assert marker["builder_version"] == BUILDER_VERSION
+
+
+def test_demo_model_loads_through_mlx_vlm(demo_path: Path) -> None:
+    from mlx.nn.layers.quantized import QuantizedLinear
+    from mlx_vlm.utils import load
+
+    model, processor = load(str(demo_path), lazy=True, strict=True, trust_remote_code=False)
+    tokenizer: Any = getattr(processor, "tokenizer", processor)
+    assert len(tokenizer.get_vocab()) == 512
+    assert model.config.model_type == "nemotron_voicechat"
+    assert not isinstance(model.stt_model.lm_head, QuantizedLinear)
+    runtime = model.create_session(processor)
+    session = runtime.create_streaming_session(seed=0)
+    events = session.push_audio(noise(2), sample_rate=16000)
+    audio = [e for e in events if e.kind == "audio"]
+    assert len(audio) == 2 and audio[0].samples.shape == (1764,)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_demo_model_quantized_loads(bits: int, tmp_path: Path, demo_path_4bit: Path) -> None:
+    from mlx.nn.layers.quantized import QuantizedEmbedding, QuantizedLinear
+
+    path = demo_path_4bit if bits == 4 else write_demo_checkpoint(tmp_path / "q", quantize=bits)
+    config = json.loads((path / "config.json").read_text())
+    assert config["quantization"] == {"group_size": 64, "bits": bits}
+    model = load_model(path)
+    assert isinstance(model, VoiceChatModel)
+    stt = model.runtime.model.stt_model
+    assert isinstance(stt.lm_head, QuantizedLinear) and stt.lm_head.bits == bits
+    assert isinstance(stt.function_head, QuantizedLinear)
+    assert isinstance(stt.embed_tokens, QuantizedEmbedding)
+    assert isinstance(stt.llm.layers[2].mixer.up_proj, QuantizedLinear)
+    # Perception, RNN-T and TTS stay unquantized, as in the real uploads.
+    assert not isinstance(stt.perception.proj, QuantizedLinear)
+    assert not isinstance(stt.rnnt_joint.enc, QuantizedLinear)
+    session = model.open_session(system_prompt=None, seed=0, max_streaming_seconds=None)
+    events = push_all(session, noise(3))
+    assert sum(1 for e in events if type(e).__name__ == "AudioDelta") == 3
+
+
+def test_demo_text_is_sparse_but_present(demo_model: VoiceChatModel) -> None:
+    """Noise and speech-like input show text and transcript within 50 frames, not every frame."""
+    for samples in (noise(50), speechlike(50)):
+        session = demo_model.open_session(system_prompt=None, seed=0, max_streaming_seconds=None)
+        events = push_all(session, samples)
+        text = [e for e in events if isinstance(e, AssistantTextDelta)]
+        transcript = [e for e in events if isinstance(e, UserTranscriptDelta)]
+        assert text and transcript
+        assert len({e.frame_index for e in text}) < 50
+    session = demo_model.open_session(system_prompt=None, seed=0, max_streaming_seconds=None)
+    events = push_all(session, np.zeros(50 * 1280, dtype=np.float32))
+    assert not [e for e in events if isinstance(e, (AssistantTextDelta, FunctionDelta))]
+
+
+def test_ensure_demo_checkpoint_caches_and_rebuilds(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("REALTIME_CACHE_DIR", str(tmp_path))
+    path = ensure_demo_checkpoint()
+    assert path.name == "realtime-demo-voicechat"
+    assert path.is_relative_to(tmp_path)
+    assert demo_checkpoint_is_complete(path)
+    stamp = (path / "config.json").stat().st_mtime_ns
+    assert ensure_demo_checkpoint() == path
+    assert (path / "config.json").stat().st_mtime_ns == stamp  # not rebuilt
+    shard = next(path.glob("*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:100])  # an interrupted copy
+    assert not demo_checkpoint_is_complete(path)
+    assert ensure_demo_checkpoint() == path
+    assert demo_checkpoint_is_complete(path)
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".realtime-demo")]
+
+
+def test_demo_model_command(tmp_path: Path, demo_cache_dir: Path) -> None:
+    env = subprocess_env(demo_cache_dir)
+    target = tmp_path / "out" / "my-demo"
+    run = subprocess.run(
+        [PYTHON, "-m", "realtime", "demo-model", str(target), "--quantize", "8"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == str(target.resolve())
+    assert check_model_path(target).quantization_bits == 8
+    # Rewriting a demo checkpoint is fine; a foreign non-empty folder is refused.
+    run = subprocess.run(
+        [PYTHON, "-m", "realtime", "demo-model", str(target)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert check_model_path(target).quantization_bits is None
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    run = subprocess.run(
+        [PYTHON, "-m", "realtime", "demo-model", str(foreign)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
+    assert run.returncode == 2
+    assert "not a demo checkpoint" in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr
+    assert (foreign / "notes.txt").read_text() == "mine"
