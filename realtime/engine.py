@@ -221,6 +221,12 @@ class Engine:
         """Blocking form of a command, for code that is not in trio (tests, tools)."""
         return self.submit(kind, session_id, *args).result(timeout)
 
+    def run_on_thread(self, fn: Callable[[RealtimeModel], T], *, timeout: float | None = None) -> T:
+        """Run ``fn(model)`` on the engine thread (tools and checks that drive the
+        model directly must still keep MLX on its one thread)."""
+        result: T = self.call("run", "", fn, timeout=timeout)
+        return result
+
     # --- the engine thread ----------------------------------------------------
 
     def _run(self) -> None:
@@ -340,6 +346,9 @@ class Engine:
         events = active.session.cancel()
         active.finished = True
         return events
+
+    def _do_run(self, _: str, fn: Callable[[RealtimeModel], Any]) -> Any:
+        return fn(self.model)
 
     def _do_close(self, session_id: str) -> None:
         if self._active is not None and self._active.session_id == session_id:

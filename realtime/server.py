@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import time
@@ -169,4 +170,19 @@ def serve_command(args: argparse.Namespace, limits: Limits) -> int:
     finally:
         engine.shutdown()
     log.info("stopped")
+    _exit_skipping_native_teardown(0)
     return 0
+
+
+def _exit_skipping_native_teardown(code: int) -> None:
+    """End the process now that every session is closed and the engine joined.
+
+    MLX used from a thread other than the main one can abort in its static
+    destructors at interpreter exit ("terminate called without an active
+    exception", ml-explore/mlx#3126); everything of ours is already shut down,
+    so skip that teardown and exit with the real status.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -203,3 +203,10 @@ def test_shutdown_joins_and_cancels_open_session(fake_model: FakeModel) -> None:
     assert fake_model.calls_named("cancel") == [None]
     assert engine.thread_ident is not None
     assert not any(t.ident == engine.thread_ident for t in threading.enumerate())
+
+
+def test_run_on_thread_runs_with_the_model_on_the_engine_thread(
+    engine: Engine, fake_model: FakeModel
+) -> None:
+    seen = engine.run_on_thread(lambda model: (model, threading.get_ident()), timeout=5)
+    assert seen == (fake_model, engine.thread_ident)

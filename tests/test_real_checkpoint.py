@@ -6,32 +6,41 @@ mlx-community/NemotronLabs-VoiceChat-11B-{bf16,8bit,4bit}. Nothing is downloaded
 
 from __future__ import annotations
 
+import base64
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 
+from realtime.audio import load_input_wav, pcm16_to_float
+from realtime.engine import Engine
 from realtime.models import check_model_path, load_model, model_id_for
 from realtime.models.base import AudioDelta, Done
 from realtime.models.voicechat import VoiceChatModel
+from tests.helpers import append_msg, connect, running_server
 from tests.models_fixtures import speechlike
 
 ENV = "REALTIME_VOICECHAT_MODEL"
+WAV_ENV = "REALTIME_VOICECHAT_WAV"
 
 pytestmark = pytest.mark.real_checkpoint
 
 
 @pytest.fixture(scope="module")
-def real_model() -> VoiceChatModel:
+def real_engine() -> Iterator[Engine]:
+    """The real checkpoint, loaded on an engine thread (MLX streams belong to it)."""
     folder = os.environ.get(ENV)
     if not folder:
         pytest.skip(
             f"set {ENV} to a local VoiceChat checkpoint folder to run the real-model checks"
         )
     check_model_path(folder)
-    model = load_model(folder)
-    assert isinstance(model, VoiceChatModel)
-    return model
+    engine = Engine(lambda: load_model(folder))
+    assert isinstance(engine.start(), VoiceChatModel)
+    yield engine
+    engine.shutdown()
 
 
 def first_frame_matches_offline(model: VoiceChatModel, samples: np.ndarray) -> None:
@@ -64,7 +73,7 @@ def test_first_frame_comparison_on_demo(demo_model: VoiceChatModel) -> None:
     first_frame_matches_offline(demo_model, speechlike(6))
 
 
-def test_real_checkpoint_loads(real_model: VoiceChatModel) -> None:
+def _loads(real_model: Any) -> None:
     assert real_model.model_id == model_id_for(os.environ[ENV])
     session = real_model.open_session(system_prompt=None, seed=0, max_streaming_seconds=10.0)
     events = session.push_audio(speechlike(3), 16000) + session.flush(True)
@@ -75,5 +84,36 @@ def test_real_checkpoint_loads(real_model: VoiceChatModel) -> None:
     real_model.clear_cache()
 
 
-def test_real_first_streamed_frame_equals_offline(real_model: VoiceChatModel) -> None:
-    first_frame_matches_offline(real_model, speechlike(6))
+def test_real_checkpoint_loads(real_engine: Engine) -> None:
+    real_engine.run_on_thread(_loads, timeout=600)
+
+
+def test_real_first_streamed_frame_equals_offline(real_engine: Engine) -> None:
+    real_engine.run_on_thread(
+        lambda model: first_frame_matches_offline(model, speechlike(6)),  # type: ignore[arg-type]
+        timeout=600,
+    )
+
+
+async def test_real_wav_through_the_socket(real_engine: Engine) -> None:
+    """A spoken question through /v1/realtime: transcript, text, audio, done.
+
+    Needs REALTIME_VOICECHAT_WAV too: a WAV (any rate) of someone asking a question.
+    """
+    wav = os.environ.get(WAV_ENV)
+    if not wav:
+        pytest.skip(f"set {WAV_ENV} to a WAV of a spoken question to run the socket check")
+    pcm = load_input_wav(wav, extra_seconds=4.0)
+    async with running_server(real_engine) as server, connect(server.url) as client:
+        await client.configure(system_prompt="Be concise and answer in one sentence.")
+        for start in range(0, pcm.shape[0], 1280):
+            await client.send(append_msg(pcm16_to_float(pcm[start : start + 1280])))
+        await client.send({"type": "input_audio_buffer.commit"})
+        events = await client.recv_until("response.done", timeout=600)
+    types = {e["type"] for e in events}
+    assert "conversation.item.input_audio_transcription.delta" in types
+    assert "response.text.delta" in types
+    audio = [e for e in events if e["type"] == "response.audio.delta"]
+    indexes = [a["frame_index"] for a in audio]
+    assert indexes == sorted(indexes) and len(set(indexes)) == len(indexes)
+    assert all(len(base64.b64decode(a["delta"])) == 1764 * 2 for a in audio)

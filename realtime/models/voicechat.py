@@ -312,6 +312,9 @@ class VoiceChatModel:
     def clear_cache(self) -> None:
         import mlx.core as mx
 
+        # Let queued device work finish first, so a closed session leaves nothing
+        # running on MLX's stream worker when its buffers are freed.
+        mx.synchronize()
         mx.clear_cache()
 
 

@@ -1,0 +1,202 @@
+// Audio thread side of the page: capture (mic -> 16 kHz PCM16 frames) and
+// playback (22 050 Hz answer -> device rate through a jitter buffer).
+// Both run in the AudioWorkletGlobalScope, where `sampleRate` is the context rate.
+
+// A streaming windowed-sinc resampler. It keeps its input history between
+// calls, so 128-sample render quanta resample without clicks at the edges, and
+// low-passes below the lower Nyquist, so 48 kHz -> 16 kHz does not alias.
+class StreamResampler {
+  constructor(inRate, outRate, zeroCrossings = 16) {
+    this.step = inRate / outRate; // input samples per output sample
+    this.cutoff = Math.min(1, outRate / inRate) * 0.94; // of the input Nyquist
+    this.half = Math.ceil(zeroCrossings / this.cutoff); // half filter width, input samples
+    this.buf = new Float32Array(4096);
+    this.len = this.half; // start with `half` zeros of history
+    this.pos = this.half; // position of the next output sample in `buf`
+    this.identity = inRate === outRate;
+  }
+
+  process(input) {
+    if (this.identity) return input.slice();
+    if (this.len + input.length > this.buf.length) {
+      const grown = new Float32Array(Math.max(this.buf.length * 2, this.len + input.length));
+      grown.set(this.buf.subarray(0, this.len));
+      this.buf = grown;
+    }
+    this.buf.set(input, this.len);
+    this.len += input.length;
+    const available = Math.max(0, Math.ceil((this.len - this.half - this.pos) / this.step));
+    const out = new Float32Array(available);
+    const { buf, half, cutoff } = this;
+    let n = 0;
+    while (n < available && this.pos + half < this.len) {
+      const p = this.pos;
+      const first = Math.ceil(p - half);
+      const last = Math.floor(p + half);
+      let acc = 0;
+      let norm = 0;
+      for (let k = first; k <= last; k++) {
+        const t = k - p;
+        const x = t * cutoff;
+        const sinc = x === 0 ? 1 : Math.sin(Math.PI * x) / (Math.PI * x);
+        const w = 0.5 * (1 + Math.cos((Math.PI * t) / (half + 1))); // Hann window
+        const h = sinc * w;
+        acc += buf[k] * h;
+        norm += h;
+      }
+      out[n++] = norm !== 0 ? acc / norm : 0;
+      this.pos += this.step;
+    }
+    // Forget what no future output needs.
+    const drop = Math.max(0, Math.floor(this.pos - half) - 1);
+    if (drop > 0) {
+      this.buf.copyWithin(0, drop, this.len);
+      this.len -= drop;
+      this.pos -= drop;
+    }
+    return n === out.length ? out : out.subarray(0, n);
+  }
+}
+
+// Mic -> mono -> 16 kHz -> little-endian PCM16, posted one 1280-sample (80 ms)
+// frame at a time; the page sends each as one input_audio_buffer.append.
+class CaptureProcessor extends AudioWorkletProcessor {
+  constructor(options) {
+    super();
+    const opts = options.processorOptions || {};
+    this.frameSamples = opts.frameSamples || 1280;
+    this.resampler = new StreamResampler(sampleRate, opts.targetRate || 16000);
+    this.frame = new Float32Array(this.frameSamples);
+    this.filled = 0;
+    this.active = true;
+    this.port.onmessage = (e) => {
+      if (e.data && e.data.type === "stop") this.active = false;
+    };
+  }
+
+  emit() {
+    const bytes = new ArrayBuffer(this.frameSamples * 2);
+    const view = new DataView(bytes);
+    let energy = 0;
+    for (let i = 0; i < this.frameSamples; i++) {
+      const x = Math.max(-1, Math.min(1, this.frame[i]));
+      energy += x * x;
+      view.setInt16(i * 2, Math.round(x * 32767), true);
+    }
+    const levelDb = 10 * Math.log10(energy / this.frameSamples + 1e-12);
+    this.port.postMessage({ type: "frame", pcm: bytes, levelDb }, [bytes]);
+    this.filled = 0;
+  }
+
+  process(inputs) {
+    if (!this.active) return false;
+    const input = inputs[0];
+    if (!input || input.length === 0) return true;
+    const n = input[0].length;
+    const mono = new Float32Array(n);
+    for (const channel of input) {
+      for (let i = 0; i < n; i++) mono[i] += channel[i] / input.length;
+    }
+    const out = this.resampler.process(mono);
+    let i = 0;
+    while (i < out.length) {
+      const take = Math.min(out.length - i, this.frameSamples - this.filled);
+      this.frame.set(out.subarray(i, i + take), this.filled);
+      this.filled += take;
+      i += take;
+      if (this.filled === this.frameSamples) this.emit();
+    }
+    return true;
+  }
+}
+
+// Answer audio -> device rate -> ring buffer -> speakers. Playback starts once
+// `prebufferMs` is queued and re-waits after an underrun; on overflow the oldest
+// audio is dropped (late speech is worse than a skip).
+class PlaybackProcessor extends AudioWorkletProcessor {
+  constructor(options) {
+    super();
+    const opts = options.processorOptions || {};
+    this.resampler = new StreamResampler(opts.inputRate || 22050, sampleRate);
+    this.capacity = Math.round((sampleRate * (opts.capacityMs || 3000)) / 1000);
+    this.prebuffer = Math.round((sampleRate * (opts.prebufferMs || 120)) / 1000);
+    this.ring = new Float32Array(this.capacity);
+    this.read = 0;
+    this.size = 0;
+    this.playing = false;
+    this.finished = false;
+    this.underruns = 0;
+    this.dropped = 0;
+    this.played = 0;
+    this.sinceReport = 0;
+    this.port.onmessage = (e) => {
+      const msg = e.data || {};
+      if (msg.type === "audio") this.push(this.resampler.process(msg.samples));
+      else if (msg.type === "finish") this.finished = true;
+      else if (msg.type === "reset") {
+        this.size = 0;
+        this.playing = false;
+        this.finished = false;
+      }
+    };
+  }
+
+  push(x) {
+    let samples = x;
+    if (samples.length > this.capacity) {
+      this.dropped += samples.length - this.capacity;
+      samples = samples.subarray(samples.length - this.capacity);
+    }
+    const overflow = this.size + samples.length - this.capacity;
+    if (overflow > 0) {
+      this.read = (this.read + overflow) % this.capacity;
+      this.size -= overflow;
+      this.dropped += overflow;
+      this.port.postMessage({ type: "overflow", droppedMs: (1000 * overflow) / sampleRate });
+    }
+    let write = (this.read + this.size) % this.capacity;
+    for (let i = 0; i < samples.length; i++) {
+      this.ring[write] = samples[i];
+      write = write + 1 === this.capacity ? 0 : write + 1;
+    }
+    this.size += samples.length;
+    this.finished = false;
+  }
+
+  process(inputs, outputs) {
+    const out = outputs[0][0];
+    const n = out.length;
+    if (!this.playing && this.size > 0 && (this.size >= this.prebuffer || this.finished)) {
+      this.playing = true;
+    }
+    if (this.playing) {
+      const take = Math.min(n, this.size);
+      for (let i = 0; i < take; i++) {
+        out[i] = this.ring[this.read];
+        this.read = this.read + 1 === this.capacity ? 0 : this.read + 1;
+      }
+      this.size -= take;
+      this.played += take;
+      if (take < n) {
+        this.playing = false;
+        if (!this.finished) this.underruns += 1;
+      }
+    }
+    for (let c = 1; c < outputs[0].length; c++) outputs[0][c].set(out);
+    this.sinceReport += n;
+    if (this.sinceReport >= sampleRate / 10) {
+      this.sinceReport = 0;
+      this.port.postMessage({
+        type: "stats",
+        bufferedMs: (1000 * this.size) / sampleRate,
+        underruns: this.underruns,
+        droppedMs: (1000 * this.dropped) / sampleRate,
+        playedMs: (1000 * this.played) / sampleRate,
+      });
+    }
+    return true;
+  }
+}
+
+registerProcessor("capture-processor", CaptureProcessor);
+registerProcessor("playback-processor", PlaybackProcessor);

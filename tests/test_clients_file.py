@@ -1,0 +1,247 @@
+"""The WAV file client (examples/voicechat_file_client.py), in-process and as a script."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+import trio
+import trio_websocket
+
+from realtime.audio import load_input_wav, write_wav_pcm16
+from realtime.engine import Engine
+from realtime.models.base import FRAME_SAMPLES, OUTPUT_FRAME_SAMPLES, OUTPUT_SAMPLE_RATE
+from tests.fakes import FakeModel, FakeOptions
+from tests.helpers import REPO, ServerProcess, connect, running_server
+
+sys.path.insert(0, str(REPO / "examples"))
+
+import voicechat_file_client as fc
+from _common import ClientError, TranscriptPrinter
+
+SCRIPT = REPO / "examples" / "voicechat_file_client.py"
+
+
+def _tone_wav(path: Path, seconds: float = 1.0, rate: int = 24_000) -> Path:
+    """A stereo 24 kHz tone, so the client's resample + downmix path is exercised."""
+    t = np.arange(int(seconds * rate)) / rate
+    x = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    soundfile.write(str(path), np.stack([x, 0.5 * x], axis=1), rate, subtype="PCM_16")
+    return path
+
+
+def _expected_frames(pcm_samples: int) -> int:
+    return -(-pcm_samples // FRAME_SAMPLES)  # the partial tail is padded on commit
+
+
+def _run_script(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+
+
+async def test_file_client_in_process_collects_every_frame(engine: Engine) -> None:
+    pcm = (np.random.default_rng(1).standard_normal(5 * FRAME_SAMPLES + 300) * 3000).astype(
+        np.int16
+    )
+    seen: list[str] = []
+    out = io.StringIO()
+    async with running_server(engine) as server:
+        result = await fc.run_file_client(
+            server.url,
+            pcm,
+            system_prompt="Be brief.",
+            seed=7,
+            on_event=lambda e: seen.append(e["type"]),
+            printer=TranscriptPrinter(out),
+            max_ahead_seconds=0.2,  # force the flow-control window to engage
+        )
+    frames = _expected_frames(pcm.size)
+    assert result.frames == frames
+    assert result.pcm.size == frames * OUTPUT_FRAME_SAMPLES
+    assert result.frames_sent == 6
+    assert seen[:2] == ["session.created", "session.updated"]
+    assert seen[-2:] == ["response.audio.delta", "response.done"]
+    assert "input_audio_buffer.committed" in seen
+    assert result.texts["assistant"].startswith("t0 t1 ")
+    assert result.texts["user"].startswith("u0 u1 ")
+    assert "[assistant] t0 " in out.getvalue() and "[user] u0 " in out.getvalue()
+    assert result.model == "fake-voicechat"
+    assert result.session_id is not None and result.session_id.startswith("sess_")
+
+
+async def test_file_client_realtime_pacing_takes_80ms_per_frame(engine: Engine) -> None:
+    pcm = np.zeros(4 * FRAME_SAMPLES, dtype=np.int16)
+    async with running_server(engine) as server:
+        start = trio.current_time()
+        result = await fc.run_file_client(server.url, pcm, realtime=True, printer=None)
+        elapsed = trio.current_time() - start
+    assert result.frames == 4
+    # Four appends paced 80 ms apart: the last leaves no earlier than 3 x 80 ms.
+    assert elapsed >= 0.24
+
+
+async def test_file_client_raises_on_server_error_event() -> None:
+    model = FakeModel(FakeOptions(fail_on_frame=2))
+    eng = Engine(lambda: model)
+    eng.start()
+    try:
+        async with running_server(eng) as server:
+            with pytest.raises(ClientError, match="server error inference_error"):
+                await fc.run_file_client(server.url, np.zeros(8 * FRAME_SAMPLES, np.int16))
+    finally:
+        eng.shutdown()
+
+
+async def test_file_client_reports_busy_server(engine: Engine) -> None:
+    async with running_server(engine) as server, connect(server.url) as holder:
+        await holder.configure()
+        with pytest.raises(ClientError, match="server_busy"):
+            await fc.run_file_client(server.url, np.zeros(FRAME_SAMPLES, np.int16))
+
+
+async def test_file_client_script_reports_missing_key(engine: Engine, tmp_path: Path) -> None:
+    wav = _tone_wav(tmp_path / "in.wav", 0.3)
+    async with running_server(engine, api_key="sekrit") as server:
+        proc = await trio.run_process(
+            [sys.executable, str(SCRIPT), server.url, str(wav), str(tmp_path / "out.wav")],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+        ok = await trio.run_process(
+            [
+                sys.executable,
+                str(SCRIPT),
+                server.url,
+                str(wav),
+                str(tmp_path / "ok.wav"),
+                "--api-key",
+                "sekrit",
+                "--extra-seconds",
+                "0",
+            ],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    err = proc.stderr.decode()
+    assert proc.returncode == 1, err
+    assert "HTTP 401" in err and "--api-key" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out.wav").exists()
+    assert ok.returncode == 0, ok.stderr.decode()
+
+
+def test_file_client_usage_errors(tmp_path: Path) -> None:
+    missing = _run_script("ws://127.0.0.1:9/v1/realtime", str(tmp_path / "nope.wav"), "o.wav")
+    assert missing.returncode == 2
+    assert "input file not found" in missing.stderr
+    wav = _tone_wav(tmp_path / "in.wav", 0.1)
+    bad_seed = _run_script("ws://127.0.0.1:9/v1/realtime", str(wav), "o.wav", "--seed", "-1")
+    assert bad_seed.returncode == 2
+    refused = _run_script("ws://127.0.0.1:9/v1/realtime", str(wav), str(tmp_path / "o.wav"))
+    assert refused.returncode == 1
+    assert "cannot connect" in refused.stderr and "Traceback" not in refused.stderr
+
+
+@pytest.mark.slow
+def test_file_client_round_trip(demo_server: ServerProcess, tmp_path: Path) -> None:
+    wav = _tone_wav(tmp_path / "question.wav", 1.0)
+    out_wav = tmp_path / "answer.wav"
+    events = tmp_path / "events.jsonl"
+    proc = _run_script(
+        demo_server.url,
+        str(wav),
+        str(out_wav),
+        "--extra-seconds",
+        "0.5",
+        "--system-prompt",
+        "Be concise.",
+        "--events",
+        str(events),
+    )
+    assert proc.returncode == 0, proc.stderr
+    frames = _expected_frames(load_input_wav(wav, extra_seconds=0.5).size)
+    data, rate = soundfile.read(str(out_wav), dtype="int16")
+    assert rate == OUTPUT_SAMPLE_RATE
+    assert data.shape == (frames * OUTPUT_FRAME_SAMPLES,)
+    logged = [json.loads(line) for line in events.read_text().splitlines()]
+    audio = [e for e in logged if e["type"] == "response.audio.delta"]
+    assert len(audio) == frames
+    assert all(e["delta"] == OUTPUT_FRAME_SAMPLES for e in audio)  # payloads as sample counts
+    assert [e["frame_index"] for e in audio] == sorted({e["frame_index"] for e in audio})
+    assert logged[-1]["type"] == "response.done"
+    assert "real-time factor" in proc.stderr
+
+
+@pytest.mark.slow
+def test_file_client_matches_generate_stream(demo_server: ServerProcess, tmp_path: Path) -> None:
+    """The acceptance check: WAV through the socket == ``realtime generate --stream``."""
+    wav = _tone_wav(tmp_path / "q.wav", 0.8)
+    via_socket = tmp_path / "socket.wav"
+    offline = tmp_path / "offline.wav"
+    common = ["--system-prompt", "One sentence.", "--seed", "3", "--extra-seconds", "0.5"]
+    proc = _run_script(demo_server.url, str(wav), str(via_socket), *common)
+    assert proc.returncode == 0, proc.stderr
+    gen = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "realtime",
+            "generate",
+            "--stream",
+            "--input",
+            str(wav),
+            "--output",
+            str(offline),
+            *common,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert gen.returncode == 0, gen.stderr
+    assert via_socket.read_bytes() == offline.read_bytes()
+
+
+def test_written_wav_is_the_delta_bytes(tmp_path: Path) -> None:
+    """PCM16 deltas are written unchanged (no float round trip)."""
+    pcm = np.array([0, 1, -1, 32767, -32768, 1234], dtype=np.int16)
+    path = tmp_path / "x.wav"
+    write_wav_pcm16(path, pcm, OUTPUT_SAMPLE_RATE)
+    back, _ = soundfile.read(str(path), dtype="int16")
+    assert back.tolist() == pcm.tolist()
+
+
+async def test_file_client_reports_early_close() -> None:
+    """A server that closes (1011) after configuring, without response.done."""
+
+    async def handler(request: trio_websocket.WebSocketRequest) -> None:
+        ws = await request.accept()
+        await ws.send_message(json.dumps({"type": "session.created", "session": {"id": "s"}}))
+        await ws.get_message()
+        await ws.send_message(json.dumps({"type": "session.updated", "session": {"id": "s"}}))
+        await ws.get_message()
+        await ws.aclose(1011, "engine died")
+
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(trio_websocket.serve_websocket, handler, "127.0.0.1", 0, None)
+        url = f"ws://127.0.0.1:{server.port}/v1/realtime"
+        with pytest.raises(ClientError) as caught:
+            await fc.run_file_client(url, np.zeros(3 * FRAME_SAMPLES, np.int16))
+        nursery.cancel_scope.cancel()
+    message = str(caught.value)
+    assert "closed the connection before response.done" in message
+    assert "1011" in message and "engine died" in message

@@ -1,0 +1,459 @@
+"""The live client (examples/voicechat_microphone.py) driven through its device seam."""
+
+from __future__ import annotations
+
+import io
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trio
+
+from realtime.audio import resample
+from realtime.engine import Engine
+from realtime.models.base import FRAME_SAMPLES, OUTPUT_FRAME_SAMPLES, OUTPUT_SAMPLE_RATE, Samples
+from tests.fakes import FakeModel, FakeOptions
+from tests.helpers import REPO, ServerProcess, running_server
+
+sys.path.insert(0, str(REPO / "examples"))
+
+import voicechat_microphone as mic
+from _common import StreamResampler
+
+SCRIPT = REPO / "examples" / "voicechat_microphone.py"
+
+
+class ArrayInput:
+    """A 'microphone' that plays an array from its own thread, like PortAudio does."""
+
+    def __init__(self, audio: Samples, sample_rate: int, block_seconds: float = 0.08) -> None:
+        self.audio = audio
+        self._rate = sample_rate
+        self.block = int(sample_rate * block_seconds)
+        self.finished = threading.Event()
+        self.stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def sample_rate(self) -> int:
+        return self._rate
+
+    def start(self, deliver: Callable[[Samples], None]) -> None:
+        def run() -> None:
+            for i in range(0, len(self.audio), self.block):
+                if self.stopped.is_set():
+                    return
+                deliver(self.audio[i : i + self.block])
+                time.sleep(0.002)  # faster than real time, still a separate thread
+            self.finished.set()
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+class ArrayOutput:
+    """A 'speaker': a real JitterBuffer emptied by a thread at (sped-up) device pace."""
+
+    def __init__(self, sample_rate: int, speed: float = 4.0) -> None:
+        self._rate = sample_rate
+        self.buffer = mic.JitterBuffer(capacity=10 * sample_rate, prebuffer=sample_rate // 10)
+        self.pushed: list[Samples] = []
+        self.played: list[Samples] = []
+        self.speed = speed
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def sample_rate(self) -> int:
+        return self._rate
+
+    def start(self) -> None:
+        block = self._rate // 100
+
+        def run() -> None:
+            while not self._stop.is_set():
+                self.played.append(self.buffer.pull(block))
+                time.sleep(0.01 / self.speed)
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def play(self, samples: Samples) -> int:
+        self.pushed.append(np.asarray(samples, np.float32))
+        return self.buffer.push(samples)
+
+    def finish(self) -> None:
+        self.buffer.finish()
+
+    def pending_seconds(self) -> float:
+        return self.buffer.buffered / self._rate
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def _speech_like(seconds: float, rate: int, channels: int = 2) -> Samples:
+    t = np.arange(int(seconds * rate)) / rate
+    x = (0.2 * np.sin(2 * np.pi * 220 * t) * (1 + np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+    return np.stack([x] * channels, axis=1) if channels > 1 else x
+
+
+async def _interrupt_when(
+    send: trio.MemorySendChannel[None], ready: threading.Event, times: int = 1
+) -> None:
+    await trio.to_thread.run_sync(ready.wait, abandon_on_cancel=True)
+    for _ in range(times):
+        await send.send(None)
+
+
+async def _drive(
+    url: str, source: ArrayInput, sink: ArrayOutput, *, interrupts: int = 1
+) -> tuple[mic.MicrophoneResult, str, str]:
+    send, recv = trio.open_memory_channel[None](10)
+    out, err = io.StringIO(), io.StringIO()
+    result: mic.MicrophoneResult | None = None
+    quit_: mic.Interrupted | None = None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_interrupt_when, send, source.finished, interrupts)
+        try:
+            result = await mic.run_microphone_client(
+                url, source, sink, recv, system_prompt="Hi.", seed=1, out=out, err=err
+            )
+        except mic.Interrupted as exc:
+            quit_ = exc
+        nursery.cancel_scope.cancel()
+    if quit_ is not None:
+        raise quit_
+    assert result is not None
+    return result, out.getvalue(), err.getvalue()
+
+
+async def test_microphone_client_with_fake_devices(engine: Engine, fake_model: FakeModel) -> None:
+    """48 kHz stereo 'mic' in, 44.1 kHz 'speaker' out, commit on the first interrupt."""
+    source = ArrayInput(_speech_like(1.0, 48_000), 48_000)
+    sink = ArrayOutput(44_100)
+    async with running_server(engine) as server:
+        with trio.fail_after(30):
+            result, out, err = await _drive(server.url, source, sink)
+    assert result.committed and result.done
+    # 1 s at 16 kHz = 12.5 frames: 12 whole appends + 1 padded partial, one answer frame each.
+    assert result.frames_sent == 13
+    assert result.audio_frames == 13
+    assert fake_model.calls_named("flush") == [True]
+    pushed = np.concatenate(sink.pushed)
+    expected = 13 * OUTPUT_FRAME_SAMPLES * 44_100 / OUTPUT_SAMPLE_RATE
+    assert abs(pushed.size - expected) < 64  # resampled 22 050 -> 44 100 Hz
+    # The drain played everything that was queued before returning.
+    assert sink.buffer.buffered == 0 and sink.buffer.played == pushed.size
+    assert sink.buffer.dropped == 0
+    # The fake model's audio level follows the input level: non-silent input reached it.
+    pushed_frames = fake_model.calls_named("push")
+    assert sum(pushed_frames) == 12 * FRAME_SAMPLES + 640
+    assert "[assistant] t0 " in out and "[user] u0 " in out
+    assert "no echo cancellation" in err and "headphones" in err
+
+
+async def test_microphone_second_interrupt_quits() -> None:
+    model = FakeModel(FakeOptions(frame_delay=0.3))
+    eng = Engine(lambda: model)
+    eng.start()
+    try:
+        source = ArrayInput(_speech_like(2.0, 16_000, channels=1), 16_000)
+        sink = ArrayOutput(OUTPUT_SAMPLE_RATE)
+        async with running_server(eng) as server:
+            with trio.fail_after(20), pytest.raises(mic.Interrupted):
+                await _drive(server.url, source, sink, interrupts=2)
+    finally:
+        eng.shutdown()
+
+
+def test_jitter_buffer_prebuffers_and_counts_underruns() -> None:
+    jb = mic.JitterBuffer(capacity=100, prebuffer=30)
+    jb.push(np.ones(20, np.float32))
+    assert not jb.pull(10).any()  # still below the prebuffer: silence, nothing consumed
+    assert jb.buffered == 20
+    jb.push(np.full(20, 2.0, np.float32))
+    first = jb.pull(30)
+    assert first[:20].tolist() == [1.0] * 20 and first[20:].tolist() == [2.0] * 10
+    tail = jb.pull(20)
+    assert tail[:10].tolist() == [2.0] * 10 and not tail[10:].any()
+    assert jb.underruns == 1 and jb.played == 40
+
+
+def test_jitter_buffer_drops_oldest_on_overflow() -> None:
+    jb = mic.JitterBuffer(capacity=10, prebuffer=0)
+    assert jb.push(np.arange(6, dtype=np.float32)) == 0
+    assert jb.push(np.arange(6, 12, dtype=np.float32)) == 2
+    assert jb.pull(10).tolist() == list(range(2, 12))
+    assert jb.push(np.arange(15, dtype=np.float32)) == 5
+    assert jb.dropped == 7
+
+
+def test_jitter_buffer_finish_plays_below_prebuffer() -> None:
+    jb = mic.JitterBuffer(capacity=100, prebuffer=50)
+    jb.push(np.ones(10, np.float32))
+    assert not jb.pull(10).any()
+    jb.finish()
+    assert jb.pull(10).tolist() == [1.0] * 10
+    assert jb.underruns == 0
+
+
+def test_stream_resampler_matches_one_shot_resampling() -> None:
+    """80 ms chunks resampled with state == the whole signal resampled at once."""
+    x = _speech_like(1.0, 48_000, channels=1)
+    stream = StreamResampler(48_000, 16_000)
+    chunks = [stream.process(x[i : i + 3840]) for i in range(0, x.size, 3840)]
+    chunks.append(stream.process(np.zeros(0, np.float32), last=True))
+    chunked = np.concatenate(chunks)
+    whole = resample(x, 48_000, 16_000)
+    assert abs(chunked.size - whole.size) <= 1
+    n = min(chunked.size, whole.size)
+    assert np.max(np.abs(chunked[100 : n - 100] - whole[100 : n - 100])) < 1e-3
+
+
+def _fake_sounddevice(tmp_path: Path, body: str) -> dict[str, str]:
+    (tmp_path / "sounddevice.py").write_text(body)
+    return {"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"}
+
+
+def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=REPO,
+    )
+
+
+def test_microphone_list_devices_without_portaudio(tmp_path: Path) -> None:
+    env = _fake_sounddevice(tmp_path, "raise OSError('PortAudio library not found')\n")
+    for args in (["--list-devices"], ["ws://127.0.0.1:9/v1/realtime"]):
+        proc = _run(args, env)
+        assert proc.returncode == 2
+        assert "Traceback" not in proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1
+        assert "PortAudio library not found" in lines[0] and "install PortAudio" in lines[0]
+
+
+def test_microphone_without_devices(tmp_path: Path) -> None:
+    env = _fake_sounddevice(
+        tmp_path,
+        "class PortAudioError(Exception): pass\n"
+        "def query_devices(device=None, kind=None):\n"
+        "    if kind is None: return []\n"
+        "    raise PortAudioError('Error querying device -1')\n",
+    )
+    listed = _run(["--list-devices"], env)
+    assert listed.returncode == 2 and "no audio devices found" in listed.stderr
+    live = _run(["ws://127.0.0.1:9/v1/realtime"], env)
+    assert live.returncode == 2 and "no usable audio device" in live.stderr
+    assert "Traceback" not in listed.stderr + live.stderr
+
+
+def test_microphone_usage_error() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
+    assert proc.returncode == 2 and "URL is required" in proc.stderr
+
+
+@pytest.mark.slow
+async def test_microphone_client_against_demo_server(demo_server: ServerProcess) -> None:
+    source = ArrayInput(_speech_like(0.64, 16_000, channels=1), 16_000)
+    sink = ArrayOutput(OUTPUT_SAMPLE_RATE, speed=8.0)
+    with trio.fail_after(60):
+        result, _, _ = await _drive(demo_server.url, source, sink)
+    assert result.done and result.frames_sent == 8 and result.audio_frames == 8
+    assert sum(p.size for p in sink.pushed) == 8 * OUTPUT_FRAME_SAMPLES
+
+
+class _FakePortAudio:
+    """Stands in for the sounddevice module: streams call back from their own threads."""
+
+    class PortAudioError(Exception):
+        pass
+
+    def __init__(self, mic: Samples, rate: int) -> None:
+        self.mic = mic
+        self.rate = rate
+        self.played: list[Samples] = []
+        self.opened: list[dict[str, object]] = []
+
+    def query_devices(self, device: object = None, kind: str | None = None) -> object:
+        return {"name": f"fake {kind}", "default_samplerate": float(self.rate)}
+
+    def check_input_settings(self, **kwargs: object) -> None:
+        if kwargs.get("samplerate") != self.rate:
+            raise self.PortAudioError("Invalid sample rate")
+
+    check_output_settings = check_input_settings
+
+    def _stream(self, fake: _FakePortAudio, kind: str, **kwargs: object) -> object:
+        fake.opened.append({"kind": kind, **kwargs})
+        callback = kwargs["callback"]
+        blocksize = int(kwargs.get("blocksize") or 512)  # type: ignore[call-overload]
+        stop = threading.Event()
+
+        def run() -> None:
+            pos = 0
+            while not stop.is_set():
+                if kind == "input":
+                    block = fake.mic[pos : pos + blocksize]
+                    if block.size < blocksize:
+                        return
+                    pos += blocksize
+                    callback(block.reshape(-1, 1), blocksize, None, None)  # type: ignore[operator]
+                else:
+                    out = np.zeros((blocksize, 1), np.float32)
+                    callback(out, blocksize, None, None)  # type: ignore[operator]
+                    fake.played.append(out[:, 0].copy())
+                time.sleep(0.002)
+
+        class Stream:
+            def start(self) -> None:
+                self.thread = threading.Thread(target=run, daemon=True)
+                self.thread.start()
+
+            def stop(self) -> None:
+                stop.set()
+                self.thread.join()
+
+            def close(self) -> None:
+                pass
+
+        return Stream()
+
+    def InputStream(self, **kwargs: object) -> object:
+        return self._stream(self, "input", **kwargs)
+
+    def OutputStream(self, **kwargs: object) -> object:
+        return self._stream(self, "output", **kwargs)
+
+
+async def test_sounddevice_seam_resamples_and_plays(engine: Engine) -> None:
+    """The real PortAudio adapters, on a fake PortAudio that only offers 48 kHz."""
+    fake = _FakePortAudio(_speech_like(0.5, 48_000, channels=1), 48_000)
+    source = mic.SoundDeviceInput(fake, None)  # type: ignore[arg-type]
+    sink = mic.SoundDeviceOutput(fake, None)  # type: ignore[arg-type]
+    assert source.sample_rate == 48_000 and sink.sample_rate == 48_000  # 16k/22k refused
+    send, recv = trio.open_memory_channel[None](1)
+    async with running_server(engine) as server:
+        async with trio.open_nursery() as nursery:
+
+            async def interrupt_after_capture() -> None:
+                while len(fake.opened) < 2:
+                    await trio.sleep(0.01)
+                await trio.sleep(0.3)  # 0.5 s of mic at ~20x real time has been captured
+                await send.send(None)
+
+            nursery.start_soon(interrupt_after_capture)
+            with trio.fail_after(30):
+                result = await mic.run_microphone_client(
+                    server.url, source, sink, recv, out=io.StringIO(), err=io.StringIO()
+                )
+    assert result.done
+    assert [o["kind"] for o in fake.opened] == ["output", "input"]
+    assert fake.opened[1]["blocksize"] == 3840  # 80 ms at 48 kHz
+    # The fake device delivers whole 80 ms blocks only: 6 of them (0.48 s) -> 6 appends,
+    # 6 answer frames played at 48 kHz.
+    assert result.frames_sent == 6 and result.audio_frames == 6
+    played = np.concatenate(fake.played)
+    expected = 6 * OUTPUT_FRAME_SAMPLES * 48_000 / OUTPUT_SAMPLE_RATE
+    assert abs(int(np.count_nonzero(played)) - expected) < 64
+    assert sink.buffer.buffered == 0 and sink.buffer.dropped == 0
+
+
+FAKE_PORTAUDIO_MODULE = """
+import threading, time
+import numpy as np
+
+class PortAudioError(Exception):
+    pass
+
+def query_devices(device=None, kind=None):
+    if kind is None:
+        return "  0 fake mic, 0 fake speaker"
+    return {"name": "fake " + kind, "default_samplerate": 48000.0}
+
+def check_input_settings(**kw):
+    if kw.get("samplerate") != 48000:
+        raise PortAudioError("Invalid sample rate")
+
+check_output_settings = check_input_settings
+
+class _Stream:
+    def __init__(self, kind, callback, blocksize=0, **kw):
+        self.kind, self.callback, self.n = kind, callback, blocksize or 480
+        self.stopped = threading.Event()
+    def start(self):
+        threading.Thread(target=self.run, daemon=True).start()
+    def run(self):
+        t = 0
+        while not self.stopped.is_set():
+            if self.kind == "input":
+                x = 0.2 * np.sin(2 * np.pi * 220 * (t + np.arange(self.n)) / 48000)
+                self.callback(x.astype(np.float32).reshape(-1, 1), self.n, None, None)
+                t += self.n
+            else:
+                self.callback(np.zeros((self.n, 1), np.float32), self.n, None, None)
+            time.sleep(self.n / 48000)
+    def stop(self):
+        self.stopped.set()
+    def close(self):
+        pass
+
+def InputStream(**kw):
+    return _Stream("input", **kw)
+
+def OutputStream(**kw):
+    return _Stream("output", **kw)
+"""
+
+
+async def test_microphone_script_first_ctrl_c_commits(engine: Engine, tmp_path: Path) -> None:
+    """The real script and its SIGINT handling, on a fake PortAudio module."""
+    env = _fake_sounddevice(tmp_path, FAKE_PORTAUDIO_MODULE)
+    async with running_server(engine) as server:
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, str(SCRIPT), server.url, "--system-prompt", "Hi."],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=REPO,
+        )
+        assert proc.stderr is not None and proc.stdout is not None
+        err = b""
+        with trio.fail_after(30):
+            while b"speak now" not in err:
+                err += await proc.stderr.receive_some()
+            await trio.sleep(0.5)  # about 6 frames of 'speech'
+            proc.send_signal(signal.SIGINT)
+            out = b""
+            async for chunk in proc.stdout:
+                out += chunk
+            async for chunk in proc.stderr:
+                err += chunk
+            code = await proc.wait()
+    text = err.decode()
+    assert code == 0, text
+    assert "committed" in text and "Traceback" not in text
+    assert "no echo cancellation" in text and "at 48000 Hz" in text
+    sent = int(re.search(r"sent (\d+) frames", text).group(1))  # type: ignore[union-attr]
+    received = int(re.search(r"received (\d+) audio frames", text).group(1))  # type: ignore[union-attr]
+    assert sent >= 3 and received == sent
+    assert "[assistant] t0 " in out.decode()
