@@ -8,67 +8,47 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from realtime.limits import Limits
 
 log = logging.getLogger("realtime")
+
+N = TypeVar("N", int, float)
 
 
 class CliError(Exception):
     """A problem the user can fix; printed as one line, exit code 2."""
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0 or value != value or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
+def _number(
+    kind: Callable[[str], N], lowest: float, highest: float, what: str
+) -> Callable[[str], N]:
+    """An argparse type: ``kind`` parsed from text and checked to lie in a range."""
+
+    def parse(text: str) -> N:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not lowest <= value <= highest:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    parse.__name__ = what
+    return parse
 
 
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected an integer > 0, got {text!r}")
-    return value
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be in 0..65535, got {value}")
-    return value
+_TINY = sys.float_info.min
+_positive_float = _number(float, _TINY, sys.float_info.max, "a number > 0")
+_non_negative_float = _number(float, 0.0, sys.float_info.max, "a number >= 0")
+_positive_int = _number(int, 1, math.inf, "an integer > 0")
+_seed = _number(int, 0, math.inf, "an integer >= 0")
+_port = _number(int, 0, 65535, "a port number in 0..65535")
 
 
 def _add_limit_options(parser: argparse.ArgumentParser) -> None:
