@@ -1,0 +1,120 @@
+"""Row 1: the model alone, no server, with the engine's thread discipline.
+
+Both the load and every step run on one dedicated thread (MLX ties streams to
+their thread), and the clock is read on that thread around each call, so the
+figure is the model's own step time and nothing else. It is measured twice:
+back to back (the unpaced ceiling) and paced at one frame per 80 ms, because a
+model that idles between frames steps slower (cold caches, sleeping cores),
+and the paced row's overhead must be measured against the same regime.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+from benchmarks.stats import summarize
+from benchmarks.wire import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE, Float32
+
+WARMUP_FRAMES = 10
+
+
+def _time_pushes(
+    push: Callable[[Float32], object], frames: list[Float32], period: float = 0.0
+) -> list[float]:
+    """Step time of each push; with ``period``, frames start that far apart (a paced
+    client), so the model idles between frames as it does behind a real-time stream."""
+    times: list[float] = []
+    origin = time.perf_counter()
+    for i, frame in enumerate(frames):
+        if period:
+            delay = origin + i * period - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+        started = time.perf_counter()
+        push(frame)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def _raw(path: Path, frames: list[Float32], warmup: list[Float32]) -> dict[str, Any]:
+    """mlx-vlm's own streaming session, exactly as its server drives it."""
+    from mlx_vlm.utils import load
+
+    model, processor = load(str(path), lazy=True, strict=True, trust_remote_code=False)
+    chat = model.create_session(processor)
+
+    def run(chunks: list[Float32], period: float = 0.0) -> tuple[list[float], float]:
+        session = chat.create_streaming_session(system_prompt=None, seed=0)
+        started = time.perf_counter()
+        times = _time_pushes(
+            lambda f: session.push_audio(f, sample_rate=SAMPLE_RATE), chunks, period
+        )
+        wall = time.perf_counter() - started
+        session.cancel()
+        mx.clear_cache()
+        return times, wall
+
+    run(warmup)
+    times, wall = run(frames)
+    paced, _ = run(frames, FRAME_SECONDS)
+    return {
+        "frames": len(frames),
+        "step_ms": summarize([t * 1e3 for t in times]).to_dict(),
+        "fps": len(frames) / wall,
+        "paced_step_ms": summarize([t * 1e3 for t in paced]).to_dict(),
+    }
+
+
+def _adapter(path: Path, frames: list[Float32], warmup: list[Float32]) -> dict[str, Any]:
+    """The same frames through this project's adapter (the seam the engine drives):
+    its extra cost is turning MLX events into numpy and Python values."""
+    from realtime.models import load_model
+
+    model = load_model(path)
+
+    def run(chunks: list[Float32]) -> tuple[list[float], float]:
+        session = model.open_session(system_prompt=None, seed=0, max_streaming_seconds=None)
+        started = time.perf_counter()
+        times = _time_pushes(lambda f: session.push_audio(f, SAMPLE_RATE), chunks)
+        wall = time.perf_counter() - started
+        session.cancel()
+        model.clear_cache()
+        return times, wall
+
+    run(warmup)
+    times, wall = run(frames)
+    return {"step_ms": summarize([t * 1e3 for t in times]).to_dict(), "fps": len(frames) / wall}
+
+
+def _measure(path: Path, frames: list[Float32], warmup: list[Float32]) -> dict[str, Any]:
+    result = _raw(path, frames, warmup)
+    mx.clear_cache()
+    result["adapter"] = _adapter(path, frames, warmup)
+    return result
+
+
+def bare_model(path: Path, audio: Float32, frames: int) -> dict[str, Any]:
+    """Step ``frames`` 1280-sample frames of ``audio`` on one dedicated thread."""
+    chunks = [audio[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES] for i in range(frames)]
+    warmup = chunks[: min(WARMUP_FRAMES, frames)]
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = _measure(path, chunks, warmup)
+        except BaseException as exc:  # reported on the calling thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="bench-model", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    result: dict[str, Any] = box["result"]
+    return result

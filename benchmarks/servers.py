@@ -1,0 +1,197 @@
+"""Servers under test, each a subprocess on 127.0.0.1, started one at a time.
+
+Subprocesses keep the client's Python (and GIL) out of the server's, and give
+the churn row a process whose RSS it can read.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+REPO = Path(__file__).resolve().parent.parent
+SERVING_LINE = re.compile(r"realtime: serving (ws://\S+/v1/realtime)")
+START_TIMEOUT = 300.0
+
+
+@attrs.frozen
+class ServerProcess:
+    name: str
+    proc: subprocess.Popen[bytes]
+    url: str
+    """The ``ws://.../v1/realtime`` URL."""
+    http: str
+    log: Path
+
+    def rss_bytes(self) -> int | None:
+        return rss_bytes(self.proc.pid)
+
+    def cpu_seconds(self) -> float | None:
+        return cpu_seconds(self.proc.pid)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def rss_bytes(pid: int) -> int | None:
+    """Resident set size of ``pid``: psutil when installed, else ``/proc``."""
+    try:
+        psutil: Any = importlib.import_module("psutil")
+    except ImportError:
+        psutil = None
+    if psutil is not None:
+        try:
+            return int(psutil.Process(pid).memory_info().rss)
+        except psutil.Error:
+            return None
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of ``pid`` (all threads): a load-independent cost figure."""
+    try:
+        psutil: Any = importlib.import_module("psutil")
+    except ImportError:
+        psutil = None
+    if psutil is not None:
+        try:
+            times = psutil.Process(pid).cpu_times()
+            return float(times.user + times.system)
+        except psutil.Error:
+            return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _log_path(name: str) -> Path:
+    fd, path = tempfile.mkstemp(prefix=f"bench-{name}-", suffix=".log")
+    os.close(fd)
+    return Path(path)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def launch(name: str, cmd: Sequence[str], env: dict[str, str]) -> Iterator[tuple[Any, Path]]:
+    log = _log_path(name)
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            list(cmd),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+        )
+    try:
+        yield proc, log
+    finally:
+        _stop(proc)
+
+
+def wait_for_serving_line(proc: subprocess.Popen[bytes], log: Path) -> str:
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        text = log.read_text(errors="replace")
+        match = SERVING_LINE.search(text)
+        if match:
+            return match.group(1)
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{text[-4000:]}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"server did not start in {START_TIMEOUT:g} s:\n{text[-4000:]}")
+        time.sleep(0.05)
+
+
+def wait_for_health(proc: subprocess.Popen[bytes], log: Path, http: str) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        try:
+            with urllib.request.urlopen(f"{http}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if proc.poll() is not None:
+            text = log.read_text(errors="replace")
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{text[-4000:]}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"server did not answer /health in {START_TIMEOUT:g} s")
+        time.sleep(0.1)
+
+
+def _http_of(url: str) -> str:
+    return url.replace("ws://", "http://").removesuffix("/v1/realtime")
+
+
+@contextmanager
+def ours(model_path: Path) -> Iterator[ServerProcess]:
+    """``python -m realtime serve -m PATH --port 0``: this project's server."""
+    cmd = [sys.executable, "-m", "realtime", "serve", "-m", str(model_path), "--port", "0"]
+    cmd += ["--host", "127.0.0.1"]
+    with launch("ours", cmd, {}) as (proc, log):
+        url = wait_for_serving_line(proc, log)
+        yield ServerProcess("ours", proc, url, _http_of(url), log)
+
+
+@contextmanager
+def null_server() -> Iterator[ServerProcess]:
+    """This project's server on the zero-cost model."""
+    cmd = [sys.executable, "-m", "benchmarks.null_server", "--port", "0"]
+    with launch("null", cmd, {}) as (proc, log):
+        url = wait_for_serving_line(proc, log)
+        yield ServerProcess("null", proc, url, _http_of(url), log)
+
+
+@contextmanager
+def peer(model_path: Path) -> Iterator[ServerProcess]:
+    """``python -m mlx_vlm.server``: mlx-vlm's own FastAPI ``/v1/realtime``.
+
+    Its realtime engine loads the VoiceChat model on the first ``session.update``
+    (``session.model`` names the checkpoint), whatever ``--model`` says, so the
+    benchmark warms it with one session before measuring.
+    """
+    port = free_port()
+    cmd = [sys.executable, "-m", "mlx_vlm.server", "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--log-level", "WARNING"]
+    with launch("peer", cmd, {}) as (proc, log):
+        http = f"http://127.0.0.1:{port}"
+        wait_for_health(proc, log, http)
+        yield ServerProcess("peer", proc, f"ws://127.0.0.1:{port}/v1/realtime", http, log)

@@ -1,0 +1,280 @@
+"""The benchmark's client side: test audio, messages, a trio-websocket client,
+a raw client that can drop its TCP stream, and a tiny HTTP GET.
+
+The same client talks to this project's server and to mlx-vlm's, so the only
+dialect difference is ``session.model`` (which mlx-vlm requires).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import numpy as np
+import numpy.typing as npt
+import trio
+import wsproto
+import wsproto.events
+from trio_websocket import WebSocketConnection, open_websocket_url
+
+FRAME_SAMPLES: Final = 1280
+SAMPLE_RATE: Final = 16_000
+FRAME_SECONDS: Final = FRAME_SAMPLES / SAMPLE_RATE
+AUDIO_DELTA: Final = "response.audio.delta"
+
+Int16 = npt.NDArray[np.int16]
+Float32 = npt.NDArray[np.float32]
+
+
+class BenchError(Exception):
+    """A server answered something the benchmark cannot measure through."""
+
+
+def test_pcm(samples: int, seed: int = 0) -> Int16:
+    """Deterministic noise as PCM16: every row feeds the model the same input."""
+    rng = np.random.default_rng(seed)
+    x = np.clip(rng.standard_normal(samples) * 0.1, -1.0, 1.0)
+    return np.rint(x * 32767).astype(np.int16)
+
+
+def pcm_to_float(pcm: Int16) -> Float32:
+    """What the servers feed the model: PCM16 ``/ 32768``."""
+    return (pcm.astype(np.float32) / 32768.0).astype(np.float32)
+
+
+def append_message(pcm: Int16) -> str:
+    audio = base64.b64encode(pcm.astype("<i2").tobytes()).decode("ascii")
+    return json.dumps(
+        {"type": "input_audio_buffer.append", "audio": audio, "sample_rate": SAMPLE_RATE}
+    )
+
+
+def frame_messages(pcm: Int16) -> list[str]:
+    """One append per 1280-sample frame, encoded before any timing starts."""
+    return [append_message(pcm[i : i + FRAME_SAMPLES]) for i in range(0, pcm.size, FRAME_SAMPLES)]
+
+
+PING: Final = json.dumps({"type": "session.ping"})
+CANCEL: Final = json.dumps({"type": "session.cancel"})
+COMMIT: Final = json.dumps({"type": "input_audio_buffer.commit"})
+
+
+def update_message(model: str | None, seed: int = 0) -> str:
+    session: dict[str, Any] = {"seed": seed}
+    if model is not None:
+        session["model"] = model
+    return json.dumps({"type": "session.update", "session": session})
+
+
+class Client:
+    """JSON over one trio-websocket connection, with receive timestamps."""
+
+    def __init__(self, ws: WebSocketConnection, model: str | None) -> None:
+        self.ws = ws
+        self.model = model
+        self.session_id: str | None = None
+        self.created = False
+        """``session.created`` was already read (by :func:`connect`)."""
+        self.busy_retries = 0
+
+    async def send(self, text: str) -> float:
+        """Send one frame; the ``perf_counter`` taken just before it went out."""
+        sent = time.perf_counter()
+        await self.ws.send_message(text)
+        return sent
+
+    async def recv(self) -> tuple[float, dict[str, Any]]:
+        text = await self.ws.get_message()
+        at = time.perf_counter()
+        event: dict[str, Any] = json.loads(text)
+        return at, event
+
+    async def expect(self, kind: str, within: float) -> dict[str, Any]:
+        with trio.fail_after(within):
+            _, event = await self.recv()
+        if event.get("type") != kind:
+            raise BenchError(f"expected {kind}, got {event}")
+        return event
+
+    async def configure(self, *, seed: int = 0, within: float = 180.0) -> None:
+        """session.created, then session.update until session.updated."""
+        if not self.created:
+            created = await self.expect("session.created", within)
+            self.session_id = created["session"]["id"]
+            self.created = True
+        await self.send(update_message(self.model, seed))
+        await self.expect("session.updated", within)
+
+    async def drain_until(self, kind: str, within: float) -> list[dict[str, Any]]:
+        """Every event up to and including the first ``kind``."""
+        events: list[dict[str, Any]] = []
+        with trio.fail_after(within):
+            while True:
+                _, event = await self.recv()
+                events.append(event)
+                if event.get("type") == kind:
+                    return events
+                if event.get("type") == "error":
+                    raise BenchError(f"server error while waiting for {kind}: {event}")
+
+
+BUSY_RETRIES: Final = 500
+BUSY_PAUSE: Final = 0.01
+
+
+@asynccontextmanager
+async def _open(url: str) -> AsyncIterator[WebSocketConnection]:
+    async with open_websocket_url(
+        url,
+        message_queue_size=256,
+        max_message_size=16 * 1024 * 1024,
+        receive_buffer_size=65536,
+        connect_timeout=30,
+        disconnect_timeout=10,
+    ) as ws:
+        yield ws
+
+
+@asynccontextmanager
+async def connect(url: str, model: str | None, *, retry_busy: bool = True) -> AsyncIterator[Client]:
+    """A connection to ``url``. With ``retry_busy``, a ``server_busy`` refusal is
+    retried (up to 5 s): a server may release its slot a moment after the previous
+    session's last event (mlx-vlm's does), and the benchmark measures sessions, not
+    that race. Without it the first event is left for the caller to read."""
+    for _ in range(BUSY_RETRIES if retry_busy else 1):
+        async with _open(url) as ws:
+            client = Client(ws, model)
+            if not retry_busy:
+                yield client
+                return
+            with trio.fail_after(60):
+                _, first = await client.recv()
+            if first.get("type") == "session.created":
+                client.session_id = first["session"]["id"]
+                client.created = True
+                yield client
+                return
+            if first.get("error", {}).get("code") != "server_busy":
+                raise BenchError(f"expected session.created, got {first}")
+            client.busy_retries += 1
+        await trio.sleep(BUSY_PAUSE)
+    raise BenchError(f"{url} stayed busy for {BUSY_RETRIES * BUSY_PAUSE:g} s")
+
+
+async def http_get_json(http: str, path: str, within: float = 10.0) -> tuple[int, Any]:
+    """GET ``http + path`` over a fresh TCP connection; (status, parsed JSON body).
+
+    Reads exactly Content-Length bytes (or chunks): Hypercorn may keep the
+    connection open after the response even when asked to close it.
+    """
+    parts = urlsplit(http)
+    host = parts.hostname or "127.0.0.1"
+    port = parts.port or 80
+    with trio.fail_after(within):
+        stream = await trio.open_tcp_stream(host, port)
+        async with stream:
+            request = (
+                f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                "Accept: application/json\r\nConnection: close\r\n\r\n"
+            )
+            await stream.send_all(request.encode())
+            raw = bytearray()
+            while b"\r\n\r\n" not in raw:
+                raw += await _receive(stream)
+            head, _, body = bytes(raw).partition(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            status = int(lines[0].split()[1])
+            headers = {
+                k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])
+            }
+            if headers.get("transfer-encoding", "").lower() == "chunked":
+                while not body.endswith(b"0\r\n\r\n"):
+                    body += await _receive(stream)
+                body = _dechunk(body)
+            else:
+                length = int(headers.get("content-length", "0"))
+                while len(body) < length:
+                    body += await _receive(stream)
+    return status, json.loads(body) if body else None
+
+
+async def _receive(stream: trio.SocketStream) -> bytes:
+    data = await stream.receive_some(65536)
+    if not data:
+        raise BenchError("the server closed the connection mid-response")
+    return bytes(data)
+
+
+def _dechunk(body: bytes) -> bytes:
+    out = bytearray()
+    while body:
+        size_line, _, rest = body.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            break
+        out += rest[:size]
+        body = rest[size + 2 :]
+    return bytes(out)
+
+
+class RawClient:
+    """A WebSocket client on wsproto over a bare TCP stream, so the benchmark can
+    drop the connection the way a crashed client does: no close frame, just EOF."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.conn = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
+        self._text: list[str] = []
+        self._ready: list[dict[str, Any]] = []
+        self.accepted = False
+
+    @classmethod
+    async def open(cls, url: str) -> RawClient:
+        parts = urlsplit(url)
+        host = parts.hostname or "127.0.0.1"
+        port = parts.port or 80
+        client = cls(await trio.open_tcp_stream(host, port))
+        await client._send(wsproto.events.Request(host=f"{host}:{port}", target=parts.path))
+        while not client.accepted:
+            await client._pump()
+        return client
+
+    async def _send(self, event: wsproto.events.Event) -> None:
+        await self.stream.send_all(self.conn.send(event))
+
+    async def _pump(self) -> None:
+        data = await self.stream.receive_some(65536)
+        if not data:
+            raise BenchError("server closed the TCP connection")
+        self.conn.receive_data(data)
+        for event in self.conn.events():
+            if isinstance(event, wsproto.events.AcceptConnection):
+                self.accepted = True
+            elif isinstance(event, wsproto.events.RejectConnection):
+                raise BenchError("WebSocket upgrade refused")
+            elif isinstance(event, wsproto.events.TextMessage):
+                self._text.append(event.data)
+                if event.message_finished:
+                    self._ready.append(json.loads("".join(self._text)))
+                    self._text.clear()
+            elif isinstance(event, wsproto.events.Ping):
+                await self._send(event.response())
+            elif isinstance(event, wsproto.events.CloseConnection):
+                raise BenchError(f"server closed the WebSocket ({event.code})")
+
+    async def send(self, text: str) -> None:
+        await self._send(wsproto.events.Message(data=text))
+
+    async def recv(self) -> dict[str, Any]:
+        while not self._ready:
+            await self._pump()
+        return self._ready.pop(0)
+
+    async def drop(self) -> None:
+        """Close the TCP stream with no WebSocket close handshake."""
+        await self.stream.aclose()

@@ -1,0 +1,131 @@
+"""Smoke test of ``python -m benchmarks``: every row runs and lands in the JSON.
+
+Figures are not checked against targets here (speed is proven by running the
+benchmark, never by timing asserts); only that each row produced sane values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.main import ROW_NAMES, build_parser, compare, median_of, table
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def _summary_ok(summary: dict[str, Any], n: int | None = None) -> bool:
+    keys = ("p50", "p95", "p99", "mean", "min", "max")
+    ok = all(isinstance(summary[k], float) and math.isfinite(summary[k]) for k in keys)
+    return ok and (n is None or summary["n"] == n)
+
+
+@pytest.mark.slow
+def test_every_row_runs_and_is_written(demo_cache_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "benchmarks", "--frames", "5", "--sessions", "5"]
+    cmd += ["--zero-cost-frames", "40", "--append-seconds", "1", "--rounds", "1"]
+    cmd += ["--json", str(out)]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = json.loads(out.read_text())
+    for name in ROW_NAMES.values():
+        assert name in results and "skipped" not in results[name], name
+    assert results["machine"]["nproc"] >= 1
+
+    bare = results["bare"]
+    assert _summary_ok(bare["step_ms"], 5) and _positive(bare["fps"])
+    assert _summary_ok(bare["adapter"]["step_ms"], 5)
+
+    zero = results["zero_cost"]
+    assert zero["frames"] == 40 and _positive(zero["fps"]) and _positive(zero["us_per_frame"])
+    assert _summary_ok(zero["round_trip_us"], 40)
+
+    paced = results["paced"]
+    assert _summary_ok(paced["latency_ms"], 5)
+    assert isinstance(paced["overhead_ms"]["p50"], float)
+    assert isinstance(paced["target_met"], bool)
+
+    for side in (paced, results["peer"]["paced"]):
+        hops = side["breakdown"]["hops_us"]
+        assert all(_positive(h["p50"]) for name, h in hops.items() if name.startswith("model"))
+        assert isinstance(side["breakdown"]["overhead_us"]["p50"], float)
+    floor = results["ping_floor"]
+    assert _summary_ok(floor["back_to_back_us"]) and _summary_ok(floor["paced_us"])
+
+    unpaced = results["unpaced"]
+    assert unpaced["frames"] == 5 and _positive(unpaced["fps"])
+    assert _positive(unpaced["ratio_to_bare"])
+
+    for resp in (results["responsiveness"], results["peer"]["responsiveness"]):
+        assert _positive(resp["pong_ms"]) and _positive(resp["cancel_ms"])
+        assert isinstance(resp["frames_after_cancel"], int)
+        assert isinstance(resp["deltas_after_cancel"], int)
+        assert 0 <= resp["cancelled_frame_index"] <= 13
+
+    churn = results["churn"]
+    assert churn["sessions"] == 5 and churn["abrupt"] == 1
+    assert _positive(churn["sessions_per_s"]) and _positive(churn["rss_end_mb"])
+    # Not a timing assert: the slot must be free after churn, whatever the speed.
+    assert churn["slot_free_after"] is True and churn["busy_refusals"] == 0
+
+    assert results["peer"]["rounds"] == 1
+    assert _summary_ok(results["peer"]["ours_median"]["paced"]["latency_ms"], 5)
+    comparison = results["peer"]["comparison"]
+    assert set(comparison) >= {"paced.latency_ms.p50", "unpaced.fps", "responsiveness.pong_ms"}
+    for figure in comparison.values():
+        assert isinstance(figure["at_least_as_good"], bool) and _positive(figure["peer"])
+
+    printed = done.stdout
+    for label in ("1 bare", "2 zero-cost", "3 paced", "4 unpaced", "5 responsive", "6 churn"):
+        assert label in printed
+    assert "7 vs mlx-vlm" in printed
+
+
+def test_row_selection_is_validated() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["--rows", "3,1"]).rows == (1, 3)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--rows", "8"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--frames", "0"])
+
+
+def test_comparison_direction() -> None:
+    ours = {
+        "paced": {"latency_ms": {"p50": 20.0, "p95": 22.0, "p99": 30.0}},
+        "unpaced": {"fps": 50.0},
+    }
+    peer = {
+        "paced": {"latency_ms": {"p50": 25.0, "p95": 21.0, "p99": 30.0}},
+        "unpaced": {"fps": 40.0},
+    }
+    result = compare(ours, peer)
+    assert result["paced.latency_ms.p50"]["at_least_as_good"] is True
+    assert result["paced.latency_ms.p95"]["at_least_as_good"] is False
+    assert result["paced.latency_ms.p99"]["at_least_as_good"] is True
+    assert result["unpaced.fps"]["at_least_as_good"] is True
+    assert result["unpaced.fps"]["ratio"] == pytest.approx(1.25)
+
+
+def test_median_of_runs() -> None:
+    runs = [{"a": {"x": 1.0, "n": 5}, "s": "one"}, {"a": {"x": 3.0, "n": 5}, "s": "two"}]
+    runs.append({"a": {"x": 2.0, "n": 5}, "s": "three"})
+    assert median_of(runs) == {"a": {"x": 2.0, "n": 5}, "s": "one"}
+
+
+def test_table_of_skipped_rows() -> None:
+    skipped = {"skipped": "not selected"}
+    results = {name: skipped for name in ROW_NAMES.values()}
+    printed = table(results)
+    assert "row | metric" in printed and "1 bare" not in printed
