@@ -92,17 +92,22 @@ def _instrument_ours(out: Path, null: bool) -> None:
     marks |= {"step0": [], "step1": []}
     _time_model_step(marks, null)
     clock = time.perf_counter
-    receive, send = app.QuartTransport.receive, app.QuartTransport.send
-    run_append, call = connection.Connection._run_append, engine.Engine._call
+    receive, send = app.ASGITransport.receive, app.ASGITransport.send
+    run_appends, submit, wait = (
+        connection.Connection._run_appends,
+        engine.Engine.submit,
+        engine.Engine.wait,
+    )
     run = connection.Connection.run
+    pushes: set[int] = set()
 
-    async def timed_receive(self: app.QuartTransport) -> str | bytes | None:
+    async def timed_receive(self: app.ASGITransport) -> str | bytes | None:
         data = await receive(self)
         if isinstance(data, str) and "input_audio_buffer.append" in data[:64]:
             marks["recv"].append(clock())
         return data
 
-    async def timed_send(self: app.QuartTransport, text: str) -> None:
+    async def timed_send(self: app.ASGITransport, text: str) -> None:
         audio = AUDIO_DELTA in text[:64]
         if audio:
             marks["send0"].append(clock())
@@ -110,15 +115,22 @@ def _instrument_ours(out: Path, null: bool) -> None:
         if audio:
             marks["send1"].append(clock())
 
-    async def timed_run_append(self: connection.Connection, append: Any) -> None:
+    async def timed_run_appends(self: connection.Connection, append: Any) -> None:
         marks["proc"].append(clock())
-        await run_append(self, append)
+        await run_appends(self, append)
 
-    async def timed_call(self: engine.Engine, kind: str, session_id: str, *args: Any) -> Any:
+    def timed_submit(self: engine.Engine, kind: str, session_id: str, *args: Any) -> Any:
         if kind == "push":
             marks["sub"].append(clock())
-        result = await call(self, kind, session_id, *args)
+        future = submit(self, kind, session_id, *args)
         if kind == "push":
+            pushes.add(id(future))
+        return future
+
+    async def timed_wait(self: engine.Engine, future: Any) -> Any:
+        result = await wait(self, future)
+        if id(future) in pushes:
+            pushes.discard(id(future))
             marks["ret"].append(clock())
         return result
 
@@ -130,11 +142,12 @@ def _instrument_ours(out: Path, null: bool) -> None:
         finally:
             _save(out, marks)
 
-    app.QuartTransport.receive = timed_receive  # type: ignore[method-assign]
-    app.QuartTransport.send = timed_send  # type: ignore[method-assign]
-    connection.Connection._run_append = timed_run_append  # type: ignore[method-assign]
+    app.ASGITransport.receive = timed_receive  # type: ignore[method-assign]
+    app.ASGITransport.send = timed_send  # type: ignore[method-assign]
+    connection.Connection._run_appends = timed_run_appends  # type: ignore[method-assign]
     connection.Connection.run = run_and_save  # type: ignore[method-assign]
-    engine.Engine._call = timed_call  # type: ignore[method-assign]
+    engine.Engine.submit = timed_submit  # type: ignore[method-assign]
+    engine.Engine.wait = timed_wait  # type: ignore[method-assign]
 
 
 def _serve(argv: list[str]) -> int:

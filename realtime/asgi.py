@@ -17,9 +17,8 @@ import os
 
 import attrs
 import trio
-from quart_trio import QuartTrio
 
-from realtime.app import ServerState, create_app
+from realtime.app import RealtimeApp, ServerState, create_app
 from realtime.engine import Engine
 from realtime.limits import Limits
 
@@ -45,7 +44,7 @@ def limits_from_env(environ: os._Environ[str] | dict[str, str] = os.environ) -> 
     return Limits(**values)  # type: ignore[arg-type]
 
 
-def create_app_from_env() -> QuartTrio:
+def create_app_from_env() -> RealtimeApp:
     from realtime.cli import CliError
     from realtime.server import model_loader
 
@@ -66,11 +65,11 @@ def create_app_from_env() -> QuartTrio:
     )
     app = create_app(state)
 
-    @app.before_serving
+    @app.http.before_serving
     async def load() -> None:
         await trio.to_thread.run_sync(engine.start)
 
-    @app.after_serving
+    @app.http.after_serving
     async def stop() -> None:
         state.shutdown.set()
         with trio.move_on_after(3.0):

@@ -9,10 +9,13 @@ the connection, the engine session is closed and the reservation released.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import math
+import threading
+from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 import attrs
 import trio
@@ -20,7 +23,14 @@ import trio
 from realtime import protocol
 from realtime.engine import Engine, EngineError
 from realtime.limits import Limits
-from realtime.models.base import FRAME_SAMPLES, INPUT_SAMPLE_RATE
+from realtime.models.base import (
+    FRAME_SAMPLES,
+    INPUT_SAMPLE_RATE,
+    AudioDelta,
+    Cancelled,
+    Done,
+    ModelEvent,
+)
 
 log = logging.getLogger("realtime.connection")
 
@@ -62,6 +72,16 @@ class _Wake:
 _ProcessorItem = protocol.SessionUpdate | protocol.AudioAppend | protocol.AudioCommit | _Wake
 
 
+PIPELINE_DEPTH: Final = 2
+"""Slices handed to the engine at once: one running, the next waiting in its queue."""
+
+
+def _emit_rank(event: ModelEvent) -> int:
+    if isinstance(event, AudioDelta):
+        return 0
+    return 2 if isinstance(event, (Done, Cancelled)) else 1
+
+
 class Connection:
     """Runs one client's session; ``run`` returns when the connection is over."""
 
@@ -90,6 +110,9 @@ class Connection:
         self._pending_samples = 0
         self._max_pending = int(limits.max_pending_audio_seconds * INPUT_SAMPLE_RATE)
         self._released = False
+        self._stop_pushes = threading.Event()
+        """Set on cancel or release: the engine skips this session's queued slices."""
+        self._lookahead: _ProcessorItem | None = None
         self._send_started: float | None = None
         self._out_send, self._out_recv = trio.open_memory_channel[str | _Close](
             limits.send_queue_events
@@ -153,6 +176,7 @@ class Connection:
         if self._released:
             return
         self._released = True
+        self._stop_pushes.set()
         self.engine.submit("close", self.session_id)
         self.engine.release(self.session_id)
 
@@ -271,6 +295,7 @@ class Connection:
         elif isinstance(message, protocol.Cancel):
             if not (self._cancel_requested or self._committed):
                 self._cancel_requested = True
+                self._stop_pushes.set()
                 # Wake an idle processor; a busy one checks the flag between slices.
                 try:
                     self._work_send.send_nowait(_Wake())
@@ -334,13 +359,14 @@ class Connection:
 
     async def _processor(self) -> None:
         try:
-            async for item in self._work_recv:
+            while True:
+                item = await self._next_item()
                 if self._cancel_requested:
                     break
                 if isinstance(item, protocol.SessionUpdate):
                     await self._configure(item)
                 elif isinstance(item, protocol.AudioAppend):
-                    await self._run_append(item)
+                    await self._run_appends(item)
                 elif isinstance(item, protocol.AudioCommit):
                     await self._commit(item)
                     return
@@ -350,6 +376,25 @@ class Connection:
             await self._end(
                 CLOSE_INTERNAL, exc.message[:120], protocol.error_event(exc.code, exc.message)
             )
+
+    async def _next_item(self) -> _ProcessorItem:
+        if self._lookahead is not None:
+            item, self._lookahead = self._lookahead, None
+            return item
+        return await self._work_recv.receive()
+
+    def _next_append(self) -> protocol.AudioAppend | None:
+        """The next queued message if it is audio; anything else waits its turn."""
+        if self._lookahead is not None:
+            return None
+        try:
+            item = self._work_recv.receive_nowait()
+        except trio.WouldBlock:
+            return None
+        if isinstance(item, protocol.AudioAppend):
+            return item
+        self._lookahead = item
+        return None
 
     async def _configure(self, update: protocol.SessionUpdate) -> None:
         try:
@@ -369,47 +414,102 @@ class Connection:
         self._configured = True
         await self._emit(protocol.session_updated(self.session_id, self.model_id, update))
 
-    async def _run_append(self, append: protocol.AudioAppend) -> None:
-        samples = append.samples
-        remaining = int(samples.shape[0])
+    def _refusal(self, append: protocol.AudioAppend) -> protocol.Event | None:
+        if not self._configured:
+            return protocol.error_event("invalid_request", "send session.update before audio")
+        if append.sample_rate != INPUT_SAMPLE_RATE:
+            return protocol.error_event(
+                "inference_error",
+                f"expected {INPUT_SAMPLE_RATE} Hz PCM, received {append.sample_rate} Hz; "
+                "resample to 16000 Hz mono before sending",
+            )
+        return None
+
+    async def _run_appends(self, append: protocol.AudioAppend) -> None:
+        """Run this append and every one queued behind it, slice by slice.
+
+        Up to ``PIPELINE_DEPTH`` slices are handed to the engine at once, so the
+        next slice is already waiting when one finishes and the model never idles
+        on a round trip through trio. Events still go out in slice order. A cancel
+        sets ``_stop_pushes``, which the engine checks before running a queued
+        slice: at most the slice already running completes after a cancel.
+        """
+        inflight: deque[tuple[concurrent.futures.Future[Any], int]] = deque()
+        current: protocol.AudioAppend | None = append
+        number = offset = 0
+        failed = -1  # the append whose remaining slices are dropped after an error
         try:
-            if not self._configured:
-                await self._emit(
-                    protocol.error_event("invalid_request", "send session.update before audio")
-                )
-                return
-            if append.sample_rate != INPUT_SAMPLE_RATE:
-                await self._emit(
-                    protocol.error_event(
-                        "inference_error",
-                        f"expected {INPUT_SAMPLE_RATE} Hz PCM, received {append.sample_rate} Hz; "
-                        "resample to 16000 Hz mono before sending",
+            while True:
+                while current is not None and len(inflight) < PIPELINE_DEPTH:
+                    if self._cancel_requested:
+                        return
+                    total = int(current.samples.shape[0])
+                    refusal = self._refusal(current) if offset == 0 else None
+                    if refusal is not None or offset >= total:
+                        if refusal is not None:
+                            await self._drain(inflight, failed)
+                            await self._emit(refusal)
+                            self._pending_samples -= total
+                        current, number, offset = self._next_append(), number + 1, 0
+                        continue
+                    piece = current.samples[offset : offset + FRAME_SAMPLES]
+                    offset += int(piece.shape[0])
+                    self._pending_samples -= int(piece.shape[0])
+                    future = self.engine.submit(
+                        "push", self.session_id, piece, current.sample_rate, self._stop_pushes
                     )
-                )
-                return
-            for start in range(0, samples.shape[0], FRAME_SAMPLES):
-                if self._cancel_requested:
+                    inflight.append((future, number))
+                if not inflight:
                     return
-                piece = samples[start : start + FRAME_SAMPLES]
+                future, owner = inflight.popleft()
                 try:
-                    events = await self.engine.push(self.session_id, piece, append.sample_rate)
+                    events = await self.engine.wait(future)
                 except EngineError as exc:
                     if exc.session_dropped:
                         raise
-                    await self._emit(protocol.error_event(exc.code, exc.message))
-                    return
-                remaining -= int(piece.shape[0])
-                self._pending_samples -= int(piece.shape[0])
-                for event in events:
-                    await self._emit(protocol.wire_event(event))
+                    if owner != failed:
+                        failed = owner
+                        await self._emit(protocol.error_event(exc.code, exc.message))
+                    if current is not None and number == owner:
+                        # Drop the rest of the failed append.
+                        self._pending_samples -= int(current.samples.shape[0]) - offset
+                        current, number, offset = self._next_append(), number + 1, 0
+                    continue
+                if events is not None and owner != failed:
+                    await self._emit_model_events(events)
+                if current is None:
+                    current, number, offset = self._next_append(), number + 1, 0
         finally:
-            self._pending_samples -= remaining
+            if current is not None:
+                self._pending_samples -= int(current.samples.shape[0]) - offset
+
+    async def _drain(
+        self, inflight: deque[tuple[concurrent.futures.Future[Any], int]], failed: int
+    ) -> None:
+        """Finish the slices already handed to the engine, sending their events."""
+        while inflight:
+            future, owner = inflight.popleft()
+            try:
+                events = await self.engine.wait(future)
+            except EngineError as exc:
+                if exc.session_dropped:
+                    raise
+                if owner != failed:
+                    failed = owner
+                    await self._emit(protocol.error_event(exc.code, exc.message))
+                continue
+            if events is not None and owner != failed:
+                await self._emit_model_events(events)
+
+    async def _emit_model_events(self, events: list[ModelEvent]) -> None:
+        # A frame's audio goes first: it is what the listener waits for; text and
+        # transcript only update a display. Done/Cancelled stay last.
+        for event in sorted(events, key=_emit_rank):
+            await self._emit(protocol.wire_event(event))
 
     async def _commit(self, commit: protocol.AudioCommit) -> None:
         await self._emit(protocol.input_audio_committed())
-        events = await self.engine.flush(self.session_id, commit.pad_partial)
-        for event in events:
-            await self._emit(protocol.wire_event(event))
+        await self._emit_model_events(await self.engine.flush(self.session_id, commit.pad_partial))
         await self._end(CLOSE_NORMAL, "response done")
 
     async def _cancel(self) -> None:

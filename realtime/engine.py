@@ -175,7 +175,10 @@ class Engine:
         return future
 
     async def _call(self, kind: str, session_id: str, *args: Any) -> Any:
-        future = self.submit(kind, session_id, *args)
+        return await self.wait(self.submit(kind, session_id, *args))
+
+    async def wait(self, future: concurrent.futures.Future[T]) -> T:
+        """Await a submitted command's reply without parking a thread."""
         if not future.done():
             token = trio.lowlevel.current_trio_token()
             ready = trio.Event()
@@ -329,7 +332,17 @@ class Engine:
             raise EngineError("session_initialization_failed", str(exc)) from exc
         self._active = _Active(session_id, session)
 
-    def _do_push(self, session_id: str, samples: Samples, sample_rate: int) -> list[ModelEvent]:
+    def _do_push(
+        self,
+        session_id: str,
+        samples: Samples,
+        sample_rate: int,
+        skip: threading.Event | None = None,
+    ) -> list[ModelEvent] | None:
+        """Run one slice; ``None`` when ``skip`` was set while the slice waited in the
+        queue (a cancel or disconnect arrived: queued audio must not run)."""
+        if skip is not None and skip.is_set():
+            return None
         active = self._session(session_id)
         if active.finished:
             raise EngineError("inference_error", f"session {session_id} has ended")

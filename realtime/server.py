@@ -14,10 +14,12 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
+from hypercorn.typing import Framework
 
 from realtime.app import ServerState, create_app
 from realtime.cli import CliError
@@ -118,7 +120,10 @@ async def run_server(
         nursery.start_soon(watch)
         binds = await nursery.start(
             lambda task_status: serve(
-                app, config, shutdown_trigger=graceful, task_status=task_status
+                cast("Framework", app),  # a plain ASGI callable; Hypercorn's types are narrower
+                config,
+                shutdown_trigger=graceful,
+                task_status=task_status,
             )
         )
         task_status.started(binds)

@@ -71,7 +71,13 @@ async def test_file_client_in_process_collects_every_frame(engine: Engine) -> No
     assert result.pcm.size == frames * OUTPUT_FRAME_SAMPLES
     assert result.frames_sent == 6
     assert seen[:2] == ["session.created", "session.updated"]
-    assert seen[-2:] == ["response.audio.delta", "response.done"]
+    # The padded last frame: its audio first, then its text and transcript, then done.
+    assert seen[-4:] == [
+        "response.audio.delta",
+        "response.text.delta",
+        "conversation.item.input_audio_transcription.delta",
+        "response.done",
+    ]
     assert "input_audio_buffer.committed" in seen
     assert result.texts["assistant"].startswith("t0 t1 ")
     assert result.texts["user"].startswith("u0 u1 ")

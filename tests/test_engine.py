@@ -210,3 +210,14 @@ def test_run_on_thread_runs_with_the_model_on_the_engine_thread(
 ) -> None:
     seen = engine.run_on_thread(lambda model: (model, threading.get_ident()), timeout=5)
     assert seen == (fake_model, engine.thread_ident)
+
+
+async def test_queued_push_is_skipped_once_its_stop_flag_is_set(
+    engine: Engine, fake_model: FakeModel
+) -> None:
+    stop = threading.Event()
+    await engine.open("sess_a", system_prompt=None, seed=0, max_streaming_seconds=None)
+    assert await engine.wait(engine.submit("push", "sess_a", FRAME, 16000, stop))
+    stop.set()
+    assert await engine.wait(engine.submit("push", "sess_a", FRAME, 16000, stop)) is None
+    assert fake_model.frames_run == 1

@@ -75,9 +75,13 @@ async def test_append_streams_events_per_1280_sample_slice(
     # 3000 samples: two full frames from the appends, the third from the padded flush.
     assert [a["frame_index"] for a in audio] == [0, 1, 2]
     assert types.index("input_audio_buffer.committed") < types.index("response.done")
-    # Frame 1's events all come before frame 2's, frame 0's before frame 1's.
+    # Frame 1's events all come before frame 2's, frame 0's before frame 1's, and
+    # each frame's audio leads its text and transcript.
     frames = [e["frame_index"] for e in events if "frame_index" in e]
     assert frames == sorted(frames)
+    for index in (0, 1, 2):
+        of_frame = [e["type"] for e in events if e.get("frame_index") == index]
+        assert of_frame[0] == "response.audio.delta" and len(of_frame) == 3
     first = audio[0]
     assert first["format"] == "pcm16" and first["sample_rate"] == 22050
     assert first["channels"] == 1 and len(first["audio_codes"]) == 31
@@ -87,6 +91,24 @@ async def test_append_streams_events_per_1280_sample_slice(
         e for e in events if e["type"] == "conversation.item.input_audio_transcription.delta"
     ]
     assert transcript[0]["transcript"] == "transcript to 0"
+
+
+async def test_many_small_appends_stream_in_order(engine: Engine, fake_model: FakeModel) -> None:
+    fake_model.options.frame_delay = 0.005
+    async with running_server(engine) as server, connect(server.url) as client:
+        await client.configure()
+        # Appends of odd sizes, sent without waiting: slices never straddle appends.
+        sizes = [1280, 700, 1280 * 3 + 5, 1, 2000, 1280]
+        for size in sizes:
+            await client.send(append_msg(noise(size)))
+        await client.send({"type": "input_audio_buffer.commit"})
+        events = await client.recv_until("response.done")
+    expected = [p for n in sizes for p in [1280] * (n // 1280) + ([n % 1280] if n % 1280 else [])]
+    assert fake_model.calls_named("push") == expected
+    audio = [e["frame_index"] for e in events if e["type"] == "response.audio.delta"]
+    total = sum(sizes)
+    assert audio == list(range(-(-total // 1280)))
+    assert events[-1]["frame_index"] == len(audio)
 
 
 async def test_commit_emits_committed_then_done_and_closes_1000(engine: Engine) -> None:
