@@ -139,7 +139,7 @@ def _wait_state(page: Any, state: str, timeout_ms: int = 30_000) -> None:
 
 @pytest.mark.browser
 @pytest.mark.slow
-def test_browser_talks_to_demo_server(
+def test_browser_page_streams_in_headless_chromium(
     demo_server: ServerProcess, browser: _Browser, tmp_path: Path
 ) -> None:
     page = browser.new_page()

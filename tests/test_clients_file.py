@@ -97,7 +97,7 @@ async def test_file_client_realtime_pacing_takes_80ms_per_frame(engine: Engine) 
     assert elapsed >= 0.24
 
 
-async def test_file_client_raises_on_server_error_event() -> None:
+async def test_file_client_reports_server_error() -> None:
     model = FakeModel(FakeOptions(fail_on_frame=2))
     eng = Engine(lambda: model)
     eng.start()
@@ -192,7 +192,7 @@ def test_file_client_round_trip(demo_server: ServerProcess, tmp_path: Path) -> N
 
 
 @pytest.mark.slow
-def test_file_client_matches_generate_stream(demo_server: ServerProcess, tmp_path: Path) -> None:
+def test_stream_cli_equals_socket_bytes(demo_server: ServerProcess, tmp_path: Path) -> None:
     """The acceptance check: WAV through the socket == ``realtime generate --stream``."""
     wav = _tone_wav(tmp_path / "q.wav", 0.8)
     via_socket = tmp_path / "socket.wav"
