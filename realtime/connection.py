@@ -462,44 +462,43 @@ class Connection:
                 if not inflight:
                     return
                 future, owner = inflight.popleft()
-                try:
-                    events = await self.engine.wait(future)
-                except EngineError as exc:
-                    if exc.session_dropped:
-                        raise
-                    if owner != failed:
-                        failed = owner
-                        await self._emit(protocol.error_event(exc.code, exc.message))
-                    if current is not None and number == owner:
-                        # Drop the rest of the failed append.
-                        self._pending_samples -= int(current.samples.shape[0]) - offset
-                        current, number, offset = self._next_append(), number + 1, 0
-                    continue
-                if events is not None and owner != failed:
-                    await self._emit_model_events(events)
+                failed, ok = await self._collect(future, owner, failed)
+                if not ok and current is not None and number == owner:
+                    # Drop the rest of the failed append.
+                    self._pending_samples -= int(current.samples.shape[0]) - offset
+                    current, number, offset = self._next_append(), number + 1, 0
                 if current is None:
                     current, number, offset = self._next_append(), number + 1, 0
         finally:
             if current is not None:
                 self._pending_samples -= int(current.samples.shape[0]) - offset
 
+    async def _collect(
+        self, future: concurrent.futures.Future[Any], owner: int, failed: int
+    ) -> tuple[int, bool]:
+        """Await one slice and send its events, or its error once per append.
+
+        Returns the append that has failed (``failed`` or ``owner``) and whether
+        this slice ran. A dropped session raises: the connection cannot go on.
+        """
+        try:
+            events = await self.engine.wait(future)
+        except EngineError as exc:
+            if exc.session_dropped:
+                raise
+            if owner != failed:
+                await self._emit(protocol.error_event(exc.code, exc.message))
+            return owner, False
+        if events is not None and owner != failed:
+            await self._emit_model_events(events)
+        return failed, True
+
     async def _drain(
         self, inflight: deque[tuple[concurrent.futures.Future[Any], int]], failed: int
     ) -> None:
         """Finish the slices already handed to the engine, sending their events."""
         while inflight:
-            future, owner = inflight.popleft()
-            try:
-                events = await self.engine.wait(future)
-            except EngineError as exc:
-                if exc.session_dropped:
-                    raise
-                if owner != failed:
-                    failed = owner
-                    await self._emit(protocol.error_event(exc.code, exc.message))
-                continue
-            if events is not None and owner != failed:
-                await self._emit_model_events(events)
+            failed, _ = await self._collect(*inflight.popleft(), failed)
 
     async def _emit_model_events(self, events: list[ModelEvent]) -> None:
         # A frame's audio goes first: it is what the listener waits for; text and
