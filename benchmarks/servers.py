@@ -47,12 +47,17 @@ class ServerProcess:
         return self.log.read_text(errors="replace")
 
 
+def _psutil() -> Any:
+    """psutil if installed (it is optional), else None."""
+    try:
+        return importlib.import_module("psutil")
+    except ImportError:
+        return None
+
+
 def rss_bytes(pid: int) -> int | None:
     """Resident set size of ``pid``: psutil when installed, else ``/proc``."""
-    try:
-        psutil: Any = importlib.import_module("psutil")
-    except ImportError:
-        psutil = None
+    psutil = _psutil()
     if psutil is not None:
         try:
             return int(psutil.Process(pid).memory_info().rss)
@@ -69,10 +74,7 @@ def rss_bytes(pid: int) -> int | None:
 
 def cpu_seconds(pid: int) -> float | None:
     """User + system CPU time of ``pid`` (all threads): a load-independent cost figure."""
-    try:
-        psutil: Any = importlib.import_module("psutil")
-    except ImportError:
-        psutil = None
+    psutil = _psutil()
     if psutil is not None:
         try:
             times = psutil.Process(pid).cpu_times()

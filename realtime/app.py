@@ -208,7 +208,6 @@ def create_app(state: ServerState) -> RealtimeApp:
 
 def create_http_app(state: ServerState) -> QuartTrio:
     app = QuartTrio(__name__, static_folder="static", static_url_path="/static")
-    app.config["realtime"] = state
 
     def public(path: str) -> bool:
         return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
