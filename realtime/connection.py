@@ -1,10 +1,24 @@
-"""One WebSocket connection's life, from accept to close, in one nursery.
+"""One WebSocket connection's plumbing, from accept to close, in one nursery.
 
-Three tasks share the connection: a *receiver* that reads and parses every
-message (and answers pings at once), a *processor* that runs configuration,
-audio and commit in arrival order on the engine, and a *sender* that owns
-every socket write. A watchdog drops clients that stop reading. Whatever ends
-the connection, the engine session is closed and the reservation released.
+The rules live in :class:`~realtime.conversation.Conversation`; this module only
+moves things between the socket, that state machine and the engine. Five tasks
+share the connection:
+
+* the *receiver* reads each message and feeds it to the conversation (pings are
+  answered at once, work for the model is queued in arrival order);
+* the *submitter* takes that work in order and hands audio to the engine slice by
+  slice; open, commit and cancel travel as barriers;
+* the *collector* awaits each slice (and barrier) in order and queues its events,
+  a frame's audio first. The submitter and the collector are joined by a bounded
+  channel whose size sets the pipeline depth (``PIPELINE_DEPTH``): the next slice
+  already waits on the engine when one finishes, and a cancel or disconnect sets
+  the stop signal that the engine checks before each queued slice, so at most the
+  running slice completes after it;
+* the *sender* owns every socket write;
+* the *timer* enforces the conversation's deadlines (configure, idle, stalled reader).
+
+Whatever ends the connection, the engine is told to close the session, and the
+engine frees the reservation once it has done so.
 """
 
 from __future__ import annotations
@@ -13,35 +27,46 @@ import concurrent.futures
 import logging
 import math
 import threading
-from collections import deque
-from collections.abc import Awaitable, Callable
-from typing import Any, Final, Protocol
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Final, Protocol
 
 import attrs
 import trio
 
 from realtime import protocol
-from realtime.engine import Engine, EngineError
-from realtime.limits import Limits
-from realtime.models.base import (
-    FRAME_SAMPLES,
-    INPUT_SAMPLE_RATE,
-    AudioDelta,
-    Cancelled,
-    Done,
-    ModelEvent,
+from realtime.conversation import (
+    CLOSE_GOING_AWAY,
+    CLOSE_INTERNAL,
+    CLOSE_TRY_AGAIN,
+    CancelSession,
+    Close,
+    Conversation,
+    FlushSession,
+    OpenSession,
+    Output,
+    RunAudio,
+    StopModel,
+    Work,
 )
+from realtime.engine import Engine, EngineError, FailureKind, Step
+from realtime.engine import Cancel as CancelCommand
+from realtime.engine import Close as CloseCommand
+from realtime.engine import Flush as FlushCommand
+from realtime.engine import Open as OpenCommand
+from realtime.engine import Push as PushCommand
+from realtime.limits import Limits
+from realtime.models.base import FRAME_SAMPLES, ModelEvent
+from realtime.observe import Observer, SessionReport
 
 log = logging.getLogger("realtime.connection")
 
-CLOSE_NORMAL: Final = 1000
-CLOSE_GOING_AWAY: Final = 1001
-CLOSE_POLICY: Final = 1008
-CLOSE_INTERNAL: Final = 1011
-CLOSE_TRY_AGAIN: Final = 1013
+PIPELINE_DEPTH: Final = 2
+"""Slices handed to the engine at once: one running, the next waiting in its queue.
+The submitter→collector channel holds ``PIPELINE_DEPTH - 2`` slices: one more is
+being awaited by the collector and one more waits in the submitter's send."""
 
-MAX_QUEUED_MESSAGES: Final = 1024
-"""Messages waiting for the processor; beyond it a client is sending faster than it may."""
+AUDIO_DELTA: Final = "response.audio.delta"
 
 
 class TransportClosed(Exception):
@@ -49,7 +74,7 @@ class TransportClosed(Exception):
 
 
 class Transport(Protocol):
-    """What the lifecycle needs from a WebSocket (Quart's, or an in-memory fake)."""
+    """What the plumbing needs from a WebSocket (the ASGI one, or an in-memory fake)."""
 
     async def receive(self) -> str | bytes | None: ...
 
@@ -59,27 +84,39 @@ class Transport(Protocol):
 
 
 @attrs.frozen(slots=True)
-class _Close:
-    code: int
-    reason: str
+class _Audio:
+    """A frame's audio event, with when its append arrived (for the frame latency)."""
+
+    text: str
+    received_at: float
+
+
+_Outgoing = str | _Audio | Close
+
+
+@attrs.frozen(slots=True, eq=False)
+class _Slice:
+    future: concurrent.futures.Future[Step | None]
+    append_id: int
+    received_at: float
+
+
+@attrs.frozen(slots=True, eq=False)
+class _Barrier:
+    """Open, commit or cancel: runs once every earlier slice is out."""
+
+    work: OpenSession | FlushSession | CancelSession
+    done: trio.Event
 
 
 @attrs.frozen(slots=True)
-class _Wake:
-    """Wakes an idle processor so it sees a cancel."""
+class _Emit:
+    """Outputs that must go out in order with the slices around them."""
+
+    outputs: list[Output]
 
 
-_ProcessorItem = protocol.SessionUpdate | protocol.AudioAppend | protocol.AudioCommit | _Wake
-
-
-PIPELINE_DEPTH: Final = 2
-"""Slices handed to the engine at once: one running, the next waiting in its queue."""
-
-
-def _emit_rank(event: ModelEvent) -> int:
-    if isinstance(event, AudioDelta):
-        return 0
-    return 2 if isinstance(event, (Done, Cancelled)) else 1
+_Stage = _Slice | _Barrier | _Emit
 
 
 class Connection:
@@ -92,39 +129,39 @@ class Connection:
         limits: Limits,
         *,
         shutdown: trio.Event | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.transport = transport
         self.engine = engine
         self.limits = limits
         self.shutdown = shutdown if shutdown is not None else trio.Event()
+        self.observer = observer if observer is not None else Observer()
         self.session_id = protocol.new_session_id()
         model = engine.model
-        self.model_id = model.model_id
-        self.model_path = model.path
+        self.conversation = Conversation(
+            self.session_id,
+            limits,
+            model_id=model.model_id,
+            model_path=model.path,
+            now=trio.current_time(),
+        )
         self.close_code: int | None = None
-        # Receiver-side view of the conversation (the processor confirms it).
-        self._update_requested = False
-        self._configured = False
-        self._committed = False
-        self._cancel_requested = False
-        self._pending_samples = 0
-        self._max_pending = int(limits.max_pending_audio_seconds * INPUT_SAMPLE_RATE)
+        self._started = trio.current_time()
         self._released = False
-        self._stop_pushes = threading.Event()
-        """Set on cancel or release: the engine skips this session's queued slices."""
-        self._lookahead: _ProcessorItem | None = None
-        self._send_started: float | None = None
-        self._out_send, self._out_recv = trio.open_memory_channel[str | _Close](
+        self._stop = threading.Event()
+        """Set on cancel or release: the engine skips this session's queued work."""
+        self._out_send, self._out_recv = trio.open_memory_channel[_Outgoing](
             limits.send_queue_events
         )
-        self._work_send, self._work_recv = trio.open_memory_channel[_ProcessorItem](
-            MAX_QUEUED_MESSAGES
-        )
+        # Unbounded here: the conversation bounds it (MAX_QUEUED_MESSAGES).
+        self._work_send, self._work_recv = trio.open_memory_channel[Work](math.inf)
+        self._pipe_send, self._pipe_recv = trio.open_memory_channel[_Stage](PIPELINE_DEPTH - 2)
 
     # --- entry point ------------------------------------------------------------
 
     async def run(self) -> None:
         if not self.engine.alive:
+            self.observer.connection_refused("engine_unavailable")
             await self._refuse(
                 "inference_error",
                 f"the model engine has stopped: {self.engine.dead_reason}",
@@ -132,34 +169,39 @@ class Connection:
             )
             return
         if not self.engine.try_reserve(self.session_id):
+            self.observer.connection_refused("busy")
+            log.info("refused a connection: another session is active (1013)")
             await self._refuse(
                 "server_busy",
                 "another session is active on this server; try again when it ends",
                 CLOSE_TRY_AGAIN,
             )
             return
+        self.observer.session_started(self.session_id)
         log.info("session %s opened", self.session_id)
-        urgent: _Close | None = None
+        urgent: Close | None = None
         try:
             await self.transport.send(protocol.serialize(protocol.session_created(self.session_id)))
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._until_gone, self._receiver)
-                nursery.start_soon(self._processor)
+                nursery.start_soon(self._submitter)
+                nursery.start_soon(self._collector)
                 nursery.start_soon(self._until_gone, self._sender)
-                nursery.start_soon(self._stall_watchdog)
+                nursery.start_soon(self._timer)
                 await self.shutdown.wait()
-                urgent = _Close(CLOSE_GOING_AWAY, "server shutting down")
+                urgent = Close(CLOSE_GOING_AWAY, "server shutting down")
+                self.conversation.connection_lost("shutdown", urgent.reason)
                 nursery.cancel_scope.cancel()
         except TransportClosed:
-            log.info("session %s: client went away", self.session_id)
+            self._client_gone()
         finally:
             self._release()
             if urgent is not None and self.close_code is None:
                 self.close_code = urgent.code
                 with trio.move_on_after(1.0):
                     await self._close_transport(urgent)
-            log.info("session %s closed (code %s)", self.session_id, self.close_code)
+            self._report()
 
     async def _refuse(self, code: protocol.ErrorCode, message: str, close_code: int) -> None:
         self.close_code = close_code
@@ -170,15 +212,31 @@ class Connection:
             pass
 
     def _release(self) -> None:
-        """Close the engine session and free the slot; synchronous so it runs even
-        when cancelled, and idempotent. The engine runs commands in order, so a
-        next session's ``open`` queues behind this ``close``."""
+        """Tell the engine to close the session; synchronous so it runs even when
+        cancelled, and idempotent. The engine frees the slot once it has run it."""
         if self._released:
             return
         self._released = True
-        self._stop_pushes.set()
-        self.engine.submit("close", self.session_id)
-        self.engine.release(self.session_id)
+        self._stop.set()
+        self.engine.submit(CloseCommand(self.session_id))
+
+    def _report(self) -> None:
+        conv = self.conversation
+        report = SessionReport(
+            session_id=self.session_id,
+            outcome=conv.outcome or "client_gone",
+            duration=trio.current_time() - self._started,
+            frames=conv.frames,
+            step_seconds=tuple(conv.step_seconds),
+            close_code=self.close_code,
+            close_reason=conv.close_reason,
+        )
+        self.observer.session_ended(report)
+        log.info("session %s closed (code %s)", self.session_id, self.close_code)
+
+    def _client_gone(self) -> None:
+        log.info("session %s: client went away", self.session_id)
+        self.conversation.connection_lost("client_gone", "client went away")
 
     def _finish(self) -> None:
         self._nursery.cancel_scope.cancel()
@@ -188,38 +246,40 @@ class Connection:
         try:
             await task()
         except TransportClosed:
-            log.info("session %s: client went away", self.session_id)
+            self._client_gone()
             self._finish()
 
-    async def _close_transport(self, close: _Close) -> None:
+    async def _close_transport(self, close: Close) -> None:
         try:
             await self.transport.close(close.code, close.reason)
         except TransportClosed:
             pass
 
-    # --- sender -----------------------------------------------------------------
+    # --- carrying the conversation's outputs -----------------------------------------
 
-    async def _emit(self, event: protocol.Event) -> None:
+    async def _apply(self, outputs: Iterable[Output], received_at: float = 0.0) -> None:
+        for out in outputs:
+            if isinstance(out, dict):
+                await self._send_event(out)
+            elif isinstance(out, RunAudio):
+                self.observer.append_received(received_at)
+                self._work_send.send_nowait(out)
+            elif isinstance(out, (OpenSession, FlushSession, CancelSession)):
+                self._work_send.send_nowait(out)
+            elif isinstance(out, StopModel):
+                self._stop.set()
+            elif out.now:
+                await self._close_now(out)
+            else:
+                await self._out_send.send(out)
+
+    async def _send_event(self, event: protocol.Event) -> None:
+        if event["type"] == "error":
+            self.observer.error_sent(event["error"]["code"])
+        self.conversation.event_queued()
         await self._out_send.send(protocol.serialize(event))
 
-    async def _end(self, code: int, reason: str, error: protocol.Event | None = None) -> None:
-        """Queue an orderly close after everything already queued."""
-        if error is not None:
-            await self._emit(error)
-        await self._out_send.send(_Close(code, reason))
-
-    async def _sender(self) -> None:
-        async for item in self._out_recv:
-            if isinstance(item, _Close):
-                self.close_code = item.code
-                await self._close_transport(item)
-                self._finish()
-                return
-            self._send_started = trio.current_time()
-            await self.transport.send(item)
-            self._send_started = None
-
-    async def _stall_watchdog(self) -> None:
+    async def _close_now(self, close: Close) -> None:
         """Drop a client that reads nothing while events wait for it.
 
         Hypercorn shields socket writes, so a blocked write cannot be cancelled:
@@ -227,299 +287,164 @@ class Connection:
         is told to close, which completes once the write finishes or the TCP
         connection dies.
         """
-        timeout = self.limits.send_timeout
-        period = min(1.0, timeout / 4)
-        while True:
-            await trio.sleep(period)
-            started = self._send_started
-            if started is not None and trio.current_time() - started > timeout:
-                log.warning(
-                    "session %s: client read nothing for %.1f s; dropping it",
-                    self.session_id,
-                    timeout,
-                )
-                self._release()
-                self.close_code = CLOSE_POLICY
-                self._finish()
-                # Shielded: the cancel above must not stop the close; bounded, so
-                # a client that never reads again cannot hold this task forever.
-                with trio.CancelScope(shield=True), trio.move_on_after(timeout):
-                    await self._close_transport(_Close(CLOSE_POLICY, "client stopped reading"))
-                return
+        log.warning(
+            "session %s: client read nothing for %.1f s; dropping it",
+            self.session_id,
+            self.limits.send_timeout,
+        )
+        self._release()
+        self.close_code = close.code
+        self._finish()
+        # Shielded: the cancel above must not stop the close; bounded, so a client
+        # that never reads again cannot hold this task forever.
+        with trio.CancelScope(shield=True), trio.move_on_after(self.limits.send_timeout):
+            await self._close_transport(close)
 
-    # --- receiver ---------------------------------------------------------------
+    # --- tasks ---------------------------------------------------------------------
 
     async def _receiver(self) -> None:
-        opened = trio.current_time()
+        conv = self.conversation
         while True:
-            idle_deadline = trio.current_time() + self.limits.idle_timeout
-            deadline = idle_deadline
-            if self._committed or self._cancel_requested:
-                # The connection is ending on its own; keep answering pings.
-                deadline = math.inf
-            elif not self._update_requested:
-                deadline = min(deadline, opened + self.limits.configure_timeout)
-            with trio.CancelScope(deadline=deadline) as scope:
-                frame = await self.transport.receive()
-            if scope.cancelled_caught:
-                await self._receive_timed_out(idle=deadline == idle_deadline)
+            frame = await self.transport.receive()
+            received_at = time.perf_counter()
+            await self._apply(conv.receive(frame, trio.current_time()), received_at)
+
+    async def _sender(self) -> None:
+        conv = self.conversation
+        observer = self.observer
+        async for item in self._out_recv:
+            if isinstance(item, Close):
+                self.close_code = item.code
+                await self._close_transport(item)
+                self._finish()
                 return
-            await self._handle_frame(frame)
+            conv.sending(trio.current_time())
+            if isinstance(item, _Audio):
+                observer.audio_send(True)
+                await self.transport.send(item.text)
+                observer.audio_send(False)
+                observer.frame_sent(time.perf_counter() - item.received_at)
+            else:
+                await self.transport.send(item)
+            conv.sent(trio.current_time())
 
-    async def _receive_timed_out(self, *, idle: bool) -> None:
-        if idle:
-            message = f"no message for {self.limits.idle_timeout:g} s; closing"
-        else:
-            message = f"no session.update within {self.limits.configure_timeout:g} s; closing"
-        await self._end(CLOSE_POLICY, message, protocol.error_event("invalid_request", message))
+    async def _timer(self) -> None:
+        conv = self.conversation
+        poll = conv.poll_interval()
+        while True:
+            now = trio.current_time()
+            await self._apply(conv.check_timeouts(now))
+            deadline = conv.next_deadline()
+            target = now + poll if deadline is None else min(deadline.at, now + poll)
+            await trio.sleep_until(target)
 
-    async def _reject(self, message: str) -> None:
-        await self._emit(protocol.error_event("invalid_request", message))
+    async def _submitter(self) -> None:
+        async for work in self._work_recv:
+            if isinstance(work, RunAudio):
+                await self._submit_audio(work)
+                continue
+            done = trio.Event()
+            await self._pipe_send.send(_Barrier(work, done))
+            if isinstance(work, OpenSession):
+                # Audio behind it needs to know whether the session opened.
+                await done.wait()
 
-    async def _handle_frame(self, frame: str | bytes | None) -> None:
-        if frame is None:
-            frame = b""
-        if len(frame) > self.limits.max_message_bytes:
-            await self._reject(
-                f"message of {len(frame)} bytes exceeds the "
-                f"{self.limits.max_message_bytes}-byte limit"
-            )
+    async def _submit_audio(self, work: RunAudio) -> None:
+        conv = self.conversation
+        instead = conv.begin_audio(work)
+        if instead is not None:
+            if instead:
+                await self._pipe_send.send(_Emit(instead))
             return
+        samples = work.append.samples
+        total = int(samples.shape[0])
+        offset = 0
         try:
-            message = protocol.parse_client_message(frame)
-        except protocol.ProtocolError as exc:
-            await self._reject(exc.message)
-            return
-        if isinstance(message, protocol.Ping):
-            await self._emit(protocol.pong())
-        elif isinstance(message, protocol.Cancel):
-            if not (self._cancel_requested or self._committed):
-                self._cancel_requested = True
-                self._stop_pushes.set()
-                # Wake an idle processor; a busy one checks the flag between slices.
-                try:
-                    self._work_send.send_nowait(_Wake())
-                except trio.WouldBlock:
-                    pass
-        elif self._cancel_requested:
-            await self._reject("the session was cancelled; no more input is accepted")
-        elif isinstance(message, protocol.SessionUpdate):
-            await self._handle_update(message)
-        elif not self._update_requested:
-            what = "audio" if isinstance(message, protocol.AudioAppend) else "commit"
-            await self._reject(f"send session.update before {what}")
-        elif self._committed:
-            await self._reject("input audio was already committed; the session is ending")
-        elif isinstance(message, protocol.AudioAppend):
-            await self._handle_append(message)
-        else:
-            self._committed = True
-            await self._enqueue(message)
-
-    async def _handle_update(self, update: protocol.SessionUpdate) -> None:
-        if self._update_requested:
-            await self._reject(
-                "the session is already configured; session.update is accepted once per connection"
-            )
-            return
-        if update.model is not None and not protocol.model_matches(
-            update.model, self.model_id, self.model_path
-        ):
-            await self._reject(
-                f"model {update.model!r} is not served here; this server serves {self.model_id!r}"
-            )
-            return
-        self._update_requested = True
-        await self._enqueue(update)
-
-    async def _handle_append(self, append: protocol.AudioAppend) -> None:
-        n = int(append.samples.shape[0])
-        if self._pending_samples + n > self._max_pending:
-            await self._reject(
-                f"input audio backlog is full: {self._pending_samples / INPUT_SAMPLE_RATE:.2f} s "
-                f"waiting, limit {self.limits.max_pending_audio_seconds:g} s; this append of "
-                f"{n / INPUT_SAMPLE_RATE:.2f} s was refused (send audio no faster than real time)"
-            )
-            return
-        self._pending_samples += n
-        if not await self._enqueue(append):
-            self._pending_samples -= n
-
-    async def _enqueue(self, item: _ProcessorItem) -> bool:
-        try:
-            self._work_send.send_nowait(item)
-        except trio.WouldBlock:
-            await self._reject(
-                f"more than {MAX_QUEUED_MESSAGES} messages are waiting; this one was refused"
-            )
-            return False
-        return True
-
-    # --- processor --------------------------------------------------------------
-
-    async def _processor(self) -> None:
-        try:
-            while True:
-                item = await self._next_item()
-                if self._cancel_requested:
-                    break
-                if isinstance(item, protocol.SessionUpdate):
-                    await self._configure(item)
-                elif isinstance(item, protocol.AudioAppend):
-                    await self._run_appends(item)
-                elif isinstance(item, protocol.AudioCommit):
-                    await self._commit(item)
-                    return
-            await self._cancel()
-        except EngineError as exc:
-            # The session is gone (engine failure): say so and close.
-            await self._end(
-                CLOSE_INTERNAL, exc.message[:120], protocol.error_event(exc.code, exc.message)
-            )
-
-    async def _next_item(self) -> _ProcessorItem:
-        if self._lookahead is not None:
-            item, self._lookahead = self._lookahead, None
-            return item
-        return await self._work_recv.receive()
-
-    def _next_append(self) -> protocol.AudioAppend | None:
-        """The next queued message if it is audio; anything else waits its turn."""
-        if self._lookahead is not None:
-            return None
-        try:
-            item = self._work_recv.receive_nowait()
-        except trio.WouldBlock:
-            return None
-        if isinstance(item, protocol.AudioAppend):
-            return item
-        self._lookahead = item
-        return None
-
-    async def _configure(self, update: protocol.SessionUpdate) -> None:
-        try:
-            await self.engine.open(
-                self.session_id,
-                system_prompt=update.system_prompt,
-                seed=update.seed,
-                max_streaming_seconds=update.max_streaming_seconds,
-            )
-        except EngineError as exc:
-            if exc.session_dropped and not self.engine.alive:
-                raise
-            # Nothing was opened: the client may fix its options and try again.
-            self._update_requested = False
-            await self._emit(protocol.error_event(exc.code, exc.message))
-            return
-        self._configured = True
-        await self._emit(protocol.session_updated(self.session_id, self.model_id, update))
-
-    def _refusal(self, append: protocol.AudioAppend) -> protocol.Event | None:
-        if not self._configured:
-            return protocol.error_event("invalid_request", "send session.update before audio")
-        if append.sample_rate != INPUT_SAMPLE_RATE:
-            return protocol.error_event(
-                "inference_error",
-                f"expected {INPUT_SAMPLE_RATE} Hz PCM, received {append.sample_rate} Hz; "
-                "resample to 16000 Hz mono before sending",
-            )
-        return None
-
-    async def _run_appends(self, append: protocol.AudioAppend) -> None:
-        """Run this append and every one queued behind it, slice by slice.
-
-        Up to ``PIPELINE_DEPTH`` slices are handed to the engine at once, so the
-        next slice is already waiting when one finishes and the model never idles
-        on a round trip through trio. Events still go out in slice order. A cancel
-        sets ``_stop_pushes``, which the engine checks before running a queued
-        slice: at most the slice already running completes after a cancel.
-        """
-        inflight: deque[tuple[concurrent.futures.Future[Any], int]] = deque()
-        current: protocol.AudioAppend | None = append
-        number = offset = 0
-        failed = -1  # the append whose remaining slices are dropped after an error
-        try:
-            while True:
-                while current is not None and len(inflight) < PIPELINE_DEPTH:
-                    if self._cancel_requested:
-                        return
-                    total = int(current.samples.shape[0])
-                    refusal = self._refusal(current) if offset == 0 else None
-                    if refusal is not None or offset >= total:
-                        if refusal is not None:
-                            await self._drain(inflight, failed)
-                            await self._emit(refusal)
-                            self._pending_samples -= total
-                        current, number, offset = self._next_append(), number + 1, 0
-                        continue
-                    piece = current.samples[offset : offset + FRAME_SAMPLES]
-                    offset += int(piece.shape[0])
-                    self._pending_samples -= int(piece.shape[0])
-                    future = self.engine.submit(
-                        "push", self.session_id, piece, current.sample_rate, self._stop_pushes
-                    )
-                    inflight.append((future, number))
-                if not inflight:
-                    return
-                future, owner = inflight.popleft()
-                failed, ok = await self._collect(future, owner, failed)
-                if not ok and current is not None and number == owner:
-                    # Drop the rest of the failed append.
-                    self._pending_samples -= int(current.samples.shape[0]) - offset
-                    current, number, offset = self._next_append(), number + 1, 0
-                if current is None:
-                    current, number, offset = self._next_append(), number + 1, 0
+            while offset < total and conv.keep_submitting(work.append_id):
+                piece = samples[offset : offset + FRAME_SAMPLES]
+                future = self.engine.submit(
+                    PushCommand(self.session_id, piece, work.append.sample_rate, self._stop)
+                )
+                n = int(piece.shape[0])
+                offset += n
+                conv.slice_submitted(n)
+                self.observer.slice_submitted()
+                await self._pipe_send.send(_Slice(future, work.append_id, work.received_at))
         finally:
-            if current is not None:
-                self._pending_samples -= int(current.samples.shape[0]) - offset
+            conv.audio_done(work, total - offset)
 
-    async def _collect(
-        self, future: concurrent.futures.Future[Any], owner: int, failed: int
-    ) -> tuple[int, bool]:
-        """Await one slice and send its events, or its error once per append.
+    async def _collector(self) -> None:
+        conv = self.conversation
+        async for stage in self._pipe_recv:
+            if isinstance(stage, _Slice):
+                try:
+                    step = await Engine.result(stage.future)
+                except EngineError as exc:
+                    outputs = conv.slice_failed(
+                        stage.append_id, exc.kind, exc.message, trio.current_time()
+                    )
+                    await self._apply(outputs)
+                    continue
+                self.observer.slice_collected()
+                if step is None:
+                    conv.slice_done(stage.append_id, None, 0.0, trio.current_time())
+                    continue
+                events = conv.slice_done(
+                    stage.append_id, step.events, step.seconds, trio.current_time()
+                )
+                await self._send_frame(events, stage.received_at)
+            elif isinstance(stage, _Emit):
+                await self._apply(stage.outputs)
+            else:
+                await self._run_barrier(stage.work)
+                stage.done.set()
 
-        Returns the append that has failed (``failed`` or ``owner``) and whether
-        this slice ran. A dropped session raises: the connection cannot go on.
-        """
-        try:
-            events = await self.engine.wait(future)
-        except EngineError as exc:
-            if exc.session_dropped:
-                raise
-            if owner != failed:
-                await self._emit(protocol.error_event(exc.code, exc.message))
-            return owner, False
-        if events is not None and owner != failed:
-            await self._emit_model_events(events)
-        return failed, True
+    async def _send_frame(self, events: list[protocol.Event], received_at: float) -> None:
+        conv = self.conversation
+        for event in events:
+            conv.event_queued()
+            text = protocol.serialize(event)
+            if event["type"] == AUDIO_DELTA:
+                await self._out_send.send(_Audio(text, received_at))
+            else:
+                await self._out_send.send(text)
 
-    async def _drain(
-        self, inflight: deque[tuple[concurrent.futures.Future[Any], int]], failed: int
-    ) -> None:
-        """Finish the slices already handed to the engine, sending their events."""
-        while inflight:
-            failed, _ = await self._collect(*inflight.popleft(), failed)
-
-    async def _emit_model_events(self, events: list[ModelEvent]) -> None:
-        # A frame's audio goes first: it is what the listener waits for; text and
-        # transcript only update a display. Done/Cancelled stay last.
-        for event in sorted(events, key=_emit_rank):
-            await self._emit(protocol.wire_event(event))
-
-    async def _commit(self, commit: protocol.AudioCommit) -> None:
-        await self._emit(protocol.input_audio_committed())
-        await self._emit_model_events(await self.engine.flush(self.session_id, commit.pad_partial))
-        await self._end(CLOSE_NORMAL, "response done")
-
-    async def _cancel(self) -> None:
-        if self._configured:
-            events = await self.engine.cancel(self.session_id)
-            frame_index = 0
-            for event in events:
-                await self._emit(protocol.wire_event(event))
-                frame_index = event.frame_index
-            if not events:
-                await self._emit(protocol.cancelled(frame_index))
+    async def _run_barrier(self, work: OpenSession | FlushSession | CancelSession) -> None:
+        conv = self.conversation
+        sid = self.session_id
+        if isinstance(work, OpenSession):
+            update = work.update
+            started = time.perf_counter()
+            try:
+                await self.engine.run(
+                    OpenCommand(
+                        sid,
+                        update.system_prompt,
+                        update.seed,
+                        update.max_streaming_seconds,
+                        self._stop,
+                    )
+                )
+            except EngineError as exc:
+                failure = (exc.kind, exc.message)
+                await self._apply(conv.opened(update, failure, trio.current_time()))
+                return
+            self.observer.session_opened(time.perf_counter() - started)
+            await self._apply(conv.opened(update, None, trio.current_time()))
+            return
+        result: list[ModelEvent] | tuple[FailureKind, str] | None = None
+        if conv.session_open:
+            command = (
+                FlushCommand(sid, work.pad_partial)
+                if isinstance(work, FlushSession)
+                else CancelCommand(sid)
+            )
+            try:
+                result = await self.engine.run(command)
+            except EngineError as exc:
+                result = (exc.kind, exc.message)
+        now = trio.current_time()
+        if isinstance(work, FlushSession):
+            await self._apply(conv.flushed(result, now))
         else:
-            await self._emit(protocol.cancelled(0))
-        await self._end(CLOSE_NORMAL, "cancelled")
+            await self._apply(conv.cancelled(result, now))

@@ -2,9 +2,13 @@
 
 MLX ties streams to the thread that created them, and trio's worker threads do
 not keep their identity, so the model is loaded on, and only ever touched by,
-the single thread started here. The async side submits commands and is woken
-through ``TrioToken.run_sync_soon`` when the reply is ready; it never runs
-model code and never parks a trio worker thread while the model computes.
+the single thread started here. The async side submits typed commands
+(:class:`Open`, :class:`Push`, :class:`Flush`, :class:`Cancel`, :class:`Close`)
+and is woken through ``TrioToken.run_sync_soon`` when the reply is ready; it never
+runs model code and never parks a trio worker thread while the model computes.
+
+The engine knows nothing of the wire protocol: its failures carry their own
+:class:`FailureKind`, which the connection maps to wire error codes.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Final, TypeVar
+from typing import Final, Literal, TypeVar, overload
 
 import attrs
 import trio
@@ -28,43 +32,101 @@ from realtime.models.base import (
     Samples,
     SessionInitializationError,
 )
-from realtime.protocol import ErrorCode
+from realtime.observe import CommandKind, Observer
 
 log = logging.getLogger("realtime.engine")
 
 T = TypeVar("T")
 
+FailureKind = Literal["open_failed", "step_failed", "session_lost", "engine_dead"]
+"""``open_failed``: nothing was opened, the client may try again. ``step_failed``: the
+model refused this input but the session goes on (context limit, bad rate).
+``session_lost``: the session is gone. ``engine_dead``: the engine thread has stopped."""
+
 
 class EngineError(Exception):
-    """A command failed; ``code`` is the wire error code to report."""
+    """A command failed; ``kind`` says what is left of the session."""
 
-    def __init__(self, code: ErrorCode, message: str, *, session_dropped: bool = False) -> None:
+    def __init__(self, kind: FailureKind, message: str, *, during: CommandKind) -> None:
         super().__init__(message)
-        self.code = code
+        self.kind: FailureKind = kind
         self.message = message
-        self.session_dropped = session_dropped
+        self.during: CommandKind = during
+
+    @property
+    def session_lost(self) -> bool:
         """True when the session is gone (the connection cannot go on with it)."""
-
-
-class EngineDeadError(EngineError):
-    """The engine thread has stopped; every call fails fast with this."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(
-            "inference_error", f"the model engine has stopped: {reason}", session_dropped=True
-        )
+        return self.kind in ("session_lost", "engine_dead")
 
 
 class EngineLoadError(Exception):
     """The loader failed; the message is the model's own."""
 
 
-@attrs.define(slots=True)
-class _Command:
-    kind: str
+# --- commands -------------------------------------------------------------------
+
+
+@attrs.frozen(slots=True, eq=False)
+class Open:
+    """Open the session: seed, voice warm-up, system-prompt prefill. Result: ``None``."""
+
     session_id: str
-    args: tuple[Any, ...]
-    future: concurrent.futures.Future[Any]
+    system_prompt: str | None
+    seed: int
+    max_streaming_seconds: float | None
+    stop: threading.Event | None = None
+    """Set when the connection is gone: a queued open is skipped."""
+
+
+@attrs.frozen(slots=True, eq=False)
+class Push:
+    """Run one slice of audio. Result: a :class:`Step`, or ``None`` when ``stop`` was set
+    while it waited in the queue (a cancel or disconnect: queued audio must not run)."""
+
+    session_id: str
+    samples: Samples
+    sample_rate: int
+    stop: threading.Event | None = None
+
+
+@attrs.frozen(slots=True)
+class Flush:
+    """Run the partial frame (zero-padded when ``pad_partial``) and end. Result: events."""
+
+    session_id: str
+    pad_partial: bool = True
+
+
+@attrs.frozen(slots=True)
+class Cancel:
+    """End the session without running more audio. Result: events (``Cancelled``)."""
+
+    session_id: str
+
+
+@attrs.frozen(slots=True)
+class Close:
+    """Drop the session (cancel it if it is still running), clear the buffer cache and
+    free the reservation. Result: ``None``."""
+
+    session_id: str
+
+
+Command = Open | Push | Flush | Cancel | Close
+
+
+@attrs.frozen(slots=True, eq=False)
+class Step:
+    """What one :class:`Push` produced, and the engine time it took."""
+
+    events: list[ModelEvent]
+    seconds: float
+
+
+@attrs.define(slots=True)
+class _Queued:
+    command: Command
+    future: concurrent.futures.Future[object]
 
 
 @attrs.define(slots=True)
@@ -77,6 +139,14 @@ class _Active:
 
 _STOP: Final = object()
 
+_KINDS: Final[dict[type[Command], CommandKind]] = {
+    Open: "open",
+    Push: "push",
+    Flush: "flush",
+    Cancel: "cancel",
+    Close: "close",
+}
+
 
 def _describe(exc: BaseException) -> str:
     text = str(exc)
@@ -84,13 +154,23 @@ def _describe(exc: BaseException) -> str:
 
 
 class Engine:
-    """Owns the model thread and the single-session reservation."""
+    """Owns the model thread and the single-session reservation.
+
+    The reservation is taken by a connection (``try_reserve``) and freed by the
+    engine thread once it has run that session's :class:`Close`: the slot is only
+    free when the engine really is, so ``/health`` and the next client see the truth.
+    """
 
     def __init__(
-        self, loader: Callable[[], RealtimeModel], *, name: str = "realtime-engine"
+        self,
+        loader: Callable[[], RealtimeModel],
+        *,
+        observer: Observer | None = None,
+        name: str = "realtime-engine",
     ) -> None:
         self._loader = loader
-        self._queue: queue.SimpleQueue[_Command | object] = queue.SimpleQueue()
+        self._observer = observer if observer is not None else Observer()
+        self._queue: queue.SimpleQueue[_Queued | object] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._loaded: concurrent.futures.Future[RealtimeModel] = concurrent.futures.Future()
         self._state_lock = threading.Lock()
@@ -127,11 +207,8 @@ class Engine:
         return self._dead_reason
 
     @property
-    def thread_ident(self) -> int | None:
-        return self._thread.ident
-
-    @property
     def loaded_model(self) -> RealtimeModel | None:
+        """The model once loaded (``None`` while loading or after a failed load)."""
         return self._model
 
     @property
@@ -149,36 +226,40 @@ class Engine:
                 return True
             return False
 
-    def release(self, session_id: str) -> None:
-        """Free the slot if ``session_id`` holds it; a release by another id is a no-op."""
+    def is_reserved(self) -> bool:
+        return self._reserved is not None
+
+    def _release(self, session_id: str) -> None:
         with self._state_lock:
             if self._reserved == session_id:
                 self._reserved = None
 
-    def is_reserved(self) -> bool:
-        return self._reserved is not None
-
-    @property
-    def reserved_by(self) -> str | None:
-        return self._reserved
-
     # --- commands -----------------------------------------------------------
 
-    def submit(self, kind: str, session_id: str, *args: Any) -> concurrent.futures.Future[Any]:
-        """Queue a command for the engine thread; the future holds its reply."""
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    @overload
+    def submit(self, command: Push) -> concurrent.futures.Future[Step | None]: ...
+
+    @overload
+    def submit(self, command: Flush | Cancel) -> concurrent.futures.Future[list[ModelEvent]]: ...
+
+    @overload
+    def submit(self, command: Open | Close) -> concurrent.futures.Future[None]: ...
+
+    def submit(self, command: Command) -> concurrent.futures.Future[object]:  # type: ignore[misc]
+        """Queue a command for the engine thread; the future holds its typed result."""
+        future: concurrent.futures.Future[object] = concurrent.futures.Future()
         with self._state_lock:
             if self._dead_reason is not None or not self._thread.is_alive():
-                future.set_exception(EngineDeadError(self._dead_reason or "not running"))
+                future.set_exception(self._dead_error(command, self._dead_reason))
+                if isinstance(command, Close) and self._reserved == command.session_id:
+                    self._reserved = None
             else:
-                self._queue.put(_Command(kind, session_id, args, future))
+                self._queue.put(_Queued(command, future))
         return future
 
-    async def _call(self, kind: str, session_id: str, *args: Any) -> Any:
-        return await self.wait(self.submit(kind, session_id, *args))
-
-    async def wait(self, future: concurrent.futures.Future[T]) -> T:
-        """Await a submitted command's reply without parking a thread."""
+    @staticmethod
+    async def result(future: concurrent.futures.Future[T]) -> T:
+        """Await a submitted command's result without parking a thread."""
         if not future.done():
             token = trio.lowlevel.current_trio_token()
             ready = trio.Event()
@@ -195,40 +276,19 @@ class Engine:
             await trio.lowlevel.checkpoint()
         return future.result()
 
-    async def open(
-        self,
-        session_id: str,
-        *,
-        system_prompt: str | None,
-        seed: int,
-        max_streaming_seconds: float | None,
-    ) -> None:
-        await self._call("open", session_id, system_prompt, seed, max_streaming_seconds)
+    @overload
+    async def run(self, command: Push) -> Step | None: ...
 
-    async def push(self, session_id: str, samples: Samples, sample_rate: int) -> list[ModelEvent]:
-        result: list[ModelEvent] = await self._call("push", session_id, samples, sample_rate)
-        return result
+    @overload
+    async def run(self, command: Flush | Cancel) -> list[ModelEvent]: ...
 
-    async def flush(self, session_id: str, pad_partial: bool) -> list[ModelEvent]:
-        result: list[ModelEvent] = await self._call("flush", session_id, pad_partial)
-        return result
+    @overload
+    async def run(self, command: Open | Close) -> None: ...
 
-    async def cancel(self, session_id: str) -> list[ModelEvent]:
-        result: list[ModelEvent] = await self._call("cancel", session_id)
-        return result
-
-    async def close(self, session_id: str) -> None:
-        await self._call("close", session_id)
-
-    def call(self, kind: str, session_id: str, *args: Any, timeout: float | None = None) -> Any:
-        """Blocking form of a command, for code that is not in trio (tests, tools)."""
-        return self.submit(kind, session_id, *args).result(timeout)
-
-    def run_on_thread(self, fn: Callable[[RealtimeModel], T], *, timeout: float | None = None) -> T:
-        """Run ``fn(model)`` on the engine thread (tools and checks that drive the
-        model directly must still keep MLX on its one thread)."""
-        result: T = self.call("run", "", fn, timeout=timeout)
-        return result
+    async def run(self, command: Command) -> object:
+        """Submit a command and await its result."""
+        future: concurrent.futures.Future[object] = self.submit(command)  # type: ignore[assignment]
+        return await self.result(future)
 
     # --- the engine thread ----------------------------------------------------
 
@@ -247,26 +307,35 @@ class Engine:
             time.perf_counter() - started,
         )
         self._loaded.set_result(self._model)
-        command: _Command | None = None
+        item: _Queued | None = None
         try:
             while True:
-                item = self._queue.get()
-                if item is _STOP:
+                got = self._queue.get()
+                if got is _STOP:
                     break
-                assert isinstance(item, _Command)
-                command = item
-                if command.future.set_running_or_notify_cancel():
-                    self._execute(command)
-                command = None
+                assert isinstance(got, _Queued)
+                item = got
+                if item.future.set_running_or_notify_cancel():
+                    self._execute(item)
+                item = None
             self._die("shut down")
         except BaseException as exc:
             reason = f"engine thread died: {_describe(exc)}"
             log.critical(reason, exc_info=True)
             self._die(reason)
-            if command is not None and not command.future.done():
-                command.future.set_exception(EngineDeadError(reason))
+            if item is not None and not item.future.done():
+                item.future.set_exception(self._dead_error(item.command, reason))
         finally:
-            self._drop_active(clear=True)
+            self._drop_active()
+            with self._state_lock:
+                self._reserved = None
+
+    def _dead_error(self, command: Command, reason: str | None) -> EngineError:
+        return EngineError(
+            "engine_dead",
+            f"the model engine has stopped: {reason or 'not running'}",
+            during=_KINDS[type(command)],
+        )
 
     def _die(self, reason: str) -> None:
         """Mark the engine dead and fail every queued command, under the submit lock."""
@@ -275,106 +344,100 @@ class Engine:
                 self._dead_reason = reason
             while True:
                 try:
-                    item = self._queue.get_nowait()
+                    got = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if isinstance(item, _Command) and item.future.set_running_or_notify_cancel():
-                    item.future.set_exception(EngineDeadError(self._dead_reason))
+                if isinstance(got, _Queued) and got.future.set_running_or_notify_cancel():
+                    got.future.set_exception(self._dead_error(got.command, self._dead_reason))
+            self._reserved = None
 
-    def _execute(self, command: _Command) -> None:
+    def _execute(self, item: _Queued) -> None:
+        command = item.command
+        kind = _KINDS[type(command)]
+        self._observer.command_started(kind)
+        started = time.perf_counter()
         try:
-            result = getattr(self, f"_do_{command.kind}")(command.session_id, *command.args)
+            result = self._dispatch(command)
         except EngineError as exc:
-            command.future.set_exception(exc)
+            item.future.set_exception(exc)
         except InferenceError as exc:
             # The model reports a condition it survives (context limit, bad rate).
-            command.future.set_exception(EngineError("inference_error", str(exc)))
+            item.future.set_exception(EngineError("step_failed", str(exc), during=kind))
         except Exception as exc:
-            log.exception(
-                "%s failed for %s; dropping the session", command.kind, command.session_id
-            )
-            self._drop_active(clear=True)
-            code: ErrorCode = (
-                "session_initialization_failed" if command.kind == "open" else "inference_error"
-            )
-            command.future.set_exception(EngineError(code, _describe(exc), session_dropped=True))
+            log.exception("%s failed for %s; dropping the session", kind, command.session_id)
+            self._drop_active()
+            item.future.set_exception(EngineError("session_lost", _describe(exc), during=kind))
         else:
-            command.future.set_result(result)
+            item.future.set_result(result)
+        finally:
+            self._observer.command_finished(kind, time.perf_counter() - started)
 
-    def _session(self, session_id: str) -> _Active:
+    def _dispatch(self, command: Command) -> Step | list[ModelEvent] | None:
+        match command:
+            case Push(session_id, samples, sample_rate, stop):
+                if stop is not None and stop.is_set():
+                    return None
+                session = self._session(session_id, "push")
+                started = time.perf_counter()
+                events = session.push_audio(samples, sample_rate)
+                return Step(events, time.perf_counter() - started)
+            case Open():
+                self._open(command)
+                return None
+            case Flush(session_id, pad_partial):
+                active = self._active_session(session_id, "flush")
+                active.finished = True
+                return active.session.flush(pad_partial)
+            case Cancel(session_id):
+                active = self._active_session(session_id, "cancel")
+                active.finished = True
+                return active.session.cancel()
+            case Close(session_id):
+                if self._active is not None and self._active.session_id == session_id:
+                    self._drop_active()
+                self._release(session_id)
+                return None
+
+    def _active_session(self, session_id: str, kind: CommandKind) -> _Active:
         active = self._active
         if active is None or active.session_id != session_id:
-            raise EngineError(
-                "inference_error", f"no open session {session_id}", session_dropped=True
-            )
+            raise EngineError("session_lost", f"no open session {session_id}", during=kind)
         return active
 
-    def _do_open(
-        self,
-        session_id: str,
-        system_prompt: str | None,
-        seed: int,
-        max_streaming_seconds: float | None,
-    ) -> None:
+    def _session(self, session_id: str, kind: CommandKind) -> ModelSession:
+        active = self._active_session(session_id, kind)
+        if active.finished:
+            raise EngineError("step_failed", f"session {session_id} has ended", during=kind)
+        return active.session
+
+    def _open(self, command: Open) -> None:
+        if command.stop is not None and command.stop.is_set():
+            raise EngineError("open_failed", "the connection is gone", during="open")
         if self._active is not None:
             raise EngineError(
-                "session_initialization_failed",
+                "open_failed",
                 f"session {self._active.session_id} is still open on the engine",
+                during="open",
             )
         try:
             session = self.model.open_session(
-                system_prompt=system_prompt,
-                seed=seed,
-                max_streaming_seconds=max_streaming_seconds,
+                system_prompt=command.system_prompt,
+                seed=command.seed,
+                max_streaming_seconds=command.max_streaming_seconds,
             )
         except SessionInitializationError as exc:
             self.model.clear_cache()
-            raise EngineError("session_initialization_failed", str(exc)) from exc
-        self._active = _Active(session_id, session)
+            raise EngineError("open_failed", str(exc), during="open") from exc
+        self._active = _Active(command.session_id, session)
 
-    def _do_push(
-        self,
-        session_id: str,
-        samples: Samples,
-        sample_rate: int,
-        skip: threading.Event | None = None,
-    ) -> list[ModelEvent] | None:
-        """Run one slice; ``None`` when ``skip`` was set while the slice waited in the
-        queue (a cancel or disconnect arrived: queued audio must not run)."""
-        if skip is not None and skip.is_set():
-            return None
-        active = self._session(session_id)
-        if active.finished:
-            raise EngineError("inference_error", f"session {session_id} has ended")
-        return active.session.push_audio(samples, sample_rate)
-
-    def _do_flush(self, session_id: str, pad_partial: bool) -> list[ModelEvent]:
-        active = self._session(session_id)
-        events = active.session.flush(pad_partial)
-        active.finished = True
-        return events
-
-    def _do_cancel(self, session_id: str) -> list[ModelEvent]:
-        active = self._session(session_id)
-        events = active.session.cancel()
-        active.finished = True
-        return events
-
-    def _do_run(self, _: str, fn: Callable[[RealtimeModel], Any]) -> Any:
-        return fn(self.model)
-
-    def _do_close(self, session_id: str) -> None:
-        if self._active is not None and self._active.session_id == session_id:
-            self._drop_active(clear=True)
-
-    def _drop_active(self, *, clear: bool) -> None:
+    def _drop_active(self) -> None:
         active, self._active = self._active, None
         if active is not None and not active.finished:
             try:
                 active.session.cancel()
             except Exception:
                 log.exception("cancelling session %s on close failed", active.session_id)
-        if clear and self._model is not None:
+        if self._model is not None:
             try:
                 self._model.clear_cache()
             except Exception:

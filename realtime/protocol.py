@@ -37,13 +37,11 @@ from realtime.models.base import (
 ErrorCode = Literal[
     "invalid_request", "server_busy", "session_initialization_failed", "inference_error"
 ]
-ERROR_CODES: Final = (
-    "invalid_request",
-    "server_busy",
-    "session_initialization_failed",
-    "inference_error",
-)
 MAX_SEED: Final = 2**63 - 1
+MAX_STREAMING_SECONDS: Final = 86_400.0
+"""The largest ``max_streaming_seconds`` accepted (a day); the smallest is one frame."""
+MIN_STREAMING_SECONDS: Final = FRAME_SAMPLES / INPUT_SAMPLE_RATE
+SESSION_FIELDS: Final = ("model", "system_prompt", "seed", "max_streaming_seconds")
 
 INPUT_AUDIO_FORMAT: Final = {"type": "pcm16", "sample_rate": INPUT_SAMPLE_RATE}
 OUTPUT_AUDIO_FORMAT: Final = {"type": "pcm16", "sample_rate": OUTPUT_SAMPLE_RATE}
@@ -144,9 +142,17 @@ def _is_int(value: object) -> bool:
 
 def _optional_str(obj: dict[str, Any], name: str, path: str) -> str | None:
     value, where = _field(obj, name, path)
-    if value is None or isinstance(value, str):
-        return value
-    raise ProtocolError(f"{where} must be a string or null")
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ProtocolError(f"{where} must be a string or null")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ProtocolError(
+            f"{where} is not valid Unicode text (it contains a lone surrogate)"
+        ) from None
+    return value
 
 
 def _parse_session_update(msg: dict[str, Any]) -> SessionUpdate:
@@ -155,6 +161,12 @@ def _parse_session_update(msg: dict[str, Any]) -> SessionUpdate:
         session = {}
     if not isinstance(session, dict):
         raise ProtocolError("session must be an object")
+    unknown = sorted(str(k) for k in session if k not in SESSION_FIELDS)
+    if unknown:
+        raise ProtocolError(
+            f"unknown session field{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(repr(k) for k in unknown)}; accepted fields: {', '.join(SESSION_FIELDS)}"
+        )
     model = _optional_str(session, "model", "session")
     system_prompt = _optional_str(session, "system_prompt", "session")
     seed, where = _field(session, "seed", "session")
@@ -166,9 +178,15 @@ def _parse_session_update(msg: dict[str, Any]) -> SessionUpdate:
     if mss is not None:
         if not isinstance(mss, (int, float)) or isinstance(mss, bool):
             raise ProtocolError(f"{where} must be a number > 0 or null")
-        mss = float(mss)
-        if not (mss > 0 and math.isfinite(mss)):
-            raise ProtocolError(f"{where} must be a number > 0 or null")
+        try:
+            mss = float(mss)
+        except OverflowError:
+            mss = math.inf
+        if not MIN_STREAMING_SECONDS <= mss <= MAX_STREAMING_SECONDS:
+            raise ProtocolError(
+                f"{where} must lie between {MIN_STREAMING_SECONDS:g} (one frame) and "
+                f"{MAX_STREAMING_SECONDS:g} seconds, or be null for no bound"
+            )
     return SessionUpdate(
         model=model, system_prompt=system_prompt, seed=seed, max_streaming_seconds=mss
     )
@@ -198,6 +216,8 @@ def parse_client_message(frame: str | bytes) -> ClientMessage:
         msg = json.loads(frame)
     except (json.JSONDecodeError, RecursionError) as exc:
         raise ProtocolError(f"message is not valid JSON: {exc}") from None
+    except ValueError as exc:  # e.g. an integer longer than Python's digit limit
+        raise ProtocolError(f"message cannot be read: {exc}") from None
     if not isinstance(msg, dict):
         raise ProtocolError("message must be a JSON object")
     kind = msg.get("type")

@@ -1,0 +1,527 @@
+"""The rules of one ``/v1/realtime`` connection, as a pure state machine.
+
+Everything that decides what a client message is answered with, what the model
+is asked to do, and when and how the connection closes lives in this file:
+the phase (CONFIGURING → READY → COMMITTED / CANCELLED → CLOSED), whether a
+``session.update`` is in flight, the pending-audio budget, the failed-append
+rule, the timeouts and the wire error code of every engine failure. There is no
+trio, no engine, no socket and no clock here: time comes in as an argument,
+frames and engine outcomes come in as method calls, and what to do comes out as
+a list of outputs (in the spirit of h11's ``_state.py`` and wsproto's
+``receive_data()``/``events()``). :mod:`realtime.connection` is the plumbing
+that carries those outputs to the socket and the engine.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final
+
+import attrs
+
+from realtime import protocol
+from realtime.limits import Limits
+from realtime.models.base import (
+    INPUT_SAMPLE_RATE,
+    AudioDelta,
+    Cancelled,
+    Done,
+    ModelEvent,
+)
+from realtime.observe import SessionOutcome
+
+if TYPE_CHECKING:
+    from realtime.engine import FailureKind
+    from realtime.observe import CommandKind
+
+CLOSE_NORMAL: Final = 1000
+CLOSE_GOING_AWAY: Final = 1001
+CLOSE_POLICY: Final = 1008
+CLOSE_INTERNAL: Final = 1011
+CLOSE_TRY_AGAIN: Final = 1013
+
+MAX_QUEUED_MESSAGES: Final = 1024
+"""Accepted messages waiting for the model; beyond it a client sends faster than it may."""
+
+
+class Phase(enum.Enum):
+    CONFIGURING = "configuring"
+    """No session yet: ``session.update`` may come (``update_in_flight`` once it has)."""
+    READY = "ready"
+    """The session is open: audio runs."""
+    COMMITTED = "committed"
+    """The client committed: the rest runs, then ``response.done`` and close 1000."""
+    CANCELLED = "cancelled"
+    """The client cancelled: at most the running slice completes, then close 1000."""
+    CLOSED = "closed"
+    """A close was decided; nothing more is accepted."""
+
+
+# --- outputs: what the plumbing must do -----------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class OpenSession:
+    """Open the model session with these options (runs in order with the audio)."""
+
+    update: protocol.SessionUpdate
+
+
+@attrs.frozen(slots=True, eq=False)
+class RunAudio:
+    """Run this append's audio, slice by slice, in order."""
+
+    append_id: int
+    append: protocol.AudioAppend
+    received_at: float
+
+
+@attrs.frozen(slots=True)
+class FlushSession:
+    pad_partial: bool
+
+
+@attrs.frozen(slots=True)
+class CancelSession:
+    pass
+
+
+Work = OpenSession | RunAudio | FlushSession | CancelSession
+"""A message for the model, queued in arrival order."""
+
+
+@attrs.frozen(slots=True)
+class StopModel:
+    """Set the stop signal now: queued slices (and a queued open) must not run."""
+
+
+@attrs.frozen(slots=True)
+class Close:
+    """Close the WebSocket with ``code`` after every event already queued, or at once
+    (``now``: the client stopped reading; release first, then close)."""
+
+    code: int
+    reason: str
+    now: bool = False
+
+
+Output = protocol.Event | Work | StopModel | Close
+"""An event dict is sent to the client as is."""
+
+
+@attrs.frozen(slots=True)
+class Timeout:
+    """Which deadline ``next_deadline`` refers to."""
+
+    at: float
+    what: str
+
+
+def error_code_for(kind: FailureKind, during: CommandKind) -> protocol.ErrorCode:
+    """The wire error code of an engine failure (the one place this mapping lives)."""
+    if during == "open" and kind in ("open_failed", "session_lost"):
+        return "session_initialization_failed"
+    return "inference_error"
+
+
+def _audio_first(event: ModelEvent) -> int:
+    # A frame's audio goes first: it is what the listener waits for; text and
+    # transcript only update a display. Done/Cancelled stay last.
+    if isinstance(event, AudioDelta):
+        return 0
+    return 2 if isinstance(event, (Done, Cancelled)) else 1
+
+
+class Conversation:
+    """One connection's state. Not thread-safe; one trio task at a time calls it."""
+
+    def __init__(
+        self,
+        session_id: str,
+        limits: Limits,
+        *,
+        model_id: str,
+        model_path: str | None,
+        now: float,
+    ) -> None:
+        self.session_id = session_id
+        self.limits = limits
+        self.model_id = model_id
+        self.model_path = model_path
+        self.phase = Phase.CONFIGURING
+        self.update_in_flight = False
+        self.session_open = False
+        """The engine holds an open model session for this connection."""
+        self.outcome: SessionOutcome | None = None
+        self.close_reason = ""
+        self.frames = 0
+        self.step_seconds: list[float] = []
+        self._accepted_at = now
+        self._last_message = now
+        self._idle_from: float | None = now
+        """When the server last stopped owing the client anything (None: it owes)."""
+        self._max_pending = int(limits.max_pending_audio_seconds * INPUT_SAMPLE_RATE)
+        self.pending_samples = 0
+        """Accepted input audio not yet handed to the model (the budget)."""
+        self._inflight = 0
+        """Slices handed to the model whose events are not yet out."""
+        self._queued = 0
+        """Accepted messages for the model not yet finished."""
+        self._unsent = 0
+        """Events queued for the socket and not yet written."""
+        self._sending_since: float | None = None
+        self._next_append = 0
+        self._failed_append = -1
+        """The append whose remaining slices are dropped after a model error."""
+
+    # --- client frames ------------------------------------------------------------
+
+    def receive(self, frame: str | bytes | None, now: float) -> list[Output]:
+        """One WebSocket message from the client."""
+        self._last_message = now
+        if self.phase is Phase.CLOSED:
+            return []
+        if frame is None:
+            frame = b""
+        size = _utf8_size(frame, self.limits.max_message_bytes)
+        if size > self.limits.max_message_bytes:
+            return [
+                self._refuse(
+                    f"message of {size} bytes exceeds the "
+                    f"{self.limits.max_message_bytes}-byte limit",
+                )
+            ]
+        try:
+            message = protocol.parse_client_message(frame)
+        except protocol.ProtocolError as exc:
+            return [self._refuse(exc.message)]
+        match message:
+            case protocol.Ping():
+                return [protocol.pong()]
+            case protocol.Cancel():
+                return self._cancel()
+            case _ if self.phase is Phase.CANCELLED:
+                return [self._refuse("the session was cancelled; no more input is accepted")]
+            case protocol.SessionUpdate():
+                return self._update(message)
+            case _ if self.phase is Phase.CONFIGURING and not self.update_in_flight:
+                what = "audio" if isinstance(message, protocol.AudioAppend) else "commit"
+                return [self._refuse(f"send session.update before {what}")]
+            case _ if self.phase is Phase.COMMITTED:
+                return [self._refuse("input audio was already committed; the session is ending")]
+            case protocol.AudioAppend():
+                return self._append(message, now)
+            case protocol.AudioCommit():
+                return self._commit(message)
+        raise AssertionError(message)  # pragma: no cover
+
+    def _refuse(self, message: str) -> protocol.Event:
+        return protocol.error_event("invalid_request", message)
+
+    def _queue(self, work: Work) -> Output:
+        if self._queued >= MAX_QUEUED_MESSAGES:
+            return self._refuse(
+                f"more than {MAX_QUEUED_MESSAGES} messages are waiting; this one was refused"
+            )
+        self._queued += 1
+        self._idle_from = None
+        return work
+
+    def _update(self, update: protocol.SessionUpdate) -> list[Output]:
+        if self.update_in_flight or self.phase is not Phase.CONFIGURING:
+            return [
+                self._refuse(
+                    "the session is already configured; session.update is accepted "
+                    "once per connection"
+                )
+            ]
+        if update.model is not None and not protocol.model_matches(
+            update.model, self.model_id, self.model_path
+        ):
+            return [
+                self._refuse(
+                    f"model {update.model!r} is not served here; this server serves "
+                    f"{self.model_id!r}"
+                )
+            ]
+        out = self._queue(OpenSession(update))
+        if isinstance(out, OpenSession):
+            self.update_in_flight = True
+        return [out]
+
+    def _append(self, append: protocol.AudioAppend, now: float) -> list[Output]:
+        if append.sample_rate != INPUT_SAMPLE_RATE:
+            return [
+                protocol.error_event(
+                    "inference_error",
+                    f"expected {INPUT_SAMPLE_RATE} Hz PCM, received {append.sample_rate} Hz; "
+                    "resample to 16000 Hz mono before sending",
+                )
+            ]
+        n = int(append.samples.shape[0])
+        seconds = n / INPUT_SAMPLE_RATE
+        limit = self.limits.max_pending_audio_seconds
+        if n > self._max_pending:
+            return [
+                self._refuse(
+                    f"this append of {seconds:.2f} s is larger than the {limit:g} s limit on "
+                    "pending input audio; send it in smaller appends, no faster than real time"
+                )
+            ]
+        if self.pending_samples + n > self._max_pending:
+            return [
+                self._refuse(
+                    f"input audio backlog is full: "
+                    f"{self.pending_samples / INPUT_SAMPLE_RATE:.2f} s waiting, limit "
+                    f"{limit:g} s; this append of {seconds:.2f} s was refused "
+                    "(send audio no faster than real time)"
+                )
+            ]
+        out = self._queue(RunAudio(self._next_append, append, now))
+        if isinstance(out, RunAudio):
+            self._next_append += 1
+            self.pending_samples += n
+        return [out]
+
+    def _commit(self, commit: protocol.AudioCommit) -> list[Output]:
+        out = self._queue(FlushSession(commit.pad_partial))
+        if isinstance(out, FlushSession):
+            self.phase = Phase.COMMITTED
+        return [out]
+
+    def _cancel(self) -> list[Output]:
+        if self.phase in (Phase.COMMITTED, Phase.CANCELLED, Phase.CLOSED):
+            return []
+        self.phase = Phase.CANCELLED
+        self._queued += 1
+        self._idle_from = None
+        return [StopModel(), CancelSession()]
+
+    # --- the model's side ---------------------------------------------------------------
+
+    def begin_audio(self, work: RunAudio) -> list[Output] | None:
+        """The submitter reached an append: ``None`` to run it, else what to send instead
+        (the append is dropped and its budget returned)."""
+        if self.session_open and self.phase in (Phase.READY, Phase.COMMITTED):
+            return None
+        self.audio_done(work, int(work.append.samples.shape[0]))
+        if self.phase in (Phase.CANCELLED, Phase.CLOSED):
+            return []
+        return [self._refuse("send session.update before audio")]
+
+    def keep_submitting(self, append_id: int) -> bool:
+        """Whether the next slice of this append may still go to the model."""
+        return self.phase is not Phase.CANCELLED and append_id != self._failed_append
+
+    def slice_submitted(self, samples: int) -> None:
+        self.pending_samples -= samples
+        self._inflight += 1
+
+    def audio_done(self, work: RunAudio, unsubmitted: int) -> None:
+        """The submitter is done with an append (``unsubmitted`` samples were dropped)."""
+        self.pending_samples -= unsubmitted
+        self._queued -= 1
+
+    def slice_done(
+        self, append_id: int, events: list[ModelEvent] | None, seconds: float, now: float
+    ) -> list[protocol.Event]:
+        """A slice ran (``events``, ``seconds`` of model time) or was skipped (``None``):
+        its wire events, audio first."""
+        self._inflight -= 1
+        self._maybe_idle(now)
+        if events is None:
+            return []
+        self.step_seconds.append(seconds)
+        if append_id == self._failed_append:
+            return []
+        if len(events) == 1:
+            first = events[0]
+            if isinstance(first, AudioDelta):
+                self.frames += 1
+            return [protocol.wire_event(first)]
+        out = []
+        for event in sorted(events, key=_audio_first):
+            if isinstance(event, AudioDelta):
+                self.frames += 1
+            out.append(protocol.wire_event(event))
+        return out
+
+    def slice_failed(
+        self, append_id: int, kind: FailureKind, message: str, now: float
+    ) -> list[Output]:
+        """A slice failed: the error once per append; a lost session ends the connection."""
+        self._inflight -= 1
+        self._maybe_idle(now)
+        if kind in ("session_lost", "engine_dead"):
+            return self._fail(kind, "push", message)
+        if append_id == self._failed_append:
+            return []
+        self._failed_append = append_id
+        return [protocol.error_event(error_code_for(kind, "push"), message)]
+
+    def opened(
+        self,
+        update: protocol.SessionUpdate,
+        failure: tuple[FailureKind, str] | None,
+        now: float,
+    ) -> list[Output]:
+        """The engine finished the open: ``session.updated``, or the error."""
+        self._queued -= 1
+        self._maybe_idle(now)
+        self.update_in_flight = False
+        if failure is None:
+            self.session_open = True
+            if self.phase is Phase.CONFIGURING:
+                self.phase = Phase.READY
+            return [protocol.session_updated(self.session_id, self.model_id, update)]
+        kind, message = failure
+        if kind == "engine_dead":
+            return self._fail(kind, "open", message)
+        if self.phase in (Phase.CANCELLED, Phase.CLOSED):
+            return []  # a cancel skipped the queued open; it answers for itself
+        # Nothing was opened: the client may fix its options and try again.
+        if self.phase is Phase.COMMITTED:
+            self.phase = Phase.CONFIGURING
+        return [protocol.error_event(error_code_for(kind, "open"), message)]
+
+    def flushed(
+        self, result: list[ModelEvent] | tuple[FailureKind, str] | None, now: float
+    ) -> list[Output]:
+        """The engine ran the commit's flush (``None``: no session was open)."""
+        self._queued -= 1
+        self._maybe_idle(now)
+        if isinstance(result, tuple):
+            return self._fail(result[0], "flush", result[1])
+        if result is None:
+            # The open failed after the commit was accepted: nothing to flush.
+            return [self._refuse("send session.update before commit")]
+        self.session_open = False
+        out: list[Output] = [protocol.input_audio_committed()]
+        out += self._model_events(result)
+        out.append(self._close(CLOSE_NORMAL, "response done", "done"))
+        return out
+
+    def cancelled(
+        self, result: list[ModelEvent] | tuple[FailureKind, str] | None, now: float
+    ) -> list[Output]:
+        """The engine ran the cancel (``None``: no session was open)."""
+        self._queued -= 1
+        self._maybe_idle(now)
+        if isinstance(result, tuple):
+            return self._fail(result[0], "cancel", result[1])
+        self.session_open = False
+        out: list[Output] = list(self._model_events(result or []))
+        if not any(e.get("type") == "response.cancelled" for e in out if isinstance(e, dict)):
+            out.append(protocol.cancelled(self.frames))
+        out.append(self._close(CLOSE_NORMAL, "cancelled", "cancelled"))
+        return out
+
+    def _model_events(self, events: Sequence[ModelEvent]) -> list[protocol.Event]:
+        out = []
+        for event in sorted(events, key=_audio_first):
+            if isinstance(event, AudioDelta):
+                self.frames += 1
+            out.append(protocol.wire_event(event))
+        return out
+
+    def _fail(self, kind: FailureKind, during: CommandKind, message: str) -> list[Output]:
+        """The session is gone (engine failure): say so and close 1011."""
+        self.session_open = False
+        if self.phase is Phase.CLOSED:
+            return []
+        return [
+            protocol.error_event(error_code_for(kind, during), message),
+            self._close(CLOSE_INTERNAL, message[:120], "error"),
+        ]
+
+    def _close(
+        self, code: int, reason: str, outcome: SessionOutcome, *, now: bool = False
+    ) -> Close:
+        self.phase = Phase.CLOSED
+        self.outcome = outcome
+        self.close_reason = reason
+        return Close(code, reason, now=now)
+
+    # --- the socket's side ---------------------------------------------------------------
+
+    def event_queued(self) -> None:
+        self._unsent += 1
+        self._idle_from = None
+
+    def sending(self, now: float) -> None:
+        """A socket write starts (the stall clock runs until ``sent``)."""
+        self._sending_since = now
+
+    def sent(self, now: float) -> None:
+        self._sending_since = None
+        self._unsent -= 1
+        self._maybe_idle(now)
+
+    def _owes(self) -> bool:
+        return bool(self._queued or self._inflight or self._unsent or self.pending_samples)
+
+    def _maybe_idle(self, now: float) -> None:
+        if self._idle_from is None and not self._owes():
+            self._idle_from = now
+
+    # --- time -----------------------------------------------------------------------------
+
+    def next_deadline(self) -> Timeout | None:
+        """The earliest deadline now in force, if any."""
+        if self.phase is Phase.CLOSED:
+            return None
+        best: Timeout | None = None
+        if self._sending_since is not None:
+            best = Timeout(self._sending_since + self.limits.send_timeout, "send")
+        if self.phase in (Phase.CONFIGURING, Phase.READY):
+            if self.phase is Phase.CONFIGURING and not self.update_in_flight:
+                at = self._accepted_at + self.limits.configure_timeout
+                if best is None or at < best.at:
+                    best = Timeout(at, "configure")
+            if self._idle_from is not None:
+                at = max(self._last_message, self._idle_from) + self.limits.idle_timeout
+                if best is None or at < best.at:
+                    best = Timeout(at, "idle")
+        return best
+
+    def check_timeouts(self, now: float) -> list[Output]:
+        """What a deadline that has passed requires (nothing if none has)."""
+        deadline = self.next_deadline()
+        if deadline is None or now < deadline.at:
+            return []
+        if deadline.what == "send":
+            return [self._close(CLOSE_POLICY, "client stopped reading", "stalled_client", now=True)]
+        if deadline.what == "idle":
+            message = f"no message for {self.limits.idle_timeout:g} s; closing"
+        else:
+            message = f"no session.update within {self.limits.configure_timeout:g} s; closing"
+        return [
+            protocol.error_event("invalid_request", message),
+            self._close(CLOSE_POLICY, message[:120], "timeout"),
+        ]
+
+    def poll_interval(self) -> float:
+        """How often the plumbing re-reads ``next_deadline`` (deadlines may move earlier)."""
+        return min(
+            1.0,
+            self.limits.send_timeout / 4,
+            self.limits.idle_timeout / 4,
+            self.limits.configure_timeout / 4,
+        )
+
+    def connection_lost(self, outcome: SessionOutcome, reason: str) -> None:
+        """The plumbing ended the connection itself (client gone, shutdown)."""
+        if self.outcome is None:
+            self.outcome = outcome
+            self.close_reason = reason
+        self.phase = Phase.CLOSED
+
+
+def _utf8_size(frame: str | bytes, limit: int) -> int:
+    """The frame's size in bytes (UTF-8 for text), computed only when it may matter."""
+    if isinstance(frame, (bytes, bytearray)):
+        return len(frame)
+    if len(frame) * 4 <= limit:
+        return len(frame)  # cannot exceed the limit whatever the characters
+    return len(frame.encode("utf-8", "surrogatepass"))
