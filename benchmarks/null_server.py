@@ -12,10 +12,10 @@ import sys
 
 import trio
 
-from benchmarks.null_model import NullModel
 from realtime.app import ServerState
 from realtime.engine import Engine
 from realtime.limits import Limits
+from realtime.models.fake import NullModel
 from realtime.server import hypercorn_config, run_server
 
 

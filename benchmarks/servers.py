@@ -8,14 +8,9 @@ from __future__ import annotations
 
 import importlib
 import os
-import re
 import socket
 import subprocess
 import sys
-import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,28 +18,21 @@ from typing import Any
 
 import attrs
 
+from realtime import testing
+
 REPO = Path(__file__).resolve().parent.parent
-SERVING_LINE = re.compile(r"realtime: serving (ws://\S+/v1/realtime)")
 START_TIMEOUT = 300.0
 
 
 @attrs.frozen
-class ServerProcess:
-    name: str
-    proc: subprocess.Popen[bytes]
-    url: str
-    """The ``ws://.../v1/realtime`` URL."""
-    http: str
-    log: Path
+class ServerProcess(testing.ServerProcess):
+    """A server under test, with the figures the benchmark reads from its process."""
 
     def rss_bytes(self) -> int | None:
         return rss_bytes(self.proc.pid)
 
     def cpu_seconds(self) -> float | None:
         return cpu_seconds(self.proc.pid)
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
 
 
 def _psutil() -> Any:
@@ -95,72 +83,24 @@ def free_port() -> int:
         return port
 
 
-def _log_path(name: str) -> Path:
-    fd, path = tempfile.mkstemp(prefix=f"bench-{name}-", suffix=".log")
-    os.close(fd)
-    return Path(path)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @contextmanager
 def launch(name: str, cmd: Sequence[str], env: dict[str, str]) -> Iterator[tuple[Any, Path]]:
-    log = _log_path(name)
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(
-            list(cmd),
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
-        )
-    try:
-        yield proc, log
-    finally:
-        _stop(proc)
+    with testing.launch(cmd, env=env, name=f"bench-{name}", cwd=REPO) as launched:
+        yield launched
 
 
 def wait_for_serving_line(proc: subprocess.Popen[bytes], log: Path) -> str:
-    deadline = time.monotonic() + START_TIMEOUT
-    while True:
-        text = log.read_text(errors="replace")
-        match = SERVING_LINE.search(text)
-        if match:
-            return match.group(1)
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{text[-4000:]}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"server did not start in {START_TIMEOUT:g} s:\n{text[-4000:]}")
-        time.sleep(0.05)
+    return testing.wait_for_serving_line(proc, log, START_TIMEOUT)
 
 
 def wait_for_health(proc: subprocess.Popen[bytes], log: Path, http: str) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while True:
-        try:
-            with urllib.request.urlopen(f"{http}/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        if proc.poll() is not None:
-            text = log.read_text(errors="replace")
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{text[-4000:]}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"server did not answer /health in {START_TIMEOUT:g} s")
-        time.sleep(0.1)
+    testing.wait_for_health(proc, log, http, START_TIMEOUT)
 
 
-def _http_of(url: str) -> str:
-    return url.replace("ws://", "http://").removesuffix("/v1/realtime")
+def _started(name: str, cmd: Sequence[str]) -> Iterator[ServerProcess]:
+    with launch(name, cmd, {}) as (proc, log):
+        url = wait_for_serving_line(proc, log)
+        yield ServerProcess(proc, url, testing.http_of(url), log, name)
 
 
 @contextmanager
@@ -168,18 +108,14 @@ def ours(model_path: Path) -> Iterator[ServerProcess]:
     """``python -m realtime serve -m PATH --port 0``: this project's server."""
     cmd = [sys.executable, "-m", "realtime", "serve", "-m", str(model_path), "--port", "0"]
     cmd += ["--host", "127.0.0.1"]
-    with launch("ours", cmd, {}) as (proc, log):
-        url = wait_for_serving_line(proc, log)
-        yield ServerProcess("ours", proc, url, _http_of(url), log)
+    yield from _started("ours", cmd)
 
 
 @contextmanager
 def null_server() -> Iterator[ServerProcess]:
     """This project's server on the zero-cost model."""
     cmd = [sys.executable, "-m", "benchmarks.null_server", "--port", "0"]
-    with launch("null", cmd, {}) as (proc, log):
-        url = wait_for_serving_line(proc, log)
-        yield ServerProcess("null", proc, url, _http_of(url), log)
+    yield from _started("null", cmd)
 
 
 @contextmanager
@@ -196,4 +132,4 @@ def peer(model_path: Path) -> Iterator[ServerProcess]:
     with launch("peer", cmd, {}) as (proc, log):
         http = f"http://127.0.0.1:{port}"
         wait_for_health(proc, log, http)
-        yield ServerProcess("peer", proc, f"ws://127.0.0.1:{port}/v1/realtime", http, log)
+        yield ServerProcess(proc, f"ws://127.0.0.1:{port}/v1/realtime", http, log, "peer")

@@ -1,5 +1,6 @@
-"""The benchmark's client side: test audio, messages, a trio-websocket client,
-a raw client that can drop its TCP stream, and a tiny HTTP GET.
+"""The benchmark's own client parts on top of :mod:`realtime.client`: test audio,
+pre-encoded messages, receive timestamps, busy retries, a raw client that can drop
+its TCP stream, and a tiny HTTP GET.
 
 The same client talks to this project's server and to mlx-vlm's, so the only
 dialect difference is ``session.model`` (which mlx-vlm requires).
@@ -7,7 +8,6 @@ dialect difference is ``session.model`` (which mlx-vlm requires).
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 from collections.abc import AsyncIterator
@@ -20,12 +20,17 @@ import numpy.typing as npt
 import trio
 import wsproto
 import wsproto.events
-from trio_websocket import WebSocketConnection, open_websocket_url
 
-FRAME_SAMPLES: Final = 1280
-SAMPLE_RATE: Final = 16_000
+from realtime import client as rc
+from realtime.client import CANCEL, PING, append_message, commit_message
+from realtime.models.base import FRAME_SAMPLES
+from realtime.models.base import INPUT_SAMPLE_RATE as SAMPLE_RATE
+
+__all__ = ["CANCEL", "FRAME_SAMPLES", "PING", "SAMPLE_RATE", "append_message"]
+
 FRAME_SECONDS: Final = FRAME_SAMPLES / SAMPLE_RATE
 AUDIO_DELTA: Final = "response.audio.delta"
+COMMIT: Final = commit_message()
 
 Int16 = npt.NDArray[np.int16]
 Float32 = npt.NDArray[np.float32]
@@ -47,52 +52,37 @@ def pcm_to_float(pcm: Int16) -> Float32:
     return (pcm.astype(np.float32) / 32768.0).astype(np.float32)
 
 
-def append_message(pcm: Int16) -> str:
-    audio = base64.b64encode(pcm.astype("<i2").tobytes()).decode("ascii")
-    return json.dumps(
-        {"type": "input_audio_buffer.append", "audio": audio, "sample_rate": SAMPLE_RATE}
-    )
-
-
 def frame_messages(pcm: Int16) -> list[str]:
     """One append per 1280-sample frame, encoded before any timing starts."""
     return [append_message(pcm[i : i + FRAME_SAMPLES]) for i in range(0, pcm.size, FRAME_SAMPLES)]
 
 
-PING: Final = json.dumps({"type": "session.ping"})
-CANCEL: Final = json.dumps({"type": "session.cancel"})
-COMMIT: Final = json.dumps({"type": "input_audio_buffer.commit"})
-
-
 def update_message(model: str | None, seed: int = 0) -> str:
-    session: dict[str, Any] = {"seed": seed}
-    if model is not None:
-        session["model"] = model
-    return json.dumps({"type": "session.update", "session": session})
+    return rc.session_update_message(model=model, seed=seed)
 
 
 class Client:
-    """JSON over one trio-websocket connection, with receive timestamps."""
+    """Raw event dicts from a :class:`realtime.client.RealtimeClient`, with send and
+    receive timestamps (``perf_counter`` just before a send, just as a message lands)."""
 
-    def __init__(self, ws: WebSocketConnection, model: str | None) -> None:
-        self.ws = ws
+    def __init__(self, conn: rc.RealtimeClient, model: str | None) -> None:
+        self.conn = conn
         self.model = model
-        self.session_id: str | None = None
-        self.created = False
-        """``session.created`` was already read (by :func:`connect`)."""
         self.busy_retries = 0
+
+    @property
+    def session_id(self) -> str | None:
+        return self.conn.created.session_id if self.conn.created is not None else None
 
     async def send(self, text: str) -> float:
         """Send one frame; the ``perf_counter`` taken just before it went out."""
         sent = time.perf_counter()
-        await self.ws.send_message(text)
+        await self.conn.send_raw(text)
         return sent
 
     async def recv(self) -> tuple[float, dict[str, Any]]:
-        text = await self.ws.get_message()
-        at = time.perf_counter()
-        event: dict[str, Any] = json.loads(text)
-        return at, event
+        event = await self.conn.receive()
+        return self.conn.received_at, event.raw
 
     async def expect(self, kind: str, within: float) -> dict[str, Any]:
         with trio.fail_after(within):
@@ -102,13 +92,9 @@ class Client:
         return event
 
     async def configure(self, *, seed: int = 0, within: float = 180.0) -> None:
-        """session.created, then session.update until session.updated."""
-        if not self.created:
-            created = await self.expect("session.created", within)
-            self.session_id = created["session"]["id"]
-            self.created = True
-        await self.send(update_message(self.model, seed))
-        await self.expect("session.updated", within)
+        """session.created (unless :func:`connect` read it), then session.update."""
+        with trio.fail_after(within):
+            await self.conn.configure(model=self.model, seed=seed)
 
     async def drain_until(self, kind: str, within: float) -> list[dict[str, Any]]:
         """Every event up to and including the first ``kind``."""
@@ -128,40 +114,28 @@ BUSY_PAUSE: Final = 0.01
 
 
 @asynccontextmanager
-async def _open(url: str) -> AsyncIterator[WebSocketConnection]:
-    async with open_websocket_url(
-        url,
-        message_queue_size=256,
-        max_message_size=16 * 1024 * 1024,
-        receive_buffer_size=65536,
-        connect_timeout=30,
-        disconnect_timeout=10,
-    ) as ws:
-        yield ws
-
-
-@asynccontextmanager
 async def connect(url: str, model: str | None, *, retry_busy: bool = True) -> AsyncIterator[Client]:
     """A connection to ``url``. With ``retry_busy``, a ``server_busy`` refusal is
     retried (up to 5 s): a server may release its slot a moment after the previous
     session's last event (mlx-vlm's does), and the benchmark measures sessions, not
     that race. Without it the first event is left for the caller to read."""
+    busy = 0
     for _ in range(BUSY_RETRIES if retry_busy else 1):
-        async with _open(url) as ws:
-            client = Client(ws, model)
+        async with rc.connect(url, raise_errors=False, disconnect_timeout=10) as conn:
+            client = Client(conn, model)
+            client.busy_retries = busy
             if not retry_busy:
                 yield client
                 return
             with trio.fail_after(60):
-                _, first = await client.recv()
-            if first.get("type") == "session.created":
-                client.session_id = first["session"]["id"]
-                client.created = True
+                first = await conn.receive()
+            if isinstance(first, rc.SessionCreated):
+                conn.created = first
                 yield client
                 return
-            if first.get("error", {}).get("code") != "server_busy":
-                raise BenchError(f"expected session.created, got {first}")
-            client.busy_retries += 1
+            if not (isinstance(first, rc.ErrorEvent) and first.code == "server_busy"):
+                raise BenchError(f"expected session.created, got {first.raw}")
+            busy += 1
         await trio.sleep(BUSY_PAUSE)
     raise BenchError(f"{url} stayed busy for {BUSY_RETRIES * BUSY_PAUSE:g} s")
 

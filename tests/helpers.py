@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import base64
 import json
-import os
-import re
-import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
@@ -21,12 +15,18 @@ import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
 
 from realtime.app import ServerState
+from realtime.client import (
+    RealtimeClient,
+    ServerBusy,
+    ServerClosed,
+    encode_pcm16,
+)
 from realtime.engine import Engine
 from realtime.limits import Limits
 from realtime.server import hypercorn_config, run_server
+from realtime.testing import ServerProcess, start_server_process
 
 REPO = Path(__file__).resolve().parent.parent
-SERVING_LINE = re.compile(r"realtime: serving (ws://\S+/v1/realtime)")
 
 
 @attrs.frozen
@@ -65,17 +65,14 @@ async def running_server(
 
 
 def pcm16_b64(samples: np.ndarray[Any, Any]) -> str:
-    x = np.clip(np.asarray(samples, dtype=np.float32), -1, 1)
-    return base64.b64encode(np.rint(x * 32767).astype("<i2").tobytes()).decode()
+    """Float samples as the wire's base64 PCM16."""
+    return encode_pcm16(np.asarray(samples, dtype=np.float32))
 
 
 def append_msg(samples: np.ndarray[Any, Any], sample_rate: int = 16000) -> str:
+    audio = pcm16_b64(samples)
     return json.dumps(
-        {
-            "type": "input_audio_buffer.append",
-            "audio": pcm16_b64(samples),
-            "sample_rate": sample_rate,
-        }
+        {"type": "input_audio_buffer.append", "audio": audio, "sample_rate": sample_rate}
     )
 
 
@@ -84,18 +81,21 @@ def noise(n: int, seed: int = 0) -> np.ndarray[Any, Any]:
 
 
 class Client:
-    """A thin JSON layer over a trio-websocket connection."""
+    """Raw JSON events over :class:`realtime.client.RealtimeClient` (errors returned,
+    not raised), so tests can send anything and see everything."""
 
     def __init__(self, ws: WebSocketConnection) -> None:
         self.ws = ws
+        self.conn = RealtimeClient(ws, raise_errors=False)
 
-    async def send(self, message: dict[str, Any] | str) -> None:
-        await self.ws.send_message(message if isinstance(message, str) else json.dumps(message))
+    async def send(self, message: dict[str, Any] | str | bytes) -> None:
+        await self.conn.send_raw(
+            message if isinstance(message, str | bytes) else json.dumps(message)
+        )
 
     async def recv(self, timeout: float = 10.0) -> dict[str, Any]:
         with trio.fail_after(timeout):
-            event: dict[str, Any] = json.loads(await self.ws.get_message())
-            return event
+            return (await self.conn.receive()).raw
 
     async def recv_until(self, type_: str, timeout: float = 10.0) -> list[dict[str, Any]]:
         """Every event up to and including the first of ``type_``."""
@@ -117,31 +117,18 @@ class Client:
 
     async def closed_code(self, timeout: float = 10.0) -> int | None:
         """Drain until the server closes; the close code."""
-        from trio_websocket import ConnectionClosed
-
         with trio.fail_after(timeout):
             try:
                 while True:
-                    await self.ws.get_message()
-            except ConnectionClosed as exc:
-                return exc.reason.code if exc.reason is not None else None
+                    await self.conn.receive()
+            except (ServerClosed, ServerBusy):
+                return self.conn.close_code
 
 
 @asynccontextmanager
 async def connect(url: str, **kwargs: Any) -> AsyncIterator[Client]:
     async with open_websocket_url(url, **kwargs) as ws:
         yield Client(ws)
-
-
-@attrs.frozen
-class ServerProcess:
-    proc: subprocess.Popen[bytes]
-    url: str
-    http: str
-    log: Path
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
 
 
 @contextmanager
@@ -153,37 +140,7 @@ def start_realtime_server(
     argv: Sequence[str] | None = None,
 ) -> Iterator[ServerProcess]:
     """``python -m realtime serve --port 0 ARGS`` as a subprocess; waits for its URL."""
-    log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
-    log = log_dir / f"realtime-server-{os.getpid()}-{time.monotonic_ns()}.log"
-    cmd = (
-        list(argv)
-        if argv is not None
-        else [sys.executable, "-m", "realtime", "serve", "--port", "0", *args]
-    )
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(
-            cmd, stdout=sink, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **(env or {})}
-        )
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            text = log.read_text(errors="replace")
-            match = SERVING_LINE.search(text)
-            if match:
-                url = match.group(1)
-                break
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}:\n{text}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"server did not start in {timeout} s:\n{text}")
-            time.sleep(0.05)
-        http = url.replace("ws://", "http://").removesuffix("/v1/realtime")
-        yield ServerProcess(proc=proc, url=url, http=http, log=log)
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    with start_server_process(
+        *args, argv=argv, env=env, timeout=timeout, log_dir=log_dir, cwd=REPO
+    ) as server:
+        yield server

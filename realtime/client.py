@@ -1,0 +1,591 @@
+"""The Python client of ``/v1/realtime``: connect, configure, stream audio, read events.
+
+One trio-websocket connection wrapped in typed sends, typed server events and
+one-line exceptions (:class:`ClientError` and its subclasses), so an application,
+the example scripts, the benchmarks and the tests all speak the protocol through
+the same code. See docs/client.md for a walk-through.
+
+Parsing is kept cheap on purpose (one ``json.loads`` and one small attrs object
+per frame; audio stays base64 until :meth:`AudioDelta.pcm` is called): the
+benchmarks measure a zero-cost server through this client.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Final, TypeVar
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+import trio_websocket
+
+from realtime.audio import float_to_pcm16
+from realtime.models.base import INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
+
+PCM16 = npt.NDArray[np.int16]
+Raw = dict[str, Any]
+
+CLOSE_TRY_AGAIN: Final = 1013
+CLOSE_CODE_NAMES: Final = {
+    1000: "normal closure",
+    1001: "going away",
+    1008: "policy violation (timeout or limit)",
+    1009: "message too big",
+    1011: "server error",
+    1013: "server busy, try again later",
+}
+MAX_MESSAGE_SIZE: Final = 16 * 1024 * 1024
+
+# --- errors ---------------------------------------------------------------------------
+
+
+class ClientError(Exception):
+    """Anything that ends a client's session; ``str(exc)`` is one line for the user."""
+
+
+class BadURL(ClientError):
+    """The URL is not a ``ws://`` or ``wss://`` URL."""
+
+
+class ServerUnreachable(ClientError):
+    """No TCP connection (refused, unknown host, timed out)."""
+
+
+class UpgradeRejected(ClientError):
+    """The server answered the WebSocket upgrade with an HTTP error status."""
+
+    def __init__(self, status: int, body: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+        """The response body, shortened; an HTML page is reduced to its title."""
+
+
+class Unauthorized(UpgradeRejected):
+    """HTTP 401: the server needs an API key, or a different one."""
+
+
+class Forbidden(UpgradeRejected):
+    """HTTP 403: the server refused this client (usually its ``Origin``)."""
+
+
+class ServerBusy(ClientError):
+    """Another session is active (``server_busy`` error and/or close code 1013)."""
+
+
+class ServerClosed(ClientError):
+    """The server closed the WebSocket before the client was done."""
+
+    def __init__(self, code: int | None, reason: str | None, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+
+
+class ServerError(ClientError):
+    """The server sent an ``error`` event (``code`` is the wire code)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"server error {code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class ProtocolViolation(ClientError):
+    """The server sent something the protocol does not allow (bad JSON, bad audio)."""
+
+
+# --- server events --------------------------------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class SessionCreated:
+    session_id: str
+    raw: Raw = attrs.field(repr=False)
+
+
+@attrs.frozen(slots=True)
+class SessionUpdated:
+    session_id: str
+    model: str | None
+    frame_samples: int | None
+    raw: Raw = attrs.field(repr=False)
+
+
+@attrs.frozen(slots=True)
+class AudioDelta:
+    """One 80 ms frame of speech; ``delta`` is still base64 (decode with :meth:`pcm`)."""
+
+    frame_index: int
+    delta: str = attrs.field(repr=False)
+    raw: Raw = attrs.field(repr=False)
+
+    @property
+    def sample_rate(self) -> int:
+        return int(self.raw.get("sample_rate", OUTPUT_SAMPLE_RATE))
+
+    @property
+    def audio_codes(self) -> list[int]:
+        codes: list[int] = self.raw.get("audio_codes", [])
+        return codes
+
+    def pcm(self) -> PCM16:
+        """The samples as native int16 (1764 at 22 050 Hz from VoiceChat)."""
+        return decode_pcm16(self.delta)
+
+
+@attrs.frozen(slots=True)
+class _TokenDelta:
+    frame_index: int
+    token_id: int
+    delta: str
+    text: str
+    """The channel's text so far."""
+    raw: Raw = attrs.field(repr=False)
+
+
+@attrs.frozen(slots=True)
+class TextDelta(_TokenDelta):
+    """The assistant's text channel."""
+
+
+@attrs.frozen(slots=True)
+class FunctionDelta(_TokenDelta):
+    """The tool-call channel."""
+
+
+@attrs.frozen(slots=True)
+class TranscriptDelta:
+    """What the model heard the user say."""
+
+    frame_index: int
+    delta: str
+    transcript: str
+    raw: Raw = attrs.field(repr=False)
+
+
+@attrs.frozen(slots=True)
+class Committed:
+    """The commit was accepted; the rest of the answer follows."""
+
+    raw: Raw = attrs.field(repr=False)
+
+
+@attrs.frozen(slots=True)
+class _Final:
+    frame_index: int
+    """The frame count of the timeline when it ended."""
+    raw: Raw = attrs.field(repr=False)
+
+
+@attrs.frozen(slots=True)
+class ResponseDone(_Final):
+    """The answer is complete; the server then closes with 1000."""
+
+
+@attrs.frozen(slots=True)
+class ResponseCancelled(_Final):
+    """The session was cancelled; the server then closes with 1000."""
+
+
+@attrs.frozen(slots=True)
+class Pong:
+    """The answer to :meth:`RealtimeClient.ping`."""
+
+    raw: Raw = attrs.field(repr=False)
+
+
+@attrs.frozen(slots=True)
+class ErrorEvent:
+    code: str
+    message: str
+    raw: Raw = attrs.field(repr=False)
+
+
+@attrs.frozen(slots=True)
+class UnknownEvent:
+    """A ``type`` this client does not know (a newer server, or another dialect)."""
+
+    type: str
+    raw: Raw = attrs.field(repr=False)
+
+
+ServerEvent = (
+    SessionCreated
+    | SessionUpdated
+    | AudioDelta
+    | TextDelta
+    | FunctionDelta
+    | TranscriptDelta
+    | Committed
+    | ResponseDone
+    | ResponseCancelled
+    | Pong
+    | ErrorEvent
+    | UnknownEvent
+)
+
+
+_Expected = TypeVar("_Expected", SessionCreated, SessionUpdated)
+
+
+def _session(raw: Raw) -> Raw:
+    session = raw.get("session")
+    return session if isinstance(session, dict) else {}
+
+
+def _error(raw: Raw) -> ErrorEvent:
+    err = raw.get("error")
+    err = err if isinstance(err, dict) else {}
+    return ErrorEvent(str(err.get("code", "unknown")), str(err.get("message", "")), raw)
+
+
+_PARSERS: Final[dict[str, Callable[[Raw], ServerEvent]]] = {
+    "response.audio.delta": lambda r: AudioDelta(r["frame_index"], r["delta"], r),
+    "response.text.delta": lambda r: TextDelta(
+        r["frame_index"], r.get("token_id", -1), r["delta"], r.get("text", ""), r
+    ),
+    "conversation.item.input_audio_transcription.delta": lambda r: TranscriptDelta(
+        r["frame_index"], r["delta"], r.get("transcript", ""), r
+    ),
+    "response.function.delta": lambda r: FunctionDelta(
+        r["frame_index"], r.get("token_id", -1), r["delta"], r.get("text", ""), r
+    ),
+    "session.created": lambda r: SessionCreated(str(_session(r).get("id", "")), r),
+    "session.updated": lambda r: SessionUpdated(
+        str(_session(r).get("id", "")),
+        _session(r).get("model"),
+        _session(r).get("frame_samples"),
+        r,
+    ),
+    "input_audio_buffer.committed": Committed,
+    "response.done": lambda r: ResponseDone(r.get("frame_index", -1), r),
+    "response.cancelled": lambda r: ResponseCancelled(r.get("frame_index", -1), r),
+    "session.pong": Pong,
+    "error": _error,
+}
+"""Wire ``type`` -> event; the audio delta first, being most of the traffic."""
+
+
+def parse_event(message: str | bytes) -> ServerEvent:
+    """One server frame as a typed event; :class:`ProtocolViolation` when malformed."""
+    if isinstance(message, bytes):
+        raise ProtocolViolation(f"server sent a binary message ({len(message)} bytes)")
+    try:
+        raw = json.loads(message)
+        kind = raw["type"]
+        parser = _PARSERS.get(kind)
+        return parser(raw) if parser is not None else UnknownEvent(str(kind), raw)
+    except json.JSONDecodeError as exc:
+        raise ProtocolViolation(f"server sent invalid JSON: {exc}") from None
+    except (KeyError, TypeError) as exc:
+        raise ProtocolViolation(f"server sent a malformed event ({exc}): {message[:200]}") from None
+
+
+def is_final(event: ServerEvent) -> bool:
+    """``response.done`` or ``response.cancelled``: the server closes after it."""
+    return isinstance(event, _Final)
+
+
+# --- client messages ------------------------------------------------------------------
+
+
+def encode_pcm16(pcm: npt.ArrayLike) -> str:
+    """Base64 of little-endian PCM16; float input is converted with the wire's rule."""
+    x = np.asarray(pcm)
+    if x.dtype != np.int16:
+        x = float_to_pcm16(x) if np.issubdtype(x.dtype, np.floating) else x.astype(np.int16)
+    return base64.b64encode(x.astype("<i2", copy=False).tobytes()).decode("ascii")
+
+
+def decode_pcm16(data: str) -> PCM16:
+    """Inverse of :func:`encode_pcm16`; :class:`ProtocolViolation` on bad payloads."""
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ProtocolViolation(f"server sent invalid base64 audio: {exc}") from None
+    if len(raw) % 2:
+        raise ProtocolViolation(f"server sent an odd audio byte count ({len(raw)})")
+    return np.frombuffer(raw, dtype="<i2").astype(np.int16)
+
+
+def _dumps(message: Raw) -> str:
+    return json.dumps(message, separators=(",", ":"))
+
+
+def session_update_message(
+    *,
+    model: str | None = None,
+    system_prompt: str | None = None,
+    seed: int = 0,
+    max_streaming_seconds: float | None = None,
+) -> str:
+    session: Raw = {"seed": seed}
+    if model is not None:
+        session["model"] = model
+    if system_prompt is not None:
+        session["system_prompt"] = system_prompt
+    if max_streaming_seconds is not None:
+        session["max_streaming_seconds"] = max_streaming_seconds
+    return _dumps({"type": "session.update", "session": session})
+
+
+def append_message(pcm: npt.ArrayLike) -> str:
+    """``input_audio_buffer.append`` of 16 kHz mono audio (int16, or float in [-1, 1])."""
+    return _dumps(
+        {
+            "type": "input_audio_buffer.append",
+            "audio": encode_pcm16(pcm),
+            "sample_rate": INPUT_SAMPLE_RATE,
+        }
+    )
+
+
+def commit_message(pad_partial: bool = True) -> str:
+    return _dumps({"type": "input_audio_buffer.commit", "pad_partial": pad_partial})
+
+
+PING: Final = _dumps({"type": "session.ping"})
+CANCEL: Final = _dumps({"type": "session.cancel"})
+
+# --- the connection -------------------------------------------------------------------
+
+
+class RealtimeClient:
+    """One ``/v1/realtime`` connection; made by :func:`connect`.
+
+    With ``raise_errors`` (the default) an ``error`` event raises :class:`ServerError`
+    (:class:`ServerBusy` for ``server_busy``) from :meth:`receive`; without, it is
+    returned as an :class:`ErrorEvent` (the server goes on after ``invalid_request``).
+    """
+
+    def __init__(self, ws: trio_websocket.WebSocketConnection, *, raise_errors: bool = True):
+        self.ws = ws
+        """The trio-websocket connection underneath, for what this class does not wrap."""
+        self.raise_errors = raise_errors
+        self.created: SessionCreated | None = None
+        self.updated: SessionUpdated | None = None
+        self.finished = False
+        """``response.done`` or ``response.cancelled`` has been received."""
+        self.received_at = 0.0
+        """``time.perf_counter()`` as the last message arrived, before parsing (benchmarks)."""
+
+    @property
+    def close_code(self) -> int | None:
+        """The WebSocket close code once the connection is closed, else None."""
+        closed = self.ws.closed
+        return closed.code if closed is not None else None
+
+    def _closed_error(self, exc: trio_websocket.ConnectionClosed) -> ClientError:
+        code = exc.reason.code if exc.reason is not None else None
+        reason = exc.reason.reason if exc.reason is not None else None
+        if code == CLOSE_TRY_AGAIN:
+            return ServerBusy(f"server busy: {reason or 'another session is active'} [code 1013]")
+        if self.updated is None:
+            context = " before session.updated"
+        elif not self.finished:
+            context = " before response.done"
+        else:
+            context = ""
+        name = CLOSE_CODE_NAMES.get(code or 0, "")
+        detail = f"code {code}" + (f" ({name})" if name else "") + (f": {reason}" if reason else "")
+        return ServerClosed(code, reason, f"server closed the connection{context} [{detail}]")
+
+    async def send_raw(self, message: str | bytes) -> None:
+        """Send one frame as is (pre-encoded messages, or invalid ones in tests)."""
+        try:
+            await self.ws.send_message(message)
+        except trio_websocket.ConnectionClosed as exc:
+            raise self._closed_error(exc) from None
+
+    async def receive(self) -> ServerEvent:
+        """The next server event; raises :class:`ServerClosed` when the socket closes."""
+        try:
+            message = await self.ws.get_message()
+        except trio_websocket.ConnectionClosed as exc:
+            raise self._closed_error(exc) from None
+        self.received_at = time.perf_counter()
+        event = parse_event(message)
+        if isinstance(event, AudioDelta):
+            return event
+        if is_final(event):
+            self.finished = True
+        elif isinstance(event, ErrorEvent) and self.raise_errors:
+            raise _error_exception(event)
+        return event
+
+    def __aiter__(self) -> AsyncIterator[ServerEvent]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[ServerEvent]:
+        """Every event up to and including ``response.done`` / ``response.cancelled``."""
+        while not self.finished:
+            yield await self.receive()
+
+    async def configure(
+        self,
+        model: str | None = None,
+        system_prompt: str | None = None,
+        seed: int = 0,
+        max_streaming_seconds: float | None = None,
+    ) -> SessionUpdated:
+        """Wait for ``session.created``, send ``session.update``, return ``session.updated``.
+
+        Any ``error`` here raises (configuration failed), whatever ``raise_errors`` says.
+        """
+        if self.created is None:
+            self.created = await self._expect(SessionCreated)
+        await self.send_raw(
+            session_update_message(
+                model=model,
+                system_prompt=system_prompt,
+                seed=seed,
+                max_streaming_seconds=max_streaming_seconds,
+            )
+        )
+        self.updated = await self._expect(SessionUpdated)
+        return self.updated
+
+    async def _expect(self, kind: type[_Expected]) -> _Expected:
+        event = await self.receive()
+        if isinstance(event, ErrorEvent):
+            raise _error_exception(event)
+        if not isinstance(event, kind):
+            raise ProtocolViolation(f"expected {kind.__name__}, got {event.raw.get('type')!r}")
+        return event
+
+    async def append(self, pcm: npt.ArrayLike) -> None:
+        """Send 16 kHz mono audio: int16 PCM, or float32 in [-1, 1]."""
+        await self.send_raw(append_message(pcm))
+
+    async def commit(self, pad_partial: bool = True) -> None:
+        """No more audio: the server answers the rest and ends with ``response.done``."""
+        await self.send_raw(commit_message(pad_partial))
+
+    async def cancel(self) -> None:
+        """Stop now: the server answers ``response.cancelled`` and closes."""
+        await self.send_raw(CANCEL)
+
+    async def ping(self) -> None:
+        """Ask for a ``session.pong`` (answered even while the model runs)."""
+        await self.send_raw(PING)
+
+    async def aclose(self, code: int = 1000, reason: str | None = None) -> None:
+        await self.ws.aclose(code, reason)
+
+
+def _error_exception(event: ErrorEvent) -> ServerError | ServerBusy:
+    if event.code == "server_busy":
+        return ServerBusy(f"server busy: {event.message}")
+    return ServerError(event.code, event.message)
+
+
+# --- connecting -----------------------------------------------------------------------
+
+
+def auth_headers(api_key: str | None) -> list[tuple[bytes, bytes]]:
+    """``Authorization: Bearer KEY`` for servers started with ``--api-key``."""
+    return [(b"authorization", f"Bearer {api_key}".encode())] if api_key else []
+
+
+def _summarise_body(body: bytes | None) -> str:
+    """A rejection body in one short line: a JSON error becomes its message, an HTML
+    page its title."""
+    text = (body or b"").decode("utf-8", "replace").strip()
+    lower = text.lower()
+    if text.startswith("{"):
+        try:
+            err = json.loads(text).get("error")
+            text = str(err.get("message") or err.get("code") or text)
+        except (ValueError, AttributeError):
+            pass
+    elif "<html" in lower or "<!doctype" in lower:
+        start, end = lower.find("<title>"), lower.find("</title>")
+        text = text[start + 7 : end].strip() if 0 <= start < end else "an HTML page"
+    return " ".join(text.split())[:200]
+
+
+_REJECTION_HINTS: Final = {
+    401: "the server needs an API key: pass --api-key KEY (or api_key=)",
+    403: "the server refused this client (Origin not allowed? see --allowed-origin)",
+    404: "nothing at this path: the endpoint is ws://HOST:PORT/v1/realtime",
+}
+
+
+def _rejected(url: str, exc: trio_websocket.ConnectionRejected) -> UpgradeRejected:
+    status = exc.status_code
+    body = _summarise_body(exc.body)
+    parts = [f"server rejected the WebSocket upgrade at {url}: HTTP {status}"]
+    parts += [p for p in (body, _REJECTION_HINTS.get(status, "")) if p]
+    kind = {401: Unauthorized, 403: Forbidden}.get(status, UpgradeRejected)
+    return kind(status, body, "; ".join(parts))
+
+
+def _unreachable(url: str, exc: BaseException) -> ServerUnreachable:
+    cause = exc.__cause__ if isinstance(exc, trio_websocket.HandshakeError) else exc
+    if isinstance(exc, trio_websocket.ConnectionTimeout):
+        why = "timed out"
+    elif isinstance(cause, OSError):
+        why = cause.strerror or str(cause)
+    else:
+        why = str(cause or exc) or type(exc).__name__
+    return ServerUnreachable(f"cannot connect to {url}: {why}")
+
+
+@asynccontextmanager
+async def connect(
+    url: str,
+    *,
+    api_key: str | None = None,
+    origin: str | None = None,
+    raise_errors: bool = True,
+    subprotocols: Sequence[str] | None = None,
+    connect_timeout: float = 30.0,
+    disconnect_timeout: float = 5.0,
+    message_queue_size: int = 256,
+    receive_buffer_size: int = 65536,
+) -> AsyncIterator[RealtimeClient]:
+    """Open ``url`` (``ws://HOST:PORT/v1/realtime``) and yield a :class:`RealtimeClient`.
+
+    Every way the opening can fail becomes a :class:`ClientError` subclass:
+    :class:`BadURL`, :class:`ServerUnreachable`, :class:`Unauthorized`,
+    :class:`Forbidden` or :class:`UpgradeRejected`.
+    """
+    if not url.startswith(("ws://", "wss://")):
+        hint = " (the WebSocket URL is ws://HOST:PORT/v1/realtime)" if "://" in url else ""
+        raise BadURL(f"URL must start with ws:// or wss://, got {url!r}{hint}")
+    headers = auth_headers(api_key)
+    if origin is not None:
+        headers.append((b"origin", origin.encode()))
+    opened = False
+    try:
+        async with trio_websocket.open_websocket_url(
+            url,
+            subprotocols=subprotocols,
+            extra_headers=headers,
+            message_queue_size=message_queue_size,
+            receive_buffer_size=receive_buffer_size,
+            max_message_size=MAX_MESSAGE_SIZE,
+            connect_timeout=connect_timeout,
+            disconnect_timeout=disconnect_timeout,
+        ) as ws:
+            opened = True
+            yield RealtimeClient(ws, raise_errors=raise_errors)
+    except trio_websocket.ConnectionRejected as exc:
+        raise _rejected(url, exc) from None
+    except (trio_websocket.HandshakeError, OSError) as exc:
+        if opened and not isinstance(exc, trio_websocket.DisconnectionTimeout):
+            raise
+        if opened:
+            return  # the session is over; a slow close handshake is not the user's error
+        raise _unreachable(url, exc) from None
+    except ValueError as exc:  # a URL trio-websocket cannot parse
+        if opened:
+            raise
+        raise BadURL(f"bad WebSocket URL {url!r}: {exc}") from None

@@ -1,0 +1,294 @@
+"""Models with no network behind them, for tests, scripted clients and benchmarks.
+
+:class:`FakeModel` buffers audio like the real adapter and emits scriptable
+per-frame text, transcript and function deltas, with injectable delays and
+failures and a record of every call (which thread made it). :class:`NullModel`
+is the zero-cost one: it only counts samples, so a benchmark served through the
+real engine and socket measures the server and nothing else.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import numpy as np
+
+from realtime.models.base import (
+    AUDIO_CODEBOOKS,
+    FRAME_SAMPLES,
+    INPUT_SAMPLE_RATE,
+    OUTPUT_FRAME_SAMPLES,
+    AssistantTextDelta,
+    AudioDelta,
+    Cancelled,
+    Done,
+    FunctionDelta,
+    InferenceError,
+    ModelEvent,
+    Samples,
+    SessionInitializationError,
+    UserTranscriptDelta,
+)
+
+FRAME_SECONDS = FRAME_SAMPLES / INPUT_SAMPLE_RATE
+
+Script = Callable[[int], str | None]
+"""Frame index -> the delta a channel emits on that frame (None or "": nothing)."""
+
+
+def _text(i: int) -> str:
+    return f"t{i} "
+
+
+def _transcript(i: int) -> str:
+    return f"u{i} "
+
+
+def _no_function(i: int) -> None:
+    return None
+
+
+@attrs.define
+class FakeOptions:
+    """What a :class:`FakeModel` does; mutable so a test can change it mid-run."""
+
+    frame_delay: float = 0.0
+    """Seconds each 1280-sample frame 'computes' (sleeps on the engine thread)."""
+    audio_samples: int = OUTPUT_FRAME_SAMPLES
+    fail_on_frame: int | None = None
+    """Raise RuntimeError on this frame (an unexpected model failure)."""
+    die_on_frame: int | None = None
+    """Raise SystemExit on this frame, killing the engine thread."""
+    open_error: str | None = None
+    open_delay: float = 0.0
+    """Seconds opening a session takes (warm-up and prompt prefill)."""
+    max_frames: int | None = None
+    """Frames before the context limit (InferenceError) is hit."""
+    text_every: int = 1
+    """Text, transcript and function deltas go out on every n-th frame only."""
+    text: Script = _text
+    transcript: Script = _transcript
+    function: Script = _no_function
+
+
+def _check_input(closed: bool, sample_rate: int) -> None:
+    if closed:
+        raise RuntimeError("streaming session is closed")
+    if sample_rate != INPUT_SAMPLE_RATE:
+        raise InferenceError(f"expected 16000 Hz PCM, received {sample_rate} Hz")
+
+
+class FakeSession:
+    """One timeline of a :class:`FakeModel`: real buffering, scripted output."""
+
+    def __init__(self, model: FakeModel, seed: int, max_frames: int | None) -> None:
+        self.model = model
+        self.seed = seed
+        self.max_frames = max_frames
+        self.pending = np.zeros(0, dtype=np.float32)
+        self.frame_index = 0
+        self.closed = False
+        self.text = ""
+        self.transcript = ""
+        self.function = ""
+
+    def _deltas(self, i: int) -> list[ModelEvent]:
+        opts = self.model.options
+        events: list[ModelEvent] = []
+        if i % opts.text_every:
+            return events
+        if delta := opts.text(i):
+            self.text += delta
+            events.append(AssistantTextDelta(i, 100 + i, delta, self.text))
+        if delta := opts.transcript(i):
+            self.transcript += delta
+            events.append(UserTranscriptDelta(i, delta, f"transcript to {i}"))
+        if delta := opts.function(i):
+            self.function += delta
+            events.append(FunctionDelta(i, 200 + i, delta, self.function))
+        return events
+
+    def _frame(self, frame: Samples) -> list[ModelEvent]:
+        opts = self.model.options
+        if self.max_frames is not None and self.frame_index >= self.max_frames:
+            raise InferenceError(f"context limit of {self.max_frames} frames reached")
+        if opts.frame_delay:
+            time.sleep(opts.frame_delay)
+        if opts.fail_on_frame == self.frame_index:
+            raise RuntimeError("fake model failure")
+        if opts.die_on_frame == self.frame_index:
+            raise SystemExit("fake engine death")
+        i = self.frame_index
+        events = self._deltas(i)
+        level = float(np.abs(frame).mean()) if frame.size else 0.0
+        samples = np.full(opts.audio_samples, min(level + 0.001 * (i % 7), 0.99), np.float32)
+        codes = tuple((i + self.seed + k) % 1024 for k in range(AUDIO_CODEBOOKS))
+        events.append(AudioDelta(i, samples, codes))
+        self.model.frames_run += 1
+        self.frame_index += 1
+        return events
+
+    def push_audio(self, samples: Samples, sample_rate: int) -> list[ModelEvent]:
+        self.model.record("push", int(samples.shape[0]))
+        _check_input(self.closed, sample_rate)
+        self.pending = np.concatenate([self.pending, samples.astype(np.float32)])
+        events: list[ModelEvent] = []
+        while self.pending.shape[0] >= FRAME_SAMPLES:
+            frame, self.pending = self.pending[:FRAME_SAMPLES], self.pending[FRAME_SAMPLES:]
+            events.extend(self._frame(frame))
+        return events
+
+    def flush(self, pad_partial: bool) -> list[ModelEvent]:
+        self.model.record("flush", pad_partial)
+        if self.closed:
+            return []
+        events: list[ModelEvent] = []
+        if self.pending.shape[0] and pad_partial:
+            frame = np.zeros(FRAME_SAMPLES, np.float32)
+            frame[: self.pending.shape[0]] = self.pending
+            try:
+                events.extend(self._frame(frame))
+            except InferenceError:
+                pass
+        self.pending = np.zeros(0, dtype=np.float32)
+        self.closed = True
+        events.append(Done(self.frame_index))
+        return events
+
+    def cancel(self) -> list[ModelEvent]:
+        self.model.record("cancel", None)
+        if self.closed:
+            return []
+        self.closed = True
+        return [Cancelled(self.frame_index)]
+
+
+class FakeModel:
+    """A :class:`~realtime.models.base.RealtimeModel` that records every call."""
+
+    def __init__(
+        self,
+        options: FakeOptions | None = None,
+        *,
+        model_id: str = "fake-voicechat",
+        path: str | None = "/models/fake-voicechat",
+    ) -> None:
+        self.options = options or FakeOptions()
+        self._model_id = model_id
+        self._path = path
+        self.calls: list[tuple[str, Any, int]] = []
+        """(method, argument, thread ident) for open, push, flush, cancel, clear_cache."""
+        self.sessions: list[FakeSession] = []
+        self.cache_clears = 0
+        self.frames_run = 0
+        self.load_thread = threading.get_ident()
+        self.lock = threading.Lock()
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    @property
+    def path(self) -> str | None:
+        return self._path
+
+    def record(self, name: str, arg: Any) -> None:
+        with self.lock:
+            self.calls.append((name, arg, threading.get_ident()))
+
+    def calls_named(self, name: str) -> list[Any]:
+        with self.lock:
+            return [arg for n, arg, _ in self.calls if n == name]
+
+    def open_session(
+        self, *, system_prompt: str | None, seed: int, max_streaming_seconds: float | None
+    ) -> FakeSession:
+        self.record("open", (system_prompt, seed, max_streaming_seconds))
+        if self.options.open_delay:
+            time.sleep(self.options.open_delay)
+        if self.options.open_error:
+            raise SessionInitializationError(self.options.open_error)
+        max_frames = self.options.max_frames
+        if max_streaming_seconds is not None:
+            max_frames = int(max_streaming_seconds / FRAME_SECONDS)
+        session = FakeSession(self, seed, max_frames)
+        self.sessions.append(session)
+        return session
+
+    def clear_cache(self) -> None:
+        self.record("clear_cache", None)
+        self.cache_clears += 1
+
+
+# --- zero cost ------------------------------------------------------------------------
+
+_NULL_SAMPLES = (np.sin(np.arange(OUTPUT_FRAME_SAMPLES, dtype=np.float32) * 0.05) * 0.2).astype(
+    np.float32
+)
+"""One shared output frame: the null model allocates nothing per frame."""
+_NULL_CODES = tuple(range(AUDIO_CODEBOOKS))
+
+
+class NullSession:
+    """Counts samples instead of buffering them; each full frame yields text + audio."""
+
+    def __init__(self) -> None:
+        self.pending = 0
+        self.frame_index = 0
+        self.closed = False
+
+    def _frames(self) -> list[ModelEvent]:
+        events: list[ModelEvent] = []
+        while self.pending >= FRAME_SAMPLES:
+            self.pending -= FRAME_SAMPLES
+            i = self.frame_index
+            events.append(AssistantTextDelta(i, 100, "a", "a"))
+            events.append(AudioDelta(i, _NULL_SAMPLES, _NULL_CODES))
+            self.frame_index += 1
+        return events
+
+    def push_audio(self, samples: Samples, sample_rate: int) -> list[ModelEvent]:
+        _check_input(self.closed, sample_rate)
+        self.pending += int(samples.shape[0])
+        return self._frames()
+
+    def flush(self, pad_partial: bool) -> list[ModelEvent]:
+        if self.closed:
+            return []
+        if self.pending and pad_partial:
+            self.pending = FRAME_SAMPLES
+        events = self._frames()
+        self.pending = 0
+        self.closed = True
+        events.append(Done(self.frame_index))
+        return events
+
+    def cancel(self) -> list[ModelEvent]:
+        if self.closed:
+            return []
+        self.closed = True
+        return [Cancelled(self.frame_index)]
+
+
+class NullModel:
+    """The :class:`~realtime.models.base.RealtimeModel` of :class:`NullSession`."""
+
+    @property
+    def model_id(self) -> str:
+        return "null-model"
+
+    @property
+    def path(self) -> str | None:
+        return None
+
+    def open_session(
+        self, *, system_prompt: str | None, seed: int, max_streaming_seconds: float | None
+    ) -> NullSession:
+        return NullSession()
+
+    def clear_cache(self) -> None:
+        pass
