@@ -22,6 +22,10 @@ from realtime import __version__
 from realtime.connection import Connection, TransportClosed
 from realtime.engine import Engine
 from realtime.limits import Limits
+from realtime.logs import SessionLog
+from realtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from realtime.metrics import PrometheusObserver
+from realtime.observe import Observer, Observers, RefusalReason
 
 log = logging.getLogger("realtime.app")
 
@@ -36,6 +40,10 @@ PUBLIC_PATHS: Final = ("/", "/favicon.ico")
 PUBLIC_PREFIXES: Final = ("/static/",)
 
 
+def _default_observer(state: ServerState) -> Observer:
+    return Observers((state.metrics, SessionLog()))
+
+
 @attrs.define(slots=True)
 class ServerState:
     engine: Engine
@@ -43,12 +51,22 @@ class ServerState:
     api_key: str | None = None
     allowed_origins: tuple[str, ...] = ()
     shutdown: trio.Event = attrs.field(factory=trio.Event)
+    """Set when open connections must close now (1001)."""
+    draining: trio.Event = attrs.field(factory=trio.Event)
+    """Set on SIGTERM before ``shutdown``: /ready turns 503 and new upgrades get 503,
+    while the active conversation may finish."""
     connections: int = 0
     idle: trio.Event = attrs.field(factory=trio.Event)
     """Set whenever no connection is open, for graceful shutdown."""
+    metrics: PrometheusObserver = attrs.field(factory=PrometheusObserver)
+    """The ``/metrics`` registry; it is also one of ``observer``'s members."""
+    observer: Observer = attrs.field(default=attrs.Factory(_default_observer, takes_self=True))
+    """What connections and the engine report to: metrics and the session log.
+    The engine takes the same object at construction (``Engine(..., observer=)``)."""
 
     def __attrs_post_init__(self) -> None:
         self.idle.set()
+        self.metrics.watch(self.engine, draining=self.draining.is_set)
 
 
 class ASGITransport:
@@ -126,6 +144,14 @@ def upgrade_refusal(
             f"origin {origin!r} may not open /v1/realtime; start the server with "
             "--allowed-origin to allow it",
         )
+    if state.draining.is_set() or state.shutdown.is_set():
+        # 503 before the upgrade: a balancer retries it on another replica.
+        return (
+            503,
+            "draining",
+            "this server is shutting down and takes no new conversations; retry "
+            "(a load balancer sends you to another replica)",
+        )
     return None
 
 
@@ -158,6 +184,7 @@ class RealtimeApp:
         offered = list(scope.get("subprotocols", []))
         refusal = upgrade_refusal(self.state, headers, offered)
         if refusal is not None:
+            self.state.observer.connection_refused(_REFUSAL_REASONS.get(refusal[1], "unauthorized"))
             await _refuse_upgrade(scope, send, *refusal)
             return
         await send(
@@ -178,6 +205,14 @@ class RealtimeApp:
             state.connections -= 1
             if state.connections == 0:
                 state.idle.set()
+
+
+_REFUSAL_REASONS: Final[dict[str, RefusalReason]] = {
+    "unauthorized": "unauthorized",
+    "forbidden_origin": "forbidden_origin",
+    "forbidden_host": "forbidden_host",
+    "draining": "draining",
+}
 
 
 async def _refuse_upgrade(
@@ -237,6 +272,36 @@ def create_http_app(state: ServerState) -> QuartTrio:
         if not alive:
             body["reason"] = engine.dead_reason
         return body, 200 if alive else 503
+
+    @app.get("/ready")
+    async def ready() -> tuple[dict[str, Any], int]:
+        """Readiness: 200 only when a new conversation would be served now.
+
+        ``?allow_busy=1`` does not fail for a busy slot: for a balancer that already
+        sends each replica one connection at a time (HAProxy ``maxconn 1``), so a
+        replica counts as free the moment its socket closes and a full fleet queues.
+        """
+        engine = state.engine
+        reason: str | None = None
+        if not engine.alive:
+            reason = "engine_unavailable" if engine.loaded_model is not None else "loading"
+        elif state.draining.is_set() or state.shutdown.is_set():
+            reason = "draining"
+        elif engine.is_reserved() and request.args.get("allow_busy") not in ("1", "true"):
+            reason = "busy"
+        body: dict[str, Any] = {
+            "status": "ready" if reason is None else "not_ready",
+            "engine_alive": engine.alive,
+            "draining": state.draining.is_set(),
+            "session_active": engine.is_reserved(),
+        }
+        if reason is not None:
+            body["reason"] = reason
+        return body, 200 if reason is None else 503
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.exposition(), content_type=METRICS_CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

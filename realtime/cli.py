@@ -114,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("REALTIME_LOG_LEVEL", "info"),
         choices=["debug", "info", "warning", "error"],
     )
+    parser.add_argument(
+        "--log-format",
+        default=os.environ.get("REALTIME_LOG_FORMAT", "text"),
+        choices=["text", "json"],
+        help="log lines for people (text) or log shippers (one JSON object a line) "
+        "(default: $REALTIME_LOG_FORMAT or text)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -145,6 +152,15 @@ def build_parser() -> argparse.ArgumentParser:
         choices=[4, 8],
         default=None,
         help="with no -m: serve the 4- or 8-bit variant of the demo model",
+    )
+    serve.add_argument(
+        "--drain-timeout",
+        type=_non_negative_float,
+        default=os.environ.get("REALTIME_DRAIN_TIMEOUT") or "0",  # argparse checks it too
+        metavar="SECONDS",
+        help="on SIGTERM, refuse new conversations and let the open one finish for up to "
+        "this long before closing it with 1001; 0 closes at once "
+        "(default: $REALTIME_DRAIN_TIMEOUT or 0)",
     )
     _add_limit_options(serve)
 
@@ -186,17 +202,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def _configure_logging(level: str, fmt: str = "text") -> None:
+    from realtime.logs import setup_logging
+
+    setup_logging(level, "json" if fmt == "json" else "text")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _configure_logging(args.log_level)
+    _configure_logging(args.log_level, args.log_format)
     try:
         if args.command == "serve":
             from realtime.server import serve_command

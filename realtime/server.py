@@ -1,8 +1,9 @@
-"""Launching: load the model on the engine thread, then serve the app with Hypercorn.
+"""Launching: bind the port, load the model on the engine thread, serve with Hypercorn.
 
-The model loads before any port is bound, so a bad checkpoint exits with code 2
-and a one-line message. SIGINT/SIGTERM close an active session with 1001,
-release it, stop Hypercorn and join the engine thread.
+A bad checkpoint path and a port in use both exit with code 2 and a one-line
+message before the (possibly long) model load. SIGTERM drains first (see
+:func:`run_server`); then, as on SIGINT, an active session is closed with 1001
+and released, Hypercorn stops and the engine thread is joined.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import cast
 
 import trio
@@ -22,10 +25,13 @@ from hypercorn.trio import serve
 from hypercorn.typing import Framework
 
 from realtime.app import ServerState, create_app
-from realtime.cli import CliError
 from realtime.engine import Engine, EngineLoadError
+from realtime.errors import UsageError
 from realtime.limits import Limits
+from realtime.logs import SessionLog
+from realtime.metrics import PrometheusObserver
 from realtime.models.base import RealtimeModel
+from realtime.observe import Observer, Observers
 
 log = logging.getLogger("realtime")
 
@@ -40,7 +46,30 @@ def hypercorn_config(host: str, port: int, limits: Limits) -> Config:
     config.websocket_max_message_size = 2 * limits.max_message_bytes + 65536
     config.graceful_timeout = SHUTDOWN_GRACE_SECONDS
     config.accesslog = None
+    # Hypercorn's own handler plus propagation to ours printed "Running on" twice:
+    # hand it a plain logger so its lines go through our (text or JSON) handler once.
+    config.errorlog = logging.getLogger("hypercorn.error")
     return config
+
+
+def bind_now(config: Config) -> None:
+    """Bind the listening sockets now and hand them to Hypercorn by descriptor.
+
+    Run before the model loads, so a port in use fails at once (OSError), not
+    after minutes of loading an 11B checkpoint; holding the socket also means
+    nothing can take the port meanwhile.
+    """
+    sockets = config.create_sockets()
+    config.bind = [f"fd://{sock.detach()}" for sock in sockets.insecure_sockets]
+
+
+def _close_bound(config: Config) -> None:
+    for bind in config.bind:
+        if bind.startswith("fd://"):
+            try:
+                socket.socket(fileno=int(bind[5:])).close()
+            except OSError:
+                pass
 
 
 def model_loader(model: str | None, quantize: int | None) -> Callable[[], RealtimeModel]:
@@ -57,7 +86,7 @@ def model_loader(model: str | None, quantize: int | None) -> Callable[[], Realti
         )
 
         def load_demo() -> RealtimeModel:
-            from realtime.models.demo import ensure_demo_checkpoint
+            from realtime.demo_checkpoint import ensure_demo_checkpoint
 
             path = ensure_demo_checkpoint(quantize=quantize)
             log.info("demo checkpoint: %s", path)
@@ -65,21 +94,21 @@ def model_loader(model: str | None, quantize: int | None) -> Callable[[], Realti
 
         return load_demo
     if quantize is not None:
-        raise CliError("--quantize applies to the demo model only (omit -m)")
+        raise UsageError("--quantize applies to the demo model only (omit -m)")
     try:
         info = check_model_path(model)
     except ModelPathError as exc:
-        raise CliError(str(exc)) from None
+        raise UsageError(str(exc)) from None
     return lambda: load_model(info.path)
 
 
-def start_engine(loader: Callable[[], RealtimeModel]) -> Engine:
-    engine = Engine(loader)
+def start_engine(loader: Callable[[], RealtimeModel], observer: Observer | None = None) -> Engine:
+    engine = Engine(loader, observer=observer)
     started = time.perf_counter()
     try:
         model = engine.start()
     except EngineLoadError as exc:
-        raise CliError(f"could not load the model: {exc}") from None
+        raise UsageError(f"could not load the model: {exc}") from None
     log.info("serving model %s (loaded in %.1f s)", model.model_id, time.perf_counter() - started)
     return engine
 
@@ -89,12 +118,17 @@ async def run_server(
     config: Config,
     *,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    drain_timeout: float = 0.0,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until ``shutdown_trigger`` returns (default: SIGINT or SIGTERM).
+    """Serve until SIGINT or SIGTERM (or until ``shutdown_trigger`` returns).
 
-    Connections are told to close (1001) first, so sessions end and release
-    before Hypercorn stops.
+    SIGTERM with ``drain_timeout`` > 0 (and a returning ``shutdown_trigger``)
+    drains first: ``state.draining`` is set, so ``/ready`` answers 503 and new
+    upgrades get HTTP 503, while the open conversation may finish for up to
+    ``drain_timeout`` seconds. A second SIGTERM, a SIGINT, or ``state.shutdown``
+    being set ends the drain early. Then connections are told to close (1001),
+    so sessions end and release before Hypercorn stops; every step is bounded.
     """
     app = create_app(state)
     stop = trio.Event()
@@ -107,11 +141,32 @@ async def run_server(
         async def watch() -> None:
             if shutdown_trigger is None:
                 with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    async for signum in signals:
-                        log.info("received %s; shutting down", signal.Signals(signum).name)
-                        break
+                    signum = await _next_signal(signals)
+                    name = signal.Signals(signum).name
+                    if signum == signal.SIGTERM and drain_timeout > 0:
+                        log.info(
+                            "received %s; draining for up to %.0f s (signal again to stop now)",
+                            name,
+                            drain_timeout,
+                        )
+                        async with trio.open_nursery() as inner:
+
+                            async def second_signal() -> None:
+                                again = await _next_signal(signals)
+                                log.info(
+                                    "received %s; ending the drain", signal.Signals(again).name
+                                )
+                                state.shutdown.set()
+
+                            inner.start_soon(second_signal)
+                            await drain(state, drain_timeout)
+                            inner.cancel_scope.cancel()
+                    else:
+                        log.info("received %s; shutting down", name)
             else:
                 await shutdown_trigger()
+                if drain_timeout > 0:
+                    await drain(state, drain_timeout)
             state.shutdown.set()
             with trio.move_on_after(SHUTDOWN_GRACE_SECONDS):
                 await state.idle.wait()
@@ -130,46 +185,87 @@ async def run_server(
         await stop.wait()
 
 
+async def drain(state: ServerState, seconds: float) -> None:
+    """Refuse new conversations and wait (at most ``seconds``) for open ones to end.
+
+    Returns early when every connection has closed or ``state.shutdown`` is set.
+    """
+    state.draining.set()
+    idle = state.idle  # no connection opens while draining, so this event stays current
+    with trio.move_on_after(seconds) as deadline:
+        async with trio.open_nursery() as nursery:
+
+            async def until(event: trio.Event) -> None:
+                await event.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(until, idle)
+            nursery.start_soon(until, state.shutdown)
+    if deadline.cancelled_caught:
+        log.info("drain timeout of %.0f s reached; closing open connections (1001)", seconds)
+    elif not state.shutdown.is_set():
+        log.info("drained: no open connection")
+
+
+async def _next_signal(signals: AsyncIterator[int]) -> int:
+    async for signum in signals:
+        return signum
+    raise RuntimeError("the signal receiver ended")  # pragma: no cover
+
+
 def _ws_urls(binds: list[str]) -> list[str]:
     return [
         b.replace("http://", "ws://").replace("https://", "wss://") + "/v1/realtime" for b in binds
     ]
 
 
-def _first(exc: BaseException, kind: type[OSError]) -> OSError | None:
-    if isinstance(exc, kind):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _first(inner, kind)
-            if found is not None:
-                return found
-    return None
+def _leaf(group: BaseExceptionGroup[OSError]) -> OSError:
+    """The first error of a group ``except*`` matched (trio nests a group per nursery)."""
+    inner: OSError | BaseExceptionGroup[OSError] = group
+    while isinstance(inner, BaseExceptionGroup):
+        inner = inner.exceptions[0]
+    return inner
 
 
 def serve_command(args: argparse.Namespace, limits: Limits) -> int:
-    engine = start_engine(model_loader(args.model, args.quantize))
+    loader = model_loader(args.model, args.quantize)  # a bad path exits 2 here
+    config = hypercorn_config(args.host, args.port, limits)
+    try:
+        bind_now(config)  # a port in use exits 2 here, before the model loads
+    except OSError as exc:
+        raise UsageError(
+            f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}"
+        ) from None
+    metrics = PrometheusObserver()
+    observer = Observers((metrics, SessionLog()))
+    try:
+        engine = start_engine(loader, observer)
+    except BaseException:
+        _close_bound(config)
+        raise
     state = ServerState(
         engine=engine,
         limits=limits,
         api_key=args.api_key,
         allowed_origins=tuple(args.allowed_origin),
+        metrics=metrics,
+        observer=observer,
     )
-    config = hypercorn_config(args.host, args.port, limits)
+    drain_timeout = float(getattr(args, "drain_timeout", 0.0) or 0.0)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            binds = await nursery.start(run_server, state, config)
+            binds = await nursery.start(
+                partial(run_server, state, config, drain_timeout=drain_timeout)
+            )
             for url in _ws_urls(binds):
                 print(f"realtime: serving {url}", file=sys.stderr, flush=True)
 
     try:
         trio.run(main)
-    except (OSError, BaseExceptionGroup) as exc:
-        os_error = _first(exc, OSError)
-        if os_error is None:
-            raise
-        raise CliError(
+    except* OSError as group:
+        os_error = _leaf(group)
+        raise UsageError(
             f"cannot listen on {args.host}:{args.port}: {os_error.strerror or os_error}"
         ) from None
     finally:

@@ -39,6 +39,8 @@ log = logging.getLogger("realtime.models.voicechat")
 
 # Materialise weights in about this many steps so a long load shows progress.
 _LOAD_PROGRESS_STEPS = 10
+_LOAD_PROGRESS_MIN_BYTES = 1 << 30
+"""Smaller checkpoints load in well under a second: their progress lines go to debug."""
 
 
 def _gb(n: int) -> str:
@@ -54,6 +56,7 @@ def _materialize(model: Any, started: float) -> None:
     params = [value for _, value in flat]
     total = sum(int(p.nbytes) for p in params) or 1
     step = max(total // _LOAD_PROGRESS_STEPS, 1)
+    progress = log.info if total >= _LOAD_PROGRESS_MIN_BYTES else log.debug
     group: list[Any] = []
     done = group_bytes = 0
     for value in params:
@@ -63,7 +66,7 @@ def _materialize(model: Any, started: float) -> None:
             mx.eval(*group)
             done += group_bytes
             group, group_bytes = [], 0
-            log.info(
+            progress(
                 "weights %3d%% (%s of %s in memory) after %.1f s",
                 min(100, 100 * done // total),
                 _gb(done),
@@ -73,7 +76,7 @@ def _materialize(model: Any, started: float) -> None:
     if group:
         mx.eval(*group)
         done += group_bytes
-        log.info(
+        progress(
             "weights 100%% (%s in memory) after %.1f s", _gb(done), time.perf_counter() - started
         )
 

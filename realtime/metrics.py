@@ -1,0 +1,283 @@
+"""Prometheus metrics for ``/metrics``, filled through the :mod:`realtime.observe` hooks.
+
+Each :class:`PrometheusObserver` owns its own ``CollectorRegistry`` (never the
+global one), so one process can hold several servers (tests do) without
+duplicate-metric errors. prometheus-client's metrics are thread-safe and cost
+about a microsecond to update, which is why the hooks may call them directly
+on the per-frame path and on the engine thread. Values that already live
+somewhere else (engine alive, the model's identity) are read at scrape time
+instead of being pushed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import platform
+from collections.abc import Callable, Iterable
+from typing import Final, get_args
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from realtime import __version__
+from realtime.engine import Engine
+from realtime.observe import CommandKind, Observer, RefusalReason, SessionOutcome, SessionReport
+
+log = logging.getLogger("realtime.metrics")
+
+__all__ = ["CONTENT_TYPE", "PrometheusObserver"]
+
+CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
+
+ERROR_CODES: Final = (
+    "invalid_request",
+    "server_busy",
+    "session_initialization_failed",
+    "inference_error",
+)
+"""Pre-declared so each series exists (at 0) before the first error: rates need that."""
+
+# One frame is 80 ms of audio: the buckets are dense around that budget.
+STEP_BUCKETS: Final = (
+    0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.1, 0.12, 0.16, 0.25, 0.5, 1.0,
+)  # fmt: skip
+LATENCY_BUCKETS: Final = (
+    0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.12, 0.16, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0,
+)  # fmt: skip
+OPEN_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+
+
+class PrometheusObserver(Observer):
+    """Every server metric, on one private registry; ``exposition()`` is the scrape body."""
+
+    def __init__(self, *, process_metrics: bool = True) -> None:
+        # No ``*_created`` series beside every counter and histogram: they double
+        # the exposition and no dashboard reads them (process-wide switch).
+        disable_created_metrics()
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self._engine: Engine | None = None
+        self._draining: Callable[[], bool] = lambda: False
+
+        self.sessions = Counter(
+            "realtime_sessions",
+            "Sessions that ended, by how they ended.",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in get_args(SessionOutcome):
+            self.sessions.labels(outcome)
+        self.active_sessions = Gauge(
+            "realtime_active_sessions", "Sessions holding the model slot now (0 or 1).", registry=r
+        )
+        self.refusals = Counter(
+            "realtime_connections_refused",
+            "WebSocket connections that got no session (busy slot: close 1013; "
+            "refused upgrade: HTTP 401/403/503).",
+            ["reason"],
+            registry=r,
+        )
+        for reason in get_args(RefusalReason):
+            self.refusals.labels(reason)
+        self.limit_refusals = Counter(
+            "realtime_limit_refusals",
+            "Client messages refused by a per-connection limit.",
+            ["limit"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "realtime_error_events", "error events sent to clients, by code.", ["code"], registry=r
+        )
+        for code in ERROR_CODES:
+            self.errors.labels(code)
+        self.frames = Counter(
+            "realtime_frames",
+            "Model frames (80 ms each) whose audio was handed to a client's socket.",
+            registry=r,
+        )
+        self.model_step = Histogram(
+            "realtime_model_step_seconds",
+            "Engine-thread time of one audio slice (one 80 ms frame) through the model.",
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
+        self.frame_latency = Histogram(
+            "realtime_frame_latency_seconds",
+            "Server-side frame latency: audio append received until that frame's audio "
+            "was handed to the socket.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.session_open = Histogram(
+            "realtime_session_open_seconds",
+            "Time to open a session on the engine (warm-up and prompt prefill).",
+            buckets=OPEN_BUCKETS,
+            registry=r,
+        )
+        self.pending_audio_seconds = Gauge(
+            "realtime_pending_input_audio_seconds",
+            "Input audio accepted from the client and not yet run by the model.",
+            registry=r,
+        )
+        self.send_queue_events = Gauge(
+            "realtime_send_queue_events",
+            "Events queued for the client's socket.",
+            registry=r,
+        )
+        self.stalled_drops = Counter(
+            "realtime_stalled_client_drops",
+            "Sessions dropped because the client stopped reading (send timeout).",
+            registry=r,
+        )
+        r.register(_ScrapeTime(self))
+        if process_metrics:
+            # RSS, open descriptors, CPU seconds (Linux /proc), Python version, GC.
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
+            GCCollector(registry=r)
+
+    def watch(self, engine: Engine, *, draining: Callable[[], bool] | None = None) -> None:
+        """Read engine liveness, the model's identity and the drain state at scrape time."""
+        self._engine = engine
+        if draining is not None:
+            self._draining = draining
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of every metric (the ``/metrics`` body)."""
+        return generate_latest(self.registry)
+
+    # --- hooks ----------------------------------------------------------------------
+
+    def command_finished(self, kind: CommandKind, seconds: float) -> None:
+        if kind == "push":
+            self.model_step.observe(seconds)
+
+    def connection_refused(self, reason: RefusalReason) -> None:
+        self.refusals.labels(reason).inc()
+
+    def session_started(self, session_id: str) -> None:
+        self.active_sessions.inc()
+
+    def session_opened(self, seconds: float) -> None:
+        self.session_open.observe(seconds)
+
+    def session_ended(self, report: SessionReport) -> None:
+        self.active_sessions.dec()
+        self.sessions.labels(report.outcome).inc()
+        if report.outcome == "stalled_client":
+            self.stalled_drops.inc()
+        # Nothing is pending or queued once the session is gone.
+        self.pending_audio_seconds.set(0)
+        self.send_queue_events.set(0)
+
+    def error_sent(self, code: str) -> None:
+        self.errors.labels(code).inc()
+
+    def limit_refused(self, limit: str) -> None:
+        self.limit_refusals.labels(limit).inc()
+
+    def frame_sent(self, latency: float) -> None:
+        self.frames.inc()
+        self.frame_latency.observe(latency)
+
+    def pending_audio(self, seconds: float) -> None:
+        self.pending_audio_seconds.set(seconds)
+
+    def send_queue(self, depth: int) -> None:
+        self.send_queue_events.set(depth)
+
+
+class _ScrapeTime(Collector):
+    """Values read when Prometheus scrapes: engine alive, draining, slot, build info."""
+
+    def __init__(self, owner: PrometheusObserver) -> None:
+        self._owner = owner
+        self._build: dict[str, str] | None = None
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # collected fresh each scrape; nothing to check at registration
+
+    def collect(self) -> Iterable[Metric]:
+        engine = self._owner._engine
+        alive = engine is not None and engine.alive
+        yield GaugeMetricFamily(
+            "realtime_engine_alive", "1 while the model engine thread runs.", value=float(alive)
+        )
+        yield GaugeMetricFamily(
+            "realtime_draining",
+            "1 once the server drains (SIGTERM): no new conversations.",
+            value=float(self._owner._draining()),
+        )
+        yield GaugeMetricFamily(
+            "realtime_slot_reserved",
+            "1 while a session holds the server's one conversation slot.",
+            value=float(engine is not None and engine.is_reserved()),
+        )
+        info = InfoMetricFamily("realtime_build", "Version, model and MLX build of this server.")
+        info.add_metric([], self._build_info(engine))
+        yield info
+
+    def _build_info(self, engine: Engine | None) -> dict[str, str]:
+        if self._build is not None:
+            return self._build
+        model = engine.loaded_model if engine is not None else None
+        labels = {
+            "version": __version__,
+            "model": model.model_id if model is not None else "",
+            "quantization": _quantization(model.path if model is not None else None),
+            "mlx_version": _package_version("mlx"),
+            "mlx_backend": _mlx_backend(),
+            "python_version": platform.python_version(),
+        }
+        if model is not None:
+            self._build = labels  # fixed once the model is loaded
+        return labels
+
+
+def _package_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def _quantization(path: str | None) -> str:
+    """``bf16``/``float32``-style "none", or ``4bit``/``8bit`` from the checkpoint's config."""
+    if path is None:
+        return ""
+    try:
+        from realtime.models import check_model_path
+
+        bits = check_model_path(path).quantization_bits
+    except Exception:
+        log.debug("no quantization info for %s", path, exc_info=True)
+        return ""
+    return f"{bits}bit" if bits else "none"
+
+
+def _mlx_backend() -> str:
+    """Which MLX device the engine computes on; queries only, no MLX work."""
+    try:
+        import mlx.core as mx
+
+        if mx.metal.is_available():
+            return "metal"
+        cuda = getattr(mx, "cuda", None)
+        if cuda is not None and cuda.is_available():
+            return "cuda"
+        return "cpu"
+    except Exception:
+        return ""
