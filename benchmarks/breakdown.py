@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model: Path | None = None
     if not args.null:
-        from realtime.models.demo import ensure_demo_checkpoint
+        from realtime.demo_checkpoint import ensure_demo_checkpoint
 
         model = (args.model or ensure_demo_checkpoint()).resolve()
     elif args.peer:

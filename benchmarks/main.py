@@ -305,7 +305,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         check_model_path(str(args.model))
         path = args.model.resolve()
     elif rows - {2}:
-        from realtime.models.demo import ensure_demo_checkpoint
+        from realtime.demo_checkpoint import ensure_demo_checkpoint
 
         path = ensure_demo_checkpoint()
     else:

@@ -12,17 +12,16 @@ import math
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TypeVar
 
-from realtime.limits import Limits
+from realtime.errors import UsageError
+from realtime.limits import Limits, Setting, limit_settings, limits_from
+from realtime.models.checkpoint import ModelLoadError, ModelPathError
 
 log = logging.getLogger("realtime")
 
 N = TypeVar("N", int, float)
-
-
-class CliError(Exception):
-    """A problem the user can fix; printed as one line, exit code 2."""
 
 
 def _number(
@@ -46,62 +45,38 @@ def _number(
 _TINY = sys.float_info.min
 _positive_float = _number(float, _TINY, sys.float_info.max, "a number > 0")
 _non_negative_float = _number(float, 0.0, sys.float_info.max, "a number >= 0")
-_positive_int = _number(int, 1, math.inf, "an integer > 0")
 _seed = _number(int, 0, math.inf, "an integer >= 0")
 _port = _number(int, 0, 65535, "a port number in 0..65535")
 
 
+def _limit_type(spec: Setting) -> Callable[[str], int | float]:
+    """An argparse type for one limit; the message names what is expected."""
+
+    def parse(text: str) -> int | float:
+        try:
+            return spec.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = spec.requirement
+    return parse
+
+
 def _add_limit_options(parser: argparse.ArgumentParser) -> None:
-    d = Limits()
-    g = parser.add_argument_group("limits (per connection)")
-    g.add_argument(
-        "--max-message-bytes",
-        type=_positive_int,
-        default=d.max_message_bytes,
-        help="largest client message accepted (default %(default)s)",
-    )
-    g.add_argument(
-        "--max-pending-audio-seconds",
-        type=_positive_float,
-        default=d.max_pending_audio_seconds,
-        help="input audio queued ahead of the model before appends are "
-        "refused (default %(default)s)",
-    )
-    g.add_argument(
-        "--configure-timeout",
-        type=_positive_float,
-        default=d.configure_timeout,
-        help="seconds to wait for session.update (default %(default)s)",
-    )
-    g.add_argument(
-        "--idle-timeout",
-        type=_positive_float,
-        default=d.idle_timeout,
-        help="seconds without a client message before closing (default %(default)s)",
-    )
-    g.add_argument(
-        "--send-timeout",
-        type=_positive_float,
-        default=d.send_timeout,
-        help="seconds a client may stop reading before it is dropped (default %(default)s)",
-    )
-    g.add_argument(
-        "--send-queue-events",
-        type=_positive_int,
-        default=d.send_queue_events,
-        help="outgoing events buffered per connection (default %(default)s)",
-    )
+    """One flag per Limits field, named, typed and described by the field itself."""
+    group = parser.add_argument_group("limits (per connection)")
+    for spec in limit_settings():
+        group.add_argument(
+            spec.flag,
+            dest=spec.name,
+            type=_limit_type(spec),
+            default=spec.default,
+            help=f"{spec.help} (default %(default)s)",
+        )
 
 
 def limits_from_args(args: argparse.Namespace) -> Limits:
-    return Limits(
-        max_message_bytes=args.max_message_bytes,
-        max_pending_audio_seconds=args.max_pending_audio_seconds,
-        configure_timeout=args.configure_timeout,
-        idle_timeout=args.idle_timeout,
-        send_timeout=args.send_timeout,
-        send_queue_events=args.send_queue_events,
-    )
+    return limits_from({spec.name: getattr(args, spec.name) for spec in limit_settings()})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -202,6 +177,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def demo_model_command(args: argparse.Namespace) -> int:
+    """``realtime demo-model DIR [--quantize 4|8]``: write the demo checkpoint, print its path.
+
+    DIR may be new, empty or an earlier demo checkpoint; it is replaced atomically.
+    """
+    from realtime.demo_checkpoint import (
+        install_atomically,
+        is_demo_checkpoint,
+        write_demo_checkpoint,
+    )
+
+    path = Path(args.dir).expanduser()
+    quantize: int | None = args.quantize
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{path} exists and is not a directory")
+    if path.is_dir() and any(path.iterdir()) and not is_demo_checkpoint(path):
+        raise UsageError(f"{path} is not empty and is not a demo checkpoint; choose another DIR")
+    parent = path.resolve().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot write to {parent}: {exc.strerror or exc}") from None
+    try:
+        install_atomically(
+            parent / path.name, lambda staging: write_demo_checkpoint(staging, quantize)
+        )
+    except OSError as exc:
+        raise UsageError(f"cannot write the demo checkpoint to {path}: {exc}") from None
+    print(path.resolve(), flush=True)
+    return 0
+
+
 def _configure_logging(level: str, fmt: str = "text") -> None:
     from realtime.logs import setup_logging
 
@@ -221,10 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return generate_command(args)
         if args.command == "demo-model":
-            from realtime.models.demo import demo_model_command
-
             return demo_model_command(args)
-    except CliError as exc:
+    except (UsageError, ModelPathError, ModelLoadError) as exc:
         print(f"realtime: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,21 +1,151 @@
-"""Per-connection limits, shared by the CLI, the app and the connection lifecycle."""
+"""Per-connection limits, shared by the CLI, the app and the connection lifecycle.
+
+Each field says, in its metadata, how a user sets it: its help text, its kind of
+number and whether 0 is allowed. The ``realtime serve`` flags (``--idle-timeout``)
+and the environment settings of ``realtime.asgi`` (``REALTIME_IDLE_TIMEOUT``) are
+made from those fields, so a new limit is one field here and nowhere else.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from typing import Any, cast
+
 import attrs
+
+_SETTING = "realtime.setting"
+
+
+@attrs.frozen(slots=True)
+class Setting:
+    """How a user sets one limit: a flag, an environment variable, a checked number."""
+
+    name: str
+    kind: type[int] | type[float]
+    help: str
+    default: int | float
+    zero_allowed: bool = False
+
+    @property
+    def flag(self) -> str:
+        """The ``realtime serve`` option, e.g. ``--idle-timeout``."""
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        """The environment variable ``realtime.asgi`` reads, e.g. ``REALTIME_IDLE_TIMEOUT``."""
+        return "REALTIME_" + self.name.upper()
+
+    @property
+    def bound(self) -> str:
+        return ">= 0" if self.zero_allowed else "> 0"
+
+    @property
+    def requirement(self) -> str:
+        """What a valid value is, in words: ``an integer > 0``, ``a number >= 0``."""
+        noun = "an integer" if self.kind is int else "a number"
+        return f"{noun} {self.bound}"
+
+    def convert(self, text: str) -> int | float:
+        """The text as this setting's kind of number; ValueError when it is not one."""
+        return self.kind(text)
+
+    def allows(self, value: object) -> bool:
+        """Whether ``value`` is of the right kind, finite and within the bound."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if self.kind is int and not isinstance(value, int):
+            return False
+        if not math.isfinite(value):
+            return False
+        return value >= 0 if self.zero_allowed else value > 0
+
+    def parse(self, text: str) -> int | float:
+        """Convert and check; ValueError ``expected <requirement>, got '<text>'``."""
+        try:
+            value = self.convert(text)
+        except ValueError:
+            value = None
+        if not self.allows(value):
+            raise ValueError(f"expected {self.requirement}, got {text!r}")
+        assert value is not None
+        return value
+
+
+def _check(_instance: object, field: attrs.Attribute[Any], value: object) -> None:
+    spec = setting(field)
+    if not spec.allows(value):
+        raise ValueError(f"{spec.name} must be {spec.requirement}, got {value!r}")
+
+
+def _limit(
+    kind: type[int] | type[float], default: int | float, help: str, *, zero_allowed: bool = False
+) -> Any:
+    """A Limits field carrying what the CLI and the environment need to set it."""
+    meta = {_SETTING: {"kind": kind, "help": help, "zero_allowed": zero_allowed}}
+    return attrs.field(default=default, validator=_check, metadata=meta)
 
 
 @attrs.frozen(slots=True)
 class Limits:
-    max_message_bytes: int = 4 * 1024 * 1024
+    max_message_bytes: int = _limit(int, 4 * 1024 * 1024, "largest client message accepted")
     """Largest client message; larger ones get an ``invalid_request`` error."""
-    max_pending_audio_seconds: float = 20.0
+    max_pending_audio_seconds: float = _limit(
+        float,
+        20.0,
+        "input audio queued ahead of the model before appends are refused",
+    )
     """Input audio accepted but not yet run by the model; more is refused."""
-    configure_timeout: float = 30.0
+    configure_timeout: float = _limit(float, 30.0, "seconds to wait for session.update")
     """No ``session.update`` within this many seconds: error and close 1008."""
-    idle_timeout: float = 120.0
+    idle_timeout: float = _limit(float, 120.0, "seconds without a client message before closing")
     """No client message for this many seconds: close 1008."""
-    send_timeout: float = 10.0
+    send_timeout: float = _limit(
+        float, 10.0, "seconds a client may stop reading before it is dropped"
+    )
     """A client that reads nothing for this long while events wait is dropped (1008)."""
-    send_queue_events: int = 256
+    send_queue_events: int = _limit(int, 256, "outgoing events buffered per connection")
     """Outgoing events buffered per connection before the model waits for the client."""
+
+
+def setting(field: attrs.Attribute[Any]) -> Setting:
+    """The user-facing description of one Limits field."""
+    meta = field.metadata[_SETTING]
+    return Setting(
+        name=field.name,
+        kind=meta["kind"],
+        help=meta["help"],
+        default=cast("int | float", field.default),
+        zero_allowed=meta["zero_allowed"],
+    )
+
+
+def limit_settings() -> tuple[Setting, ...]:
+    """Every limit, in field order: what the CLI and the environment loop over."""
+    return tuple(setting(field) for field in attrs.fields(Limits))
+
+
+def limits_from(values: Mapping[str, int | float]) -> Limits:
+    """Limits with the given fields changed from the defaults (checked by the fields)."""
+    return Limits(**cast("dict[str, Any]", values))
+
+
+def limits_from_env(environ: Mapping[str, str]) -> Limits:
+    """Limits from ``REALTIME_<FIELD>`` variables; unset ones keep their defaults.
+
+    Raises ValueError with a one-line message naming the variable.
+    """
+    values: dict[str, int | float] = {}
+    for spec in limit_settings():
+        raw = environ.get(spec.env)
+        if raw is None:
+            continue
+        try:
+            value = spec.convert(raw)
+        except ValueError:
+            raise ValueError(f"{spec.env} must be a number, got {raw!r}") from None
+        if not spec.allows(value):
+            raise ValueError(f"{spec.env} must be {spec.bound}, got {raw!r}")
+        values[spec.name] = value
+    return limits_from(values)

@@ -20,7 +20,7 @@ from typing import TextIO
 import numpy as np
 
 from realtime.audio import PCM16, float_to_pcm16, load_input_wav, pcm16_to_float, write_wav_pcm16
-from realtime.cli import CliError
+from realtime.errors import UsageError
 from realtime.models.base import (
     FRAME_SAMPLES,
     INPUT_SAMPLE_RATE,
@@ -46,22 +46,22 @@ def read_input(path: str | Path, extra_seconds: float) -> Samples:
     """The float32 samples the model is fed: PCM16 decoded ``/ 32768`` as on the wire."""
     source = Path(path)
     if not source.is_file():
-        raise CliError(f"input file {source} does not exist or is not a file")
+        raise UsageError(f"input file {source} does not exist or is not a file")
     try:
         pcm: PCM16 = load_input_wav(source, extra_seconds=extra_seconds)
     except Exception as exc:
         message = " ".join(str(exc).split()) or type(exc).__name__
-        raise CliError(f"cannot read input audio {source}: {message}") from None
+        raise UsageError(f"cannot read input audio {source}: {message}") from None
     if pcm.shape[0] == 0:
-        raise CliError(f"input audio {source} is empty")
+        raise UsageError(f"input audio {source} is empty")
     return pcm16_to_float(pcm)
 
 
 def _resolve_model(model: str | None) -> Path:
-    from realtime.models import ModelPathError, check_model_path
+    from realtime.models import check_model_path
 
     if model is None:
-        from realtime.models.demo import ensure_demo_checkpoint
+        from realtime.demo_checkpoint import ensure_demo_checkpoint
 
         path = ensure_demo_checkpoint()
         print(
@@ -69,10 +69,7 @@ def _resolve_model(model: str | None) -> Path:
             file=sys.stderr,
         )
         return path
-    try:
-        return check_model_path(model).path
-    except ModelPathError as exc:
-        raise CliError(str(exc)) from None
+    return check_model_path(model).path  # ModelPathError: one line, exit 2
 
 
 def _label(event: ModelEvent) -> tuple[str, str] | None:
@@ -119,7 +116,7 @@ def _run_stream(
             profile=bool(args.profile),
         )
     except SessionInitializationError as exc:
-        raise CliError(f"cannot open a session: {exc}") from None
+        raise UsageError(f"cannot open a session: {exc}") from None
     audio: list[Samples] = []
     status = 0
 
@@ -149,23 +146,20 @@ def _run_stream(
 
 def generate_command(args: argparse.Namespace) -> int:
     """``realtime generate -m PATH --input IN.wav --output OUT.wav [--stream] ...``."""
-    from realtime.models import ModelLoadError, ModelPathError, load_model
+    from realtime.models import load_model
 
     output = Path(args.output)
     if output.exists() and output.is_dir():
-        raise CliError(f"output {output} is a directory")
+        raise UsageError(f"output {output} is a directory")
     if not output.parent.exists():
-        raise CliError(f"output folder {output.parent} does not exist")
+        raise UsageError(f"output folder {output.parent} does not exist")
     samples = read_input(args.input, args.extra_seconds)
     path = _resolve_model(args.model)
     if args.profile and not args.stream:
         print("realtime: --profile applies to --stream only; ignored", file=sys.stderr)
 
     started = time.perf_counter()
-    try:
-        model = load_model(path)
-    except (ModelPathError, ModelLoadError) as exc:
-        raise CliError(str(exc)) from None
+    model = load_model(path)  # ModelPathError, ModelLoadError: one line, exit 2
     loaded = time.perf_counter()
 
     status = 0
@@ -184,7 +178,7 @@ def generate_command(args: argparse.Namespace) -> int:
                 max_seconds=args.max_seconds,
             )
         except (InferenceError, SessionInitializationError) as exc:
-            raise CliError(f"generation failed: {exc}") from None
+            raise UsageError(f"generation failed: {exc}") from None
         out = result.samples
         print(f"[user] {result.transcript}", flush=True)
         print(f"[assistant] {result.text}", flush=True)
@@ -195,7 +189,7 @@ def generate_command(args: argparse.Namespace) -> int:
     try:
         write_wav_pcm16(output, float_to_pcm16(out), OUTPUT_SAMPLE_RATE)
     except Exception as exc:
-        raise CliError(f"cannot write {output}: {' '.join(str(exc).split())}") from None
+        raise UsageError(f"cannot write {output}: {' '.join(str(exc).split())}") from None
     input_seconds = samples.shape[0] / INPUT_SAMPLE_RATE
     compute = finished - loaded
     summary = {

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,6 @@ import attrs
 SUPPORTED_MODEL_TYPES = ("nemotron_voicechat",)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 INDEX_FILE = "model.safetensors.index.json"
-_MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 
 class ModelPathError(Exception):
@@ -65,36 +63,31 @@ def _read_json(path: Path, what: str) -> Any:
 
 
 def _check_shard(path: Path) -> int:
-    """Size of a safetensors file whose header is intact and whose data is all there."""
+    """Size of a safetensors file whose header is intact and whose data is all there.
+
+    ``safe_open`` maps the file and checks the header against its length, so a
+    shard cut short by an interrupted download is caught here, not inside MLX.
+    """
+    from safetensors import SafetensorError, safe_open
+
     try:
         size = path.stat().st_size
-        with path.open("rb") as handle:
-            prefix = handle.read(8)
-            if len(prefix) != 8:
-                raise ModelPathError(f"weight shard {path} is truncated (no header)")
-            (header_len,) = struct.unpack("<Q", prefix)
-            if header_len > min(size - 8, _MAX_HEADER_BYTES):
-                raise ModelPathError(f"weight shard {path} is truncated or not safetensors")
-            header = json.loads(handle.read(header_len))
+        if size < 8:
+            raise ModelPathError(f"weight shard {path} is truncated (no header)")
+        with safe_open(str(path), framework="numpy"):
+            pass
     except OSError as exc:
         raise ModelPathError(f"cannot read weight shard {path}: {exc.strerror or exc}") from None
-    except ValueError:
+    except SafetensorError as exc:
+        reason = str(exc)
+        if "header length" in reason or "too large" in reason:
+            raise ModelPathError(f"weight shard {path} is truncated or not safetensors") from None
+        if "not fully covered" in reason:
+            raise ModelPathError(
+                f"weight shard {path} is truncated ({size} bytes, not what its header lists);"
+                " download it again"
+            ) from None
         raise ModelPathError(f"weight shard {path} has a corrupt safetensors header") from None
-    if not isinstance(header, dict):
-        raise ModelPathError(f"weight shard {path} has a corrupt safetensors header")
-    end = 0
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        if not (isinstance(offsets, list) and len(offsets) == 2):
-            raise ModelPathError(f"weight shard {path} has a corrupt safetensors header")
-        end = max(end, int(offsets[1]))
-    if 8 + header_len + end > size:
-        raise ModelPathError(
-            f"weight shard {path} is truncated ({size} bytes, expected {8 + header_len + end});"
-            " download it again"
-        )
     return size
 
 

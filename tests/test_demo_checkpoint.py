@@ -10,15 +10,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from realtime.models import check_model_path, load_model
-from realtime.models.base import AssistantTextDelta, FunctionDelta, UserTranscriptDelta
-from realtime.models.demo import (
+from realtime.demo_checkpoint import (
     BUILDER_VERSION,
     MARKER_FILE,
     demo_checkpoint_is_complete,
     ensure_demo_checkpoint,
     write_demo_checkpoint,
 )
+from realtime.models import check_model_path, load_model
+from realtime.models.base import AssistantTextDelta, FunctionDelta, UserTranscriptDelta
 from realtime.models.voicechat import VoiceChatModel
 from tests.models_fixtures import PYTHON, REPO_ROOT, noise, push_all, speechlike, subprocess_env
 

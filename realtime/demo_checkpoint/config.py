@@ -1,0 +1,280 @@
+"""The demo checkpoint's ``config.json``: the real schema with tiny dimensions.
+
+The dimensions are one value, :class:`DemoSize`, so another preset is one more
+constant. Vocabulary sizes and token ids are not part of it: the tokenizer and
+the calming biases are built around them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+DEMO_NAME = "realtime-demo-voicechat"
+QUANT_GROUP_SIZE = 64
+
+VOCAB_SIZE = 512
+NUM_SPECIALS = 16
+BOS, EOS, SILENCE, PAD = 1, 2, 11, 12
+RNNT_VOCAB = 1024
+RNNT_BLANK = 1024
+CODEBOOK = 128
+
+
+@attrs.frozen(slots=True)
+class DemoSize:
+    """The network dimensions of one demo checkpoint preset.
+
+    Small but deliberately non-square, so a wrong transposition in the
+    PyTorch-layout writer fails at load time instead of passing silently.
+    """
+
+    llm_hidden: int
+    llm_intermediate: int
+    llm_pattern: str
+    """One letter per language-model layer (``M`` Mamba, ``*`` attention, ``-`` MLP)."""
+    llm_heads: int
+    llm_kv_heads: int
+    llm_head_dim: int
+    mamba_heads: int
+    mamba_head_dim: int
+    ssm_state: int
+    encoder_layers: int
+    encoder_width: int
+    encoder_heads: int
+    encoder_ff_factor: int
+    subsampling_channels: int
+    predictor_hidden: int
+    predictor_layers: int
+    joint_hidden: int
+    tts_hidden: int
+    """Also the character encoder's width: its flag embeddings add to the TTS input."""
+    tts_intermediate: int
+    tts_layers: int
+    tts_heads: int
+    tts_kv_heads: int
+    tts_head_dim: int
+    latent: int
+    char_intermediate: int
+    char_layers: int
+    char_heads: int
+    char_kv_heads: int
+    char_head_dim: int
+    mog_intermediate: int
+    mog_low_rank: int
+    mog_layers: int
+    codec_channels: int
+    codec_multipliers: tuple[int, ...]
+
+
+SMALL = DemoSize(
+    llm_hidden=64,
+    llm_intermediate=192,
+    llm_pattern="M*-",
+    llm_heads=4,
+    llm_kv_heads=2,
+    llm_head_dim=32,
+    mamba_heads=4,
+    mamba_head_dim=32,
+    ssm_state=16,
+    encoder_layers=1,
+    encoder_width=32,
+    encoder_heads=2,
+    encoder_ff_factor=3,
+    subsampling_channels=16,
+    predictor_hidden=24,
+    predictor_layers=2,
+    joint_hidden=40,
+    tts_hidden=32,
+    tts_intermediate=48,
+    tts_layers=2,
+    tts_heads=2,
+    tts_kv_heads=1,
+    tts_head_dim=16,
+    latent=16,
+    char_intermediate=40,
+    char_layers=1,
+    char_heads=2,
+    char_kv_heads=2,
+    char_head_dim=8,
+    mog_intermediate=40,
+    mog_low_rank=4,
+    mog_layers=1,
+    codec_channels=8,
+    codec_multipliers=(1, 2, 4),
+)
+"""The preset every build uses today (about 3 MB)."""
+
+
+def demo_name(quantize: int | None) -> str:
+    """Folder name (and so model id) of the demo checkpoint variant."""
+    return DEMO_NAME if quantize is None else f"{DEMO_NAME}-{quantize}bit"
+
+
+def word_list(text: str) -> list[str]:
+    """The words of a paragraph (long word lists read better as prose)."""
+    return text.split()
+
+
+def rnnt_vocabulary() -> list[str]:
+    """1024 SentencePiece-style pieces: ``<unk>`` first, then word-ish pieces."""
+    words = word_list(
+        "the and you that what this have with your for are can not just know like "
+        "yes okay right so well good time here there how about would could think "
+        "really want need today maybe hello thanks please sure great sound voice "
+        "talk say tell hear play call help make take look go come see work day "
+        "one two three four five six seven eight nine ten"
+    )
+    onsets = ["", "b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "w"]
+    vowels = ["a", "e", "i", "o", "u", "ay", "ee", "oo"]
+    codas = ["", "n", "s", "t", "r", "l", "m", "ng"]
+    pieces: list[str] = ["<unk>"]
+    seen = set(pieces)
+
+    def add(piece: str) -> None:
+        if piece not in seen and len(pieces) < RNNT_VOCAB:
+            seen.add(piece)
+            pieces.append(piece)
+
+    for word in words:
+        add("\u2581" + word)
+    for letter in "abcdefghijklmnopqrstuvwxyz":
+        add(letter)
+        add("\u2581" + letter)
+    for onset in onsets:
+        for vowel in vowels:
+            for coda in codas:
+                add(onset + vowel + coda)
+                add("\u2581" + onset + vowel + coda)
+    if len(pieces) != RNNT_VOCAB:
+        raise AssertionError(f"RNN-T vocabulary has {len(pieces)} pieces")
+    return pieces
+
+
+def demo_config(quantize: int | None, size: DemoSize = SMALL) -> dict[str, Any]:
+    """A config in the schema of the real checkpoints' ``config.json``."""
+    config: dict[str, Any] = {
+        "model_type": "nemotron_voicechat",
+        "architectures": ["NemotronVoiceChatForConditionalGeneration"],
+        "text_config": {
+            "model_type": "nemotron_h",
+            "vocab_size": VOCAB_SIZE,
+            "hidden_size": size.llm_hidden,
+            "intermediate_size": size.llm_intermediate,
+            "num_hidden_layers": len(size.llm_pattern),
+            "max_position_embeddings": 8192,
+            "num_attention_heads": size.llm_heads,
+            "num_key_value_heads": size.llm_kv_heads,
+            "head_dim": size.llm_head_dim,
+            "attention_bias": False,
+            "mamba_num_heads": size.mamba_heads,
+            "mamba_head_dim": size.mamba_head_dim,
+            "mamba_proj_bias": False,
+            "ssm_state_size": size.ssm_state,
+            "conv_kernel": 4,
+            "n_groups": 1,
+            "mlp_bias": False,
+            "layer_norm_epsilon": 1e-5,
+            "use_bias": False,
+            "use_conv_bias": True,
+            "hybrid_override_pattern": size.llm_pattern,
+        },
+        "audio_config": {
+            "preprocessor": {
+                "sample_rate": 16000,
+                "features": 128,
+                "n_fft": 512,
+                "window_size": 0.025,
+                "window_stride": 0.01,
+                "window": "hann",
+                "normalize": "NA",
+                "pad_to": 0,
+            },
+            "encoder": {
+                "feat_in": 128,
+                "n_layers": size.encoder_layers,
+                "d_model": size.encoder_width,
+                "n_heads": size.encoder_heads,
+                "ff_expansion_factor": size.encoder_ff_factor,
+                "subsampling_factor": 8,
+                "subsampling_conv_channels": size.subsampling_channels,
+                "conv_kernel_size": 9,
+                "causal_downsampling": True,
+                "att_context_size": [[70, 0]],
+                "use_bias": True,
+            },
+            "decoder": {
+                "pred_hidden": size.predictor_hidden,
+                "pred_rnn_layers": size.predictor_layers,
+                "vocab_size": RNNT_VOCAB,
+                "blank_as_pad": True,
+            },
+            "joint": {
+                "joint_hidden": size.joint_hidden,
+                "activation": "relu",
+                "encoder_hidden": size.encoder_width,
+                "pred_hidden": size.predictor_hidden,
+                "num_classes": RNNT_VOCAB,
+            },
+            "output_dim": size.llm_hidden,
+            "max_symbols": 2,  # real: 10; the random joint would repeat a piece 10 times
+        },
+        "tts_config": {
+            "hidden_size": size.tts_hidden,
+            "intermediate_size": size.tts_intermediate,
+            "num_hidden_layers": size.tts_layers,
+            "num_attention_heads": size.tts_heads,
+            "num_key_value_heads": size.tts_kv_heads,
+            "head_dim": size.tts_head_dim,
+            "sliding_window": 7500,
+            "sliding_window_pattern": 2,
+            "latent_size": size.latent,
+            "num_quantizers": 31,
+            "codebook_size": CODEBOOK,
+            "character_encoder": {
+                "hidden_size": size.tts_hidden,
+                "intermediate_size": size.char_intermediate,
+                "num_hidden_layers": size.char_layers,
+                "num_attention_heads": size.char_heads,
+                "num_key_value_heads": size.char_kv_heads,
+                "head_dim": size.char_head_dim,
+                "char_vocab_size": 257,
+            },
+            "mog_head": {
+                "intermediate_size": size.mog_intermediate,
+                "low_rank": size.mog_low_rank,
+                "num_layers": size.mog_layers,
+                "num_predictions": 16,
+            },
+        },
+        "codec_config": {
+            "sample_rate": 22050,
+            "base_channels": size.codec_channels,
+            "channel_multipliers": list(size.codec_multipliers),
+            "downsample_rates": [7, 7, 9],
+            "blocks_per_stage": 1,
+            "block_kernel_size": 7,
+            "latent_dim": size.latent,
+            "n_fft": 16,
+            "hop_length": 4,
+            "num_quantizers": 31,
+            "codebook_size": CODEBOOK,
+        },
+        "bos_token_id": BOS,
+        "eos_token_id": EOS,
+        "pad_token_id": PAD,
+        "silence_token_id": SILENCE,
+        "rnnt_blank_id": RNNT_BLANK,
+        "input_sample_rate": 16000,
+        "output_sample_rate": 22050,
+        "frame_duration": 0.08,
+        "function_channel_weight": 2.0,
+        "speaker": "Aria",
+        "rnnt_vocabulary": rnnt_vocabulary(),
+    }
+    if quantize is not None:
+        quantization = {"group_size": QUANT_GROUP_SIZE, "bits": quantize}
+        config["quantization"] = dict(quantization)
+        config["quantization_config"] = dict(quantization)
+    return config

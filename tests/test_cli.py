@@ -1,0 +1,128 @@
+"""Limits as flags and environment settings, made from the Limits fields; exit code 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import numpy as np
+import pytest
+
+from realtime.cli import build_parser, limits_from_args, main
+from realtime.limits import Limits, Setting, limit_settings, limits_from_env
+
+
+def test_every_limit_has_a_flag_and_an_env_setting() -> None:
+    names = [field.name for field in attrs.fields(Limits)]
+    specs = limit_settings()
+    assert [s.name for s in specs] == names
+    defaults = Limits()
+    for spec in specs:
+        assert spec.flag == "--" + spec.name.replace("_", "-")
+        assert spec.env == "REALTIME_" + spec.name.upper()
+        assert spec.help and spec.kind in (int, float)
+        assert spec.default == getattr(defaults, spec.name)
+    assert {s.flag for s in specs} >= {
+        "--max-message-bytes",
+        "--max-pending-audio-seconds",
+        "--configure-timeout",
+        "--idle-timeout",
+        "--send-timeout",
+        "--send-queue-events",
+    }
+
+
+def test_flags_and_env_give_the_same_limits() -> None:
+    flags: list[str] = []
+    env: dict[str, str] = {}
+    for number, spec in enumerate(limit_settings(), start=2):
+        flags += [spec.flag, str(number)]
+        env[spec.env] = str(number)
+    from_flags = limits_from_args(build_parser().parse_args(["serve", *flags]))
+    assert from_flags == limits_from_env(env)
+    assert from_flags != Limits()
+    assert limits_from_args(build_parser().parse_args(["serve"])) == Limits()
+    assert limits_from_env({}) == Limits()
+
+
+def test_serve_help_lists_every_limit_with_its_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--help"])
+    assert info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for spec in limit_settings():
+        assert f"{spec.flag} {spec.name.upper()} {spec.help} (default {spec.default})" in text
+
+
+@pytest.mark.parametrize("spec", limit_settings(), ids=lambda s: s.name)
+@pytest.mark.parametrize("bad", ["0", "-1", "abc", "nan", "inf", ""])
+def test_bad_flag_value_exits_2(
+    spec: Setting, bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["serve", f"{spec.flag}={bad}"])
+    assert info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert (
+        error
+        == f"realtime serve: error: argument {spec.flag}: expected {spec.requirement}, got {bad!r}"
+    )
+
+
+@pytest.mark.parametrize("spec", limit_settings(), ids=lambda s: s.name)
+def test_bad_env_value_is_refused(spec: Setting) -> None:
+    with pytest.raises(ValueError, match=f"^{spec.env} must be a number, got 'abc'$"):
+        limits_from_env({spec.env: "abc"})
+    with pytest.raises(ValueError, match=f"^{spec.env} must be > 0, got '0'$"):
+        limits_from_env({spec.env: "0"})
+    if spec.kind is int:
+        with pytest.raises(ValueError, match="must be a number"):
+            limits_from_env({spec.env: "1.5"})
+
+
+def test_bad_env_value_stops_the_asgi_app(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REALTIME_MODEL", raising=False)
+    import realtime.asgi
+
+    monkeypatch.setenv("REALTIME_IDLE_TIMEOUT", "soon")
+    with pytest.raises(SystemExit) as info:
+        realtime.asgi.create_app_from_env()
+    assert info.value.code == "realtime: error: REALTIME_IDLE_TIMEOUT must be a number, got 'soon'"
+
+
+def test_limits_refuse_bad_values_themselves() -> None:
+    with pytest.raises(ValueError, match="idle_timeout must be a number > 0, got 0"):
+        Limits(idle_timeout=0)
+    with pytest.raises(ValueError, match="send_queue_events must be an integer > 0"):
+        Limits(send_queue_events=2.5)  # type: ignore[arg-type]
+    assert Limits(configure_timeout=1).configure_timeout == 1
+
+
+def test_a_setting_may_allow_zero() -> None:
+    drain = Setting(name="drain_timeout", kind=float, help="h", default=0.0, zero_allowed=True)
+    assert drain.parse("0") == 0.0 and drain.requirement == "a number >= 0"
+    with pytest.raises(ValueError, match="expected a number >= 0, got '-1'"):
+        drain.parse("-1")
+
+
+def test_usage_and_model_path_errors_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from realtime.audio import write_wav_pcm16
+
+    out = str(tmp_path / "out.wav")
+    assert main(["generate", "--input", str(tmp_path / "none.wav"), "--output", out]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"realtime: error: input file {tmp_path / 'none.wav'} does not exist or is not a file"
+    )
+    wav = tmp_path / "in.wav"
+    write_wav_pcm16(wav, np.zeros(1600, dtype=np.int16), 16000)
+    missing = tmp_path / "no-model"
+    assert main(["generate", "-m", str(missing), "--input", str(wav), "--output", out]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"realtime: error: model path {missing} ")
+    assert main(["serve", "-m", str(missing)]) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if "error" in line]
+    assert err[-1].startswith(f"realtime: error: model path {missing} ")
