@@ -49,9 +49,9 @@ from realtime.conversation import (
     StopModel,
     Work,
 )
-from realtime.engine import Engine, EngineError, FailureKind, Step
 from realtime.engine import Cancel as CancelCommand
 from realtime.engine import Close as CloseCommand
+from realtime.engine import Engine, EngineError, FailureKind, Step
 from realtime.engine import Flush as FlushCommand
 from realtime.engine import Open as OpenCommand
 from realtime.engine import Push as PushCommand
@@ -147,7 +147,7 @@ class Connection:
         )
         self.close_code: int | None = None
         self._started = trio.current_time()
-        self._released = False
+        self._closed_on_engine: concurrent.futures.Future[None] | None = None
         self._stop = threading.Event()
         """Set on cancel or release: the engine skips this session's queued work."""
         self._out_send, self._out_recv = trio.open_memory_channel[_Outgoing](
@@ -211,14 +211,21 @@ class Connection:
         except TransportClosed:
             pass
 
-    def _release(self) -> None:
+    def _release(self) -> concurrent.futures.Future[None]:
         """Tell the engine to close the session; synchronous so it runs even when
         cancelled, and idempotent. The engine frees the slot once it has run it."""
-        if self._released:
-            return
-        self._released = True
-        self._stop.set()
-        self.engine.submit(CloseCommand(self.session_id))
+        if self._closed_on_engine is None:
+            self._stop.set()
+            self._closed_on_engine = self.engine.submit(CloseCommand(self.session_id))
+        return self._closed_on_engine
+
+    async def _release_and_wait(self) -> None:
+        """Release, and wait until the engine is really free: a client that connects
+        as soon as it sees this connection's close must find the slot free."""
+        try:
+            await Engine.result(self._release())
+        except EngineError:
+            pass  # a dead engine has freed the slot already
 
     def _report(self) -> None:
         conv = self.conversation
@@ -315,6 +322,7 @@ class Connection:
         async for item in self._out_recv:
             if isinstance(item, Close):
                 self.close_code = item.code
+                await self._release_and_wait()
                 await self._close_transport(item)
                 self._finish()
                 return

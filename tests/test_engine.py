@@ -1,4 +1,4 @@
-"""The engine thread: reservation, command routing, failures and thread discipline."""
+"""The engine thread: typed commands, the reservation, failures and thread discipline."""
 
 from __future__ import annotations
 
@@ -9,23 +9,57 @@ import numpy as np
 import pytest
 import trio
 
-from realtime.engine import Engine, EngineDeadError, EngineError, EngineLoadError
+from realtime.engine import (
+    Cancel,
+    Close,
+    Engine,
+    EngineError,
+    EngineLoadError,
+    Flush,
+    Open,
+    Push,
+    Step,
+)
 from realtime.models.base import AudioDelta, Cancelled, Done
+from realtime.observe import CommandKind, Observer
 from tests.fakes import FakeModel, FakeOptions
 
 FRAME = np.zeros(1280, dtype=np.float32)
 
 
-def test_second_reserve_fails_until_release(engine: Engine) -> None:
-    assert not engine.is_reserved()
+def open_(
+    session_id: str, system_prompt: str | None = None, max_streaming_seconds: float | None = None
+) -> Open:
+    return Open(session_id, system_prompt, 0, max_streaming_seconds)
+
+
+def push(session_id: str, stop: threading.Event | None = None) -> Push:
+    return Push(session_id, FRAME, 16000, stop)
+
+
+async def wait_released(engine: Engine) -> None:
+    with trio.fail_after(2):
+        while engine.is_reserved():
+            await trio.sleep(0.005)
+
+
+async def test_the_slot_is_freed_by_the_engine_once_it_ran_close(
+    engine: Engine, fake_model: FakeModel
+) -> None:
     assert engine.try_reserve("sess_a")
-    assert engine.is_reserved() and engine.reserved_by == "sess_a"
     assert not engine.try_reserve("sess_b")
-    engine.release("sess_b")  # another id: a no-op
-    assert engine.reserved_by == "sess_a"
-    engine.release("sess_a")
+    await engine.run(open_("sess_a"))
+    fake_model.options.frame_delay = 0.2
+    engine.submit(push("sess_a"))
+    future = engine.submit(Close("sess_a"))
+    # Close is queued behind a running frame: the engine is not free yet.
+    assert engine.is_reserved() and not future.done()
+    await Engine.result(future)
     assert not engine.is_reserved()
+    # A Close from a session that does not hold the slot frees nothing.
     assert engine.try_reserve("sess_b")
+    await engine.run(Close("sess_a"))
+    assert engine.is_reserved()
 
 
 def test_reserve_is_thread_safe(engine: Engine) -> None:
@@ -42,44 +76,49 @@ def test_reserve_is_thread_safe(engine: Engine) -> None:
         t.start()
     for t in threads:
         t.join()
-    assert len(winners) == 1 and engine.reserved_by == winners[0]
+    assert len(winners) == 1
 
 
-async def test_push_on_unopened_session_errors(engine: Engine) -> None:
+async def test_push_on_unopened_session_loses_it(engine: Engine) -> None:
     with pytest.raises(EngineError, match="no open session sess_x") as info:
-        await engine.push("sess_x", FRAME, 16000)
-    assert info.value.code == "inference_error"
-    await engine.open("sess_a", system_prompt=None, seed=0, max_streaming_seconds=None)
-    with pytest.raises(EngineError, match="no open session sess_x"):
-        await engine.push("sess_x", FRAME, 16000)
-    with pytest.raises(EngineError, match="still open"):
-        await engine.open("sess_b", system_prompt=None, seed=0, max_streaming_seconds=None)
+        await engine.run(push("sess_x"))
+    assert info.value.kind == "session_lost" and info.value.during == "push"
+    await engine.run(open_("sess_a"))
+    with pytest.raises(EngineError, match="still open") as info:
+        await engine.run(open_("sess_b"))
+    assert info.value.kind == "open_failed"
+
+
+async def test_push_returns_a_typed_step(engine: Engine) -> None:
+    await engine.run(open_("sess_a"))
+    step = await engine.run(push("sess_a"))
+    assert isinstance(step, Step) and step.seconds >= 0
+    assert isinstance(step.events[-1], AudioDelta)
 
 
 async def test_close_cancels_unflushed_session(engine: Engine, fake_model: FakeModel) -> None:
-    await engine.open("sess_a", system_prompt="p", seed=3, max_streaming_seconds=None)
-    events = await engine.push("sess_a", FRAME, 16000)
-    assert isinstance(events[-1], AudioDelta)
-    await engine.close("sess_a")
+    await engine.run(open_("sess_a", system_prompt="p"))
+    await engine.run(push("sess_a"))
+    await engine.run(Close("sess_a"))
     assert fake_model.calls_named("cancel") == [None]
     assert fake_model.cache_clears == 1
     # Closed: a new session may open; closing an unknown id is a no-op.
-    await engine.close("sess_a")
-    await engine.open("sess_b", system_prompt=None, seed=0, max_streaming_seconds=None)
-    assert [type(e) for e in await engine.flush("sess_b", True)] == [Done]
-    await engine.close("sess_b")
+    await engine.run(Close("sess_a"))
+    await engine.run(open_("sess_b"))
+    assert [type(e) for e in await engine.run(Flush("sess_b", True))] == [Done]
+    await engine.run(Close("sess_b"))
     # A flushed session is not cancelled again on close.
     assert fake_model.calls_named("cancel") == [None]
     assert fake_model.cache_clears == 2
 
 
 async def test_cancel_returns_cancelled(engine: Engine) -> None:
-    await engine.open("sess_a", system_prompt=None, seed=0, max_streaming_seconds=None)
-    await engine.push("sess_a", np.zeros(2560, np.float32), 16000)
-    events = await engine.cancel("sess_a")
-    assert events == [Cancelled(2)]
-    with pytest.raises(EngineError, match="has ended"):
-        await engine.push("sess_a", FRAME, 16000)
+    await engine.run(open_("sess_a"))
+    await engine.run(Push("sess_a", np.zeros(2560, np.float32), 16000))
+    assert await engine.run(Cancel("sess_a")) == [Cancelled(2)]
+    with pytest.raises(EngineError, match="has ended") as info:
+        await engine.run(push("sess_a"))
+    assert info.value.kind == "step_failed"
 
 
 async def test_failing_command_keeps_engine_serving(fake_model: FakeModel) -> None:
@@ -87,42 +126,54 @@ async def test_failing_command_keeps_engine_serving(fake_model: FakeModel) -> No
     engine = Engine(lambda: fake_model)
     engine.start()
     try:
-        await engine.open("sess_a", system_prompt=None, seed=0, max_streaming_seconds=None)
-        await engine.push("sess_a", FRAME, 16000)
+        await engine.run(open_("sess_a"))
+        await engine.run(push("sess_a"))
         with pytest.raises(EngineError, match=r"RuntimeError: fake model failure") as info:
-            await engine.push("sess_a", FRAME, 16000)
-        assert info.value.code == "inference_error" and info.value.session_dropped
+            await engine.run(push("sess_a"))
+        assert info.value.kind == "session_lost" and info.value.session_lost
         # The session was dropped, the engine still serves.
         with pytest.raises(EngineError, match="no open session"):
-            await engine.push("sess_a", FRAME, 16000)
+            await engine.run(push("sess_a"))
         assert engine.alive
         fake_model.options.fail_on_frame = None
-        await engine.open("sess_b", system_prompt=None, seed=0, max_streaming_seconds=None)
-        assert await engine.push("sess_b", FRAME, 16000)
+        await engine.run(open_("sess_b"))
+        assert await engine.run(push("sess_b"))
     finally:
         engine.shutdown()
 
 
 async def test_inference_error_keeps_the_session(engine: Engine) -> None:
-    await engine.open("sess_a", system_prompt=None, seed=0, max_streaming_seconds=0.08)
-    await engine.push("sess_a", FRAME, 16000)
+    await engine.run(open_("sess_a", max_streaming_seconds=0.08))
+    await engine.run(push("sess_a"))
     with pytest.raises(EngineError, match="context limit") as info:
-        await engine.push("sess_a", FRAME, 16000)
-    assert not info.value.session_dropped
-    assert isinstance((await engine.flush("sess_a", True))[-1], Done)
+        await engine.run(push("sess_a"))
+    assert info.value.kind == "step_failed" and not info.value.session_lost
+    assert isinstance((await engine.run(Flush("sess_a", True)))[-1], Done)
 
 
-async def test_open_failure_is_session_initialization_failed() -> None:
+async def test_open_failure_is_open_failed() -> None:
     model = FakeModel(FakeOptions(open_error="max_streaming_seconds must be positive"))
     engine = Engine(lambda: model)
     engine.start()
     try:
         with pytest.raises(EngineError, match="must be positive") as info:
-            await engine.open("sess_a", system_prompt=None, seed=0, max_streaming_seconds=None)
-        assert info.value.code == "session_initialization_failed"
+            await engine.run(open_("sess_a"))
+        assert info.value.kind == "open_failed" and info.value.during == "open"
         assert engine.alive
     finally:
         engine.shutdown()
+
+
+class Recorder(Observer):
+    def __init__(self) -> None:
+        self.threads: set[int] = set()
+        self.kinds: list[CommandKind] = []
+
+    def command_started(self, kind: CommandKind) -> None:
+        self.threads.add(threading.get_ident())
+
+    def command_finished(self, kind: CommandKind, seconds: float) -> None:
+        self.kinds.append(kind)
 
 
 async def test_every_model_call_runs_on_the_engine_thread() -> None:
@@ -132,21 +183,23 @@ async def test_every_model_call_runs_on_the_engine_thread() -> None:
         models.append(FakeModel())  # built, like a real model, on the engine thread
         return models[0]
 
-    engine = Engine(loader)
+    recorder = Recorder()
+    engine = Engine(loader, observer=recorder)
     engine.start()
     fake_model = models[0]
-    await engine.open("sess_a", system_prompt=None, seed=0, max_streaming_seconds=None)
+    await engine.run(open_("sess_a"))
     async with trio.open_nursery() as nursery:
         # Concurrent callers from trio still funnel into the one thread, in order.
         for _ in range(4):
-            nursery.start_soon(engine.push, "sess_a", FRAME, 16000)
-    await engine.flush("sess_a", True)
-    await engine.close("sess_a")
+            nursery.start_soon(engine.run, push("sess_a"))
+    await engine.run(Flush("sess_a", True))
+    await engine.run(Close("sess_a"))
     threads = {ident for _, _, ident in fake_model.calls}
-    assert threads == {engine.thread_ident} == {fake_model.load_thread}
-    assert engine.thread_ident != threading.get_ident()
+    assert threads == recorder.threads == {fake_model.load_thread}
+    assert threading.get_ident() not in threads
     names = [n for n, _, _ in fake_model.calls]
     assert names == ["open", "push", "push", "push", "push", "flush", "clear_cache"]
+    assert recorder.kinds == ["open", "push", "push", "push", "push", "flush", "close"]
     engine.shutdown()
 
 
@@ -158,23 +211,27 @@ def test_load_failure_is_reported() -> None:
     with pytest.raises(EngineLoadError, match=r"config\.json not found in /nowhere"):
         engine.start()
     assert not engine.alive
-    with pytest.raises(EngineDeadError, match="model failed to load"):
-        engine.call("open", "sess_a", None, 0, None, timeout=1)
+    with pytest.raises(EngineError, match="model failed to load") as info:
+        engine.submit(open_("sess_a")).result(timeout=1)
+    assert info.value.kind == "engine_dead"
 
 
-async def test_dead_engine_fails_fast(fake_model: FakeModel) -> None:
+async def test_dead_engine_fails_fast_and_frees_the_slot(fake_model: FakeModel) -> None:
     fake_model.options.die_on_frame = 0
     engine = Engine(lambda: fake_model)
     engine.start()
-    await engine.open("sess_a", system_prompt=None, seed=0, max_streaming_seconds=None)
-    with pytest.raises(EngineDeadError, match="SystemExit"):
-        await engine.push("sess_a", FRAME, 16000)
+    assert engine.try_reserve("sess_a")
+    await engine.run(open_("sess_a"))
+    with pytest.raises(EngineError, match="SystemExit") as info:
+        await engine.run(push("sess_a"))
+    assert info.value.kind == "engine_dead"
     with trio.fail_after(2):
         while engine.alive:
             await trio.sleep(0.01)
+    assert not engine.is_reserved()
     started = time.perf_counter()
-    with pytest.raises(EngineDeadError, match="engine thread died"):
-        await engine.push("sess_a", FRAME, 16000)
+    with pytest.raises(EngineError, match="engine thread died"):
+        await engine.run(push("sess_a"))
     assert time.perf_counter() - started < 1.0
     engine.shutdown()
 
@@ -184,40 +241,36 @@ async def test_cancelled_caller_does_not_wedge_the_engine(fake_model: FakeModel)
     engine = Engine(lambda: fake_model)
     engine.start()
     try:
-        await engine.open("sess_a", system_prompt=None, seed=0, max_streaming_seconds=None)
+        await engine.run(open_("sess_a"))
         with trio.move_on_after(0.01):
-            await engine.push("sess_a", FRAME, 16000)
+            await engine.run(push("sess_a"))
         # The abandoned push still completes on the thread; later calls queue behind it.
-        await engine.close("sess_a")
+        await engine.run(Close("sess_a"))
         assert [n for n, _, _ in fake_model.calls][-3:] == ["push", "cancel", "clear_cache"]
     finally:
         engine.shutdown()
 
 
 def test_shutdown_joins_and_cancels_open_session(fake_model: FakeModel) -> None:
-    engine = Engine(lambda: fake_model)
+    engine = Engine(lambda: fake_model, name="realtime-engine-test")
     engine.start()
-    engine.call("open", "sess_a", None, 0, None, timeout=5)
+    engine.submit(open_("sess_a")).result(timeout=5)
     engine.shutdown()
     assert not engine.alive
     assert fake_model.calls_named("cancel") == [None]
-    assert engine.thread_ident is not None
-    assert not any(t.ident == engine.thread_ident for t in threading.enumerate())
+    assert not any(t.name == "realtime-engine-test" for t in threading.enumerate())
 
 
-def test_run_on_thread_runs_with_the_model_on_the_engine_thread(
-    engine: Engine, fake_model: FakeModel
-) -> None:
-    seen = engine.run_on_thread(lambda model: (model, threading.get_ident()), timeout=5)
-    assert seen == (fake_model, engine.thread_ident)
-
-
-async def test_queued_push_is_skipped_once_its_stop_flag_is_set(
+async def test_queued_work_is_skipped_once_its_stop_flag_is_set(
     engine: Engine, fake_model: FakeModel
 ) -> None:
     stop = threading.Event()
-    await engine.open("sess_a", system_prompt=None, seed=0, max_streaming_seconds=None)
-    assert await engine.wait(engine.submit("push", "sess_a", FRAME, 16000, stop))
+    await engine.run(open_("sess_a"))
+    assert await engine.run(push("sess_a", stop))
     stop.set()
-    assert await engine.wait(engine.submit("push", "sess_a", FRAME, 16000, stop)) is None
+    assert await engine.run(push("sess_a", stop)) is None
     assert fake_model.frames_run == 1
+    await engine.run(Close("sess_a"))
+    with pytest.raises(EngineError, match="connection is gone"):
+        await engine.run(Open("sess_b", None, 0, None, stop))
+    assert fake_model.calls_named("open") == [(None, 0, None)]

@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import time
 from typing import Any
 
+import numpy as np
 import trio
 import trio.testing
 
 from realtime.connection import Connection, TransportClosed
 from realtime.engine import Engine
 from realtime.limits import Limits
+from tests.fakes import FakeModel
 
 
 class MemoryTransport:
     def __init__(self) -> None:
         self.inbox_send, self.inbox = trio.open_memory_channel[str | bytes | None](math.inf)
         self.sent: list[dict[str, Any]] = []
+        self.sent_at: list[float] = []
         self.closed: tuple[int, str] | None = None
 
     async def receive(self) -> str | bytes | None:
@@ -30,6 +35,7 @@ class MemoryTransport:
         if self.closed:
             raise TransportClosed
         self.sent.append(json.loads(text))
+        self.sent_at.append(trio.current_time())
 
     async def close(self, code: int, reason: str) -> None:
         self.closed = (code, reason)
@@ -42,7 +48,7 @@ async def test_configure_timeout_closes_1008(
     conn = Connection(transport, engine, Limits(configure_timeout=30))
     start = trio.current_time()
     await conn.run()
-    assert trio.current_time() - start == 30
+    assert transport.sent_at[-1] - start == 30
     assert [e["type"] for e in transport.sent] == ["session.created", "error"]
     assert transport.sent[1]["error"] == {
         "code": "invalid_request",
@@ -68,7 +74,7 @@ async def test_configure_timeout_counts_from_accept_not_last_message(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(chatter)
         await conn.run()
-        assert trio.current_time() - start == 30
+        assert transport.sent_at[-1] - start == 30
         nursery.cancel_scope.cancel()
     assert transport.closed is not None and transport.closed[0] == 1008
     assert [e["type"] for e in transport.sent].count("session.pong") == 5
@@ -82,4 +88,35 @@ async def test_disconnect_releases(engine: Engine) -> None:
         await trio.testing.wait_all_tasks_blocked()
         assert engine.is_reserved()
         await transport.inbox_send.aclose()
+    # The engine frees the slot once it has run the session's close.
+    deadline = time.monotonic() + 2
+    while engine.is_reserved() and time.monotonic() < deadline:
+        time.sleep(0.001)
     assert not engine.is_reserved()
+
+
+async def test_idle_timeout_waits_until_nothing_is_owed(
+    fake_model: FakeModel, autojump_clock: trio.testing.MockClock
+) -> None:
+    """20 frames sent at once to a slow model, then silence: every frame is delivered
+    before the idle clock starts, and it closes exactly idle_timeout after the last."""
+    fake_model.options.frame_delay = 0.005  # real time: virtual time races ahead meanwhile
+    engine = Engine(lambda: fake_model)
+    engine.start()
+    try:
+        transport = MemoryTransport()
+        conn = Connection(transport, engine, Limits(idle_timeout=3))
+        audio = base64.b64encode(np.zeros(1280 * 20, "<i2").tobytes()).decode()
+        await transport.inbox_send.send('{"type": "session.update"}')
+        await transport.inbox_send.send(
+            json.dumps({"type": "input_audio_buffer.append", "audio": audio})
+        )
+        await conn.run()
+    finally:
+        engine.shutdown()
+    types = [e["type"] for e in transport.sent]
+    assert types.count("response.audio.delta") == 20
+    assert types[-1] == "error" and "no message for 3 s" in transport.sent[-1]["error"]["message"]
+    last_audio = max(i for i, t in enumerate(types) if t == "response.audio.delta")
+    assert transport.sent_at[-1] - transport.sent_at[last_audio] == 3
+    assert conn.close_code == 1008

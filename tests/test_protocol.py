@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import typing
 import re
 from typing import Any
 
@@ -129,7 +130,7 @@ def test_event_mapping_names_and_fields() -> None:
 
 
 def test_error_event_shape() -> None:
-    for code in protocol.ERROR_CODES:
+    for code in typing.get_args(protocol.ErrorCode):
         event = protocol.error_event(code, "why")
         assert event["type"] == "error" and EVENT_ID.match(event["event_id"])
         assert event["error"] == {"code": code, "message": "why"}
@@ -224,11 +225,11 @@ INVALID: list[tuple[Any, str]] = [
     ({"type": "session.update", "session": {"seed": 2**64}}, "session.seed must be an integer"),
     (
         {"type": "session.update", "session": {"max_streaming_seconds": 0}},
-        "session.max_streaming_seconds must be a number > 0",
+        "session.max_streaming_seconds must lie between 0.08 (one frame) and 86400",
     ),
     (
         {"type": "session.update", "session": {"max_streaming_seconds": -3}},
-        "session.max_streaming_seconds must be a number > 0",
+        "session.max_streaming_seconds must lie between",
     ),
     (
         {"type": "session.update", "session": {"max_streaming_seconds": "10"}},
@@ -240,8 +241,29 @@ INVALID: list[tuple[Any, str]] = [
     ),
     (
         '{"type": "session.update", "session": {"max_streaming_seconds": Infinity}}',
-        "session.max_streaming_seconds must be a number > 0",
+        "session.max_streaming_seconds must lie between",
     ),
+    (
+        {"type": "session.update", "session": {"max_streaming_seconds": 1e308}},
+        "session.max_streaming_seconds must lie between",
+    ),
+    (
+        {"type": "session.update", "session": {"max_streaming_seconds": 1e-300}},
+        "session.max_streaming_seconds must lie between",
+    ),
+    (
+        {"type": "session.update", "session": {"max_streaming_seconds": 10**400}},
+        "session.max_streaming_seconds must lie between",
+    ),
+    (
+        {"type": "session.update", "session": {"instructions": "x", "tools": []}},
+        "unknown session fields 'instructions', 'tools'; accepted fields: model, system_prompt",
+    ),
+    (
+        '{"type": "session.update", "session": {"system_prompt": "a\\ud800b"}}',
+        "session.system_prompt is not valid Unicode",
+    ),
+    ('{"type": "session.ping", "n": ' + "9" * 5000 + "}", "message cannot be read"),
     (
         {"type": "session.update", "session": {"system_prompt": 5}},
         "session.system_prompt must be a string",

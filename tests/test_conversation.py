@@ -1,0 +1,471 @@
+"""The per-connection rules, tested directly on the state machine (no socket, no engine)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import typing
+from typing import Any
+
+import hypothesis
+import hypothesis.strategies as st
+import numpy as np
+import pytest
+
+from realtime import protocol
+from realtime.conversation import (
+    MAX_QUEUED_MESSAGES,
+    CancelSession,
+    Close,
+    Conversation,
+    FlushSession,
+    OpenSession,
+    Output,
+    Phase,
+    RunAudio,
+    StopModel,
+    error_code_for,
+)
+from realtime.limits import Limits
+from realtime.models.base import AssistantTextDelta, AudioDelta, Cancelled, Done
+
+FRAME = 1280
+
+
+def conv(**limits: Any) -> Conversation:
+    return Conversation(
+        "sess_0123456789abcdef",
+        Limits(**limits),
+        model_id="fake-voicechat",
+        model_path="/models/fake-voicechat",
+        now=0.0,
+    )
+
+
+def msg(type_: str, **fields: Any) -> str:
+    return json.dumps({"type": type_, **fields})
+
+
+def append(samples: int, rate: int = 16000) -> str:
+    audio = base64.b64encode(np.zeros(samples, "<i2").tobytes()).decode()
+    return msg("input_audio_buffer.append", audio=audio, sample_rate=rate)
+
+
+def errors(outputs: list[Output]) -> list[tuple[str, str]]:
+    return [
+        (o["error"]["code"], o["error"]["message"])
+        for o in outputs
+        if isinstance(o, dict) and o["type"] == "error"
+    ]
+
+
+def only_error(outputs: list[Output]) -> tuple[str, str]:
+    assert len(outputs) == 1, outputs
+    found = errors(outputs)
+    assert found, outputs
+    return found[0]
+
+
+def ready(c: Conversation) -> None:
+    (work,) = c.receive(msg("session.update", session={"seed": 3}), 0.0)
+    assert isinstance(work, OpenSession) and work.update.seed == 3
+    (updated,) = c.opened(work.update, None, 0.0)
+    assert isinstance(updated, dict) and updated["type"] == "session.updated"
+    assert updated["session"]["seed"] == 3 and c.phase is Phase.READY
+
+
+def audio_events(frame: int) -> list[Any]:
+    samples = np.zeros(1764, np.float32)
+    return [
+        AssistantTextDelta(frame, 100, "x", "x"),
+        AudioDelta(frame, samples, tuple(range(31))),
+    ]
+
+
+# --- configuring ---------------------------------------------------------------------
+
+
+def test_update_opens_the_session_and_answers_session_updated() -> None:
+    c = conv()
+    assert c.phase is Phase.CONFIGURING
+    ready(c)
+
+
+@pytest.mark.parametrize("frame", [append(FRAME), msg("input_audio_buffer.commit")])
+def test_audio_or_commit_before_update_is_refused(frame: str) -> None:
+    c = conv()
+    code, message = only_error(c.receive(frame, 0.0))
+    assert code == "invalid_request" and "send session.update before" in message
+    assert c.pending_samples == 0
+
+
+def test_audio_right_after_update_is_queued_then_refused_if_the_open_fails() -> None:
+    c = conv()
+    (work,) = c.receive(msg("session.update"), 0.0)
+    assert isinstance(work, OpenSession)
+    (run,) = c.receive(append(FRAME), 0.0)
+    assert isinstance(run, RunAudio) and c.pending_samples == FRAME
+    (err,) = c.opened(work.update, ("open_failed", "prefill failed"), 0.0)
+    assert isinstance(err, dict)
+    assert err["error"] == {"code": "session_initialization_failed", "message": "prefill failed"}
+    refusal = c.begin_audio(run)
+    assert refusal is not None and "send session.update before audio" in only_error(refusal)[1]
+    assert c.pending_samples == 0
+    # The client may try again.
+    ready(c)
+
+
+def test_second_update_is_refused_in_flight_and_after() -> None:
+    c = conv()
+    c.receive(msg("session.update"), 0.0)
+    assert "already configured" in only_error(c.receive(msg("session.update"), 0.0))[1]
+    c2 = conv()
+    ready(c2)
+    assert "already configured" in only_error(c2.receive(msg("session.update"), 0.0))[1]
+
+
+def test_unknown_model_names_the_served_one() -> None:
+    c = conv()
+    code, message = only_error(c.receive(msg("session.update", session={"model": "x"}), 0.0))
+    assert code == "invalid_request" and "'fake-voicechat'" in message
+    (work,) = c.receive(msg("session.update", session={"model": "org/fake-voicechat"}), 0.0)
+    assert isinstance(work, OpenSession)
+
+
+def test_ping_is_answered_in_every_phase() -> None:
+    c = conv()
+    for step in (lambda: None, lambda: ready(c), lambda: c.receive(msg("session.cancel"), 0)):
+        step()
+        (pong,) = c.receive(msg("session.ping"), 0.0)
+        assert isinstance(pong, dict) and pong["type"] == "session.pong"
+
+
+# --- audio and the budget ----------------------------------------------------------------
+
+
+def test_wrong_sample_rate_is_answered_on_arrival() -> None:
+    c = conv()
+    ready(c)
+    code, message = only_error(c.receive(append(FRAME, rate=8000), 0.0))
+    assert code == "inference_error" and "16000" in message and "8000" in message
+    assert c.pending_samples == 0
+
+
+def test_budget_counts_accepted_audio_until_it_is_submitted() -> None:
+    c = conv(max_pending_audio_seconds=1.0)
+    ready(c)
+    (run,) = c.receive(append(12800), 0.0)
+    assert isinstance(run, RunAudio) and c.pending_samples == 12800
+    code, message = only_error(c.receive(append(6400), 0.0))
+    assert "backlog is full: 0.80 s waiting" in message and "0.40 s was refused" in message
+    assert c.begin_audio(run) is None
+    c.slice_submitted(FRAME)
+    assert c.pending_samples == 12800 - FRAME
+    c.audio_done(run, 12800 - FRAME)  # the rest was dropped
+    assert c.pending_samples == 0
+
+
+def test_an_append_larger_than_the_budget_says_so() -> None:
+    c = conv(max_pending_audio_seconds=1.0)
+    ready(c)
+    _, message = only_error(c.receive(append(32000), 0.0))
+    assert "this append of 2.00 s is larger than the 1 s limit" in message
+
+
+def test_message_size_counts_utf8_bytes() -> None:
+    c = conv(max_message_bytes=1000)
+    frame = msg("session.ping", pad="€" * 400)  # 400 characters, 1200 bytes
+    code, message = only_error(c.receive(frame, 0.0))
+    assert code == "invalid_request" and "exceeds the 1000-byte limit" in message
+    assert str(len(frame.encode())) in message
+    (pong,) = c.receive(msg("session.ping", pad="e" * 400), 0.0)
+    assert isinstance(pong, dict)
+
+
+def test_too_many_queued_messages_are_refused() -> None:
+    c = conv(max_pending_audio_seconds=1000.0)
+    ready(c)
+    for _ in range(MAX_QUEUED_MESSAGES):
+        (run,) = c.receive(append(2), 0.0)
+        assert isinstance(run, RunAudio)
+    assert "messages are waiting" in only_error(c.receive(append(2), 0.0))[1]
+
+
+def test_slices_give_audio_first_and_count_frames() -> None:
+    c = conv()
+    ready(c)
+    (run,) = c.receive(append(FRAME), 0.0)
+    assert isinstance(run, RunAudio)
+    assert c.begin_audio(run) is None
+    c.slice_submitted(FRAME)
+    c.audio_done(run, 0)
+    events = c.slice_done(run.append_id, audio_events(0), 0.01, 0.0)
+    assert [e["type"] for e in events] == ["response.audio.delta", "response.text.delta"]
+    assert c.frames == 1 and c.step_seconds == [0.01]
+    assert c.slice_done(run.append_id, None, 0.0, 0.0) == []  # a skipped slice
+
+
+def test_a_failed_append_errors_once_and_stops_submitting() -> None:
+    c = conv()
+    ready(c)
+    (run,) = c.receive(append(FRAME * 3), 0.0)
+    assert isinstance(run, RunAudio)
+    c.begin_audio(run)
+    c.slice_submitted(FRAME)
+    c.slice_submitted(FRAME)
+    (err,) = c.slice_failed(run.append_id, "step_failed", "context limit reached", 0.0)
+    assert isinstance(err, dict) and err["error"]["code"] == "inference_error"
+    assert not c.keep_submitting(run.append_id)
+    # The slice already in flight: no second error, no events.
+    assert c.slice_failed(run.append_id, "step_failed", "context limit reached", 0.0) == []
+    (run2,) = c.receive(append(FRAME), 0.0)
+    assert isinstance(run2, RunAudio) and c.keep_submitting(run2.append_id)
+
+
+@pytest.mark.parametrize("kind", ["session_lost", "engine_dead"])
+def test_a_lost_session_closes_1011(kind: Any) -> None:
+    c = conv()
+    ready(c)
+    (run,) = c.receive(append(FRAME), 0.0)
+    assert isinstance(run, RunAudio)
+    c.begin_audio(run)
+    c.slice_submitted(FRAME)
+    err, close = c.slice_failed(run.append_id, kind, "the model engine has stopped: x", 0.0)
+    assert isinstance(err, dict) and err["error"]["code"] == "inference_error"
+    assert close == Close(1011, "the model engine has stopped: x")
+    assert c.phase is Phase.CLOSED and c.outcome == "error"
+
+
+# --- commit and cancel -----------------------------------------------------------------------
+
+
+def test_commit_flushes_then_done_and_close_1000() -> None:
+    c = conv()
+    ready(c)
+    (flush,) = c.receive(msg("input_audio_buffer.commit", pad_partial=False), 0.0)
+    assert flush == FlushSession(pad_partial=False) and c.phase is Phase.COMMITTED
+    assert "already committed" in only_error(c.receive(append(FRAME), 0.0))[1]
+    assert "already committed" in only_error(c.receive(msg("input_audio_buffer.commit"), 0))[1]
+    out = c.flushed([*audio_events(0), Done(1)], 0.0)
+    types = [o["type"] if isinstance(o, dict) else o for o in out]
+    assert types == [
+        "input_audio_buffer.committed",
+        "response.audio.delta",
+        "response.text.delta",
+        "response.done",
+        Close(1000, "response done"),
+    ]
+    assert c.outcome == "done"
+
+
+def test_cancel_stops_the_model_then_cancelled_and_close_1000() -> None:
+    c = conv()
+    ready(c)
+    assert c.receive(msg("response.cancel"), 0.0) == [StopModel(), CancelSession()]
+    assert c.phase is Phase.CANCELLED and not c.keep_submitting(0)
+    assert c.receive(msg("session.cancel"), 0.0) == []  # a second cancel is a no-op
+    assert "was cancelled" in only_error(c.receive(append(FRAME), 0.0))[1]
+    assert "was cancelled" in only_error(c.receive(msg("session.update"), 0.0))[1]
+    out = c.cancelled([Cancelled(4)], 0.0)
+    assert isinstance(out[0], dict) and out[0]["type"] == "response.cancelled"
+    assert out[0]["frame_index"] == 4 and out[1] == Close(1000, "cancelled")
+    assert c.outcome == "cancelled"
+
+
+def test_cancel_before_any_session_answers_cancelled_at_frame_0() -> None:
+    c = conv()
+    c.receive(msg("session.cancel"), 0.0)
+    out = c.cancelled(None, 0.0)
+    assert isinstance(out[0], dict) and out[0]["frame_index"] == 0
+
+
+def test_cancel_while_the_open_is_queued_suppresses_the_open_error() -> None:
+    c = conv()
+    (work,) = c.receive(msg("session.update"), 0.0)
+    assert isinstance(work, OpenSession)
+    c.receive(msg("session.cancel"), 0.0)
+    assert c.opened(work.update, ("open_failed", "the connection is gone"), 0.0) == []
+
+
+def test_open_failure_after_commit_refuses_the_commit() -> None:
+    c = conv()
+    (work,) = c.receive(msg("session.update"), 0.0)
+    assert isinstance(work, OpenSession)
+    c.receive(msg("input_audio_buffer.commit"), 0.0)
+    c.opened(work.update, ("open_failed", "bad"), 0.0)
+    assert "before commit" in only_error(c.flushed(None, 0.0))[1]
+    assert c.phase is Phase.CONFIGURING
+
+
+# --- time ---------------------------------------------------------------------------------------
+
+
+def test_configure_timeout_counts_from_accept() -> None:
+    c = conv(configure_timeout=30.0, idle_timeout=120.0)
+    for t in range(5, 30, 5):
+        c.receive(msg("session.ping"), float(t))
+    deadline = c.next_deadline()
+    assert deadline is not None and (deadline.at, deadline.what) == (30.0, "configure")
+    assert c.check_timeouts(29.9) == []
+    err, close = c.check_timeouts(30.0)
+    assert isinstance(err, dict)
+    assert err["error"]["message"] == "no session.update within 30 s; closing"
+    assert isinstance(close, Close) and close.code == 1008 and not close.now
+    assert c.outcome == "timeout"
+
+
+def test_idle_clock_only_runs_while_nothing_is_owed() -> None:
+    c = conv(idle_timeout=3.0)
+    ready(c)
+    (run,) = c.receive(append(FRAME * 2), 10.0)
+    assert isinstance(run, RunAudio)
+    assert c.next_deadline() is None  # accepted audio is waiting
+    c.begin_audio(run)
+    c.slice_submitted(FRAME)
+    c.slice_submitted(FRAME)
+    c.audio_done(run, 0)
+    assert c.next_deadline() is None  # slices are running
+    for i in range(2):
+        for _ in c.slice_done(run.append_id, audio_events(i), 0.01, 20.0):
+            c.event_queued()
+    assert c.next_deadline() is None  # events wait for the socket
+    for _ in range(4):
+        c.sending(25.0)
+        c.sent(26.0)
+    deadline = c.next_deadline()
+    assert deadline is not None and (deadline.at, deadline.what) == (29.0, "idle")
+    assert c.check_timeouts(28.9) == []
+    assert "no message for 3 s" in errors(c.check_timeouts(29.0))[0][1]
+
+
+def test_a_client_that_stops_reading_is_dropped_at_once() -> None:
+    c = conv(send_timeout=10.0)
+    ready(c)
+    c.event_queued()
+    c.sending(5.0)
+    assert c.check_timeouts(14.0) == []
+    assert c.check_timeouts(15.0) == [Close(1008, "client stopped reading", now=True)]
+    assert c.outcome == "stalled_client"
+
+
+def test_error_codes_of_engine_failures() -> None:
+    assert error_code_for("open_failed", "open") == "session_initialization_failed"
+    assert error_code_for("session_lost", "open") == "session_initialization_failed"
+    assert error_code_for("engine_dead", "open") == "inference_error"
+    for kind in ("step_failed", "session_lost", "engine_dead"):
+        assert error_code_for(kind, "push") == "inference_error"  # type: ignore[arg-type]
+
+
+# --- any sequence of frames --------------------------------------------------------------------
+
+EVENT_TYPES = {
+    "error",
+    "session.pong",
+    "session.updated",
+    "input_audio_buffer.committed",
+    "response.audio.delta",
+    "response.text.delta",
+    "response.done",
+    "response.cancelled",
+}
+ERROR_CODES = set(typing.get_args(protocol.ErrorCode))
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=12,
+)
+frames = st.one_of(
+    st.binary(max_size=64),
+    st.text(max_size=64),
+    json_values.map(json.dumps),
+    st.builds(
+        lambda t, body: json.dumps({"type": t, **body}),
+        st.sampled_from(
+            [
+                "session.update",
+                "input_audio_buffer.append",
+                "input_audio_buffer.commit",
+                "session.cancel",
+                "response.cancel",
+                "session.ping",
+                "nope",
+            ]
+        ),
+        st.dictionaries(st.sampled_from(["session", "audio", "sample_rate", "x"]), json_values),
+    ),
+    st.sampled_from(
+        [
+            msg("session.update"),
+            msg("session.update", session={"seed": 1, "max_streaming_seconds": 5}),
+            append(FRAME),
+            append(3000),
+            append(FRAME, rate=8000),
+            msg("input_audio_buffer.commit"),
+            msg("session.cancel"),
+            msg("session.ping"),
+        ]
+    ),
+)
+engine_outcomes = st.sampled_from(["ok", "open_failed", "step_failed", "session_lost", "dead"])
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(st.lists(st.tuples(frames, engine_outcomes), max_size=25))
+def test_any_frames_give_only_documented_events_and_closes(
+    script: list[tuple[str | bytes, str]],
+) -> None:
+    """Whatever arrives, and however the engine answers, the state machine only
+    answers with documented events, error codes and close codes, and never raises."""
+    c = conv(max_pending_audio_seconds=1.0)
+    out: list[Output] = []
+    now = 0.0
+    for frame, outcome in script:
+        now += 0.1
+        outputs = c.receive(frame, now)
+        out += outputs
+        for work in outputs:
+            out += _run(c, work, outcome, now)
+        out += c.check_timeouts(now)
+    closes = [o for o in out if isinstance(o, Close)]
+    assert len(closes) <= 1
+    assert all(o.code in (1000, 1008, 1011) for o in closes)
+    for o in out:
+        assert isinstance(
+            o, (dict, Close, StopModel, OpenSession, RunAudio, FlushSession, CancelSession)
+        )
+        if isinstance(o, dict):
+            assert o["type"] in EVENT_TYPES
+            assert o["event_id"].startswith("event_")
+            if o["type"] == "error":
+                assert o["error"]["code"] in ERROR_CODES and o["error"]["message"]
+    assert c.pending_samples >= 0
+
+
+def _run(c: Conversation, work: Output, outcome: str, now: float) -> list[Output]:
+    """Play the engine's part for one piece of work, with a scripted outcome."""
+    failure: Any = None
+    if outcome != "ok":
+        failure = ("engine_dead" if outcome == "dead" else outcome, "scripted failure")
+    if isinstance(work, OpenSession):
+        return c.opened(
+            work.update, failure if outcome in ("ok", "open_failed", "dead") else None, now
+        )
+    if isinstance(work, RunAudio):
+        instead = c.begin_audio(work)
+        if instead is not None:
+            return instead
+        n = int(work.append.samples.shape[0])
+        out: list[Output] = []
+        c.slice_submitted(n)
+        c.audio_done(work, 0)
+        if failure is None or outcome == "open_failed":
+            out += c.slice_done(work.append_id, audio_events(c.frames), 0.01, now)
+        else:
+            out += c.slice_failed(work.append_id, failure[0], failure[1], now)
+        return out
+    if isinstance(work, FlushSession):
+        return c.flushed([Done(c.frames)] if c.session_open else None, now)
+    if isinstance(work, CancelSession):
+        return c.cancelled([Cancelled(c.frames)] if c.session_open else None, now)
+    return []
