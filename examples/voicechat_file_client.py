@@ -2,33 +2,32 @@
 
     python examples/voicechat_file_client.py ws://127.0.0.1:8080/v1/realtime IN.wav OUT.wav \\
         [--system-prompt TEXT] [--seed N] [--extra-seconds 3] [--realtime] \\
-        [--events OUT.jsonl] [--api-key KEY]
+        [--events OUT.jsonl] [--api-key KEY] [--origin ORIGIN]
 
 The input is prepared exactly as ``realtime generate`` prepares it (16 kHz mono
 PCM16 plus ``--extra-seconds`` of silence so the model can finish speaking), and
 the audio deltas are written unchanged, so for the same WAV, prompt and seed the
 output equals ``realtime generate --stream`` byte for byte.
 
-Exit status: 0 on ``response.done``; 1 if the server errors, closes early or
-stalls; 2 for usage errors.
+The protocol goes through :mod:`realtime.client`. Exit status: 0 on
+``response.done``; a distinct code for each way of not getting a session (see
+``--help`` and docs/client.md); 1 if the server errors, closes early or stalls.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 import numpy as np
 import trio
-import trio_websocket
 
 if __package__ in (None, ""):  # run as a script from a checkout: find _common and realtime
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -36,21 +35,29 @@ if __package__ in (None, ""):  # run as a script from a checkout: find _common a
         sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from _common import (
+    EXIT_EPILOG,
     FRAME_SECONDS,
     PCM16,
     AudioDeltaChecker,
-    ClientError,
     Event,
     FrameFramer,
-    Session,
     TranscriptPrinter,
-    append_message,
-    commit_message,
-    connect,
     redact_audio,
+    report,
 )
 
 from realtime.audio import load_input_wav, write_wav_pcm16
+from realtime.client import (
+    AudioDelta,
+    ClientError,
+    ResponseCancelled,
+    ResponseDone,
+    ServerBusy,
+    ServerClosed,
+    SessionUpdated,
+    append_message,
+    connect,
+)
 from realtime.models.base import INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
 
 
@@ -111,6 +118,8 @@ async def run_file_client(
     seed: int = 0,
     realtime: bool = False,
     api_key: str | None = None,
+    origin: str | None = None,
+    on_ready: Callable[[SessionUpdated], None] | None = None,
     on_event: Callable[[Event], None] | None = None,
     printer: TranscriptPrinter | None = None,
     max_ahead_seconds: float = 8.0,
@@ -120,8 +129,10 @@ async def run_file_client(
 
     Sending runs concurrently with receiving: as fast as the server takes it (but
     at most ``max_ahead_seconds`` ahead of the model), or every 80 ms with
-    ``realtime``. Raises :class:`ClientError` on any server error, early close,
-    protocol violation, or ``event_timeout`` seconds without an event.
+    ``realtime``. ``on_ready`` runs once the session is configured, before any
+    audio goes out. Raises :class:`ClientError` on any failure to get a session,
+    server error, early close, protocol violation, or ``event_timeout`` seconds
+    without an event.
     """
     pcm = np.asarray(pcm, dtype=np.int16)
     if pcm.ndim != 1 or pcm.size == 0:
@@ -145,50 +156,56 @@ async def run_file_client(
         if on_event is not None:
             on_event(event)
 
-    async with connect(url, api_key=api_key) as ws:
-        session = Session(ws)
+    async with connect(url, api_key=api_key, origin=origin) as conn:
         with trio.fail_after(event_timeout):
-            await session.configure(system_prompt, seed, on_event=seen)
+            updated = await conn.configure(system_prompt=system_prompt, seed=seed)
+        assert conn.created is not None
+        seen(conn.created.raw)
+        seen(updated.raw)
         ready = time.perf_counter() - started
+        if on_ready is not None:
+            on_ready(updated)
         sent = 0
 
         async def send_audio() -> None:
             nonlocal sent
             t0 = trio.current_time()
-            for i, message in enumerate(messages):
-                if realtime:
-                    await trio.sleep_until(t0 + i * FRAME_SECONDS)
-                else:
-                    await progress.wait_until(i - max_ahead)
-                await session.send(message)
-                sent = i + 1
-            await session.send(commit_message())
+            try:
+                for i, message in enumerate(messages):
+                    if realtime:
+                        await trio.sleep_until(t0 + i * FRAME_SECONDS)
+                    else:
+                        await progress.wait_until(i - max_ahead)
+                    await conn.send_raw(message)
+                    sent = i + 1
+                await conn.commit()
+            except (ServerClosed, ServerBusy):
+                pass  # the receiver reports why the server closed
 
         failure: ClientError | None = None
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_quiet_on_close, send_audio)
+            nursery.start_soon(send_audio)
             try:
                 while True:
                     try:
                         with trio.fail_after(event_timeout):
-                            event = await session.receive()
+                            event = await conn.receive()
                     except trio.TooSlowError:
                         raise ClientError(
                             f"no event from the server for {event_timeout:g} s (sent "
                             f"{sent}/{len(messages)} appends); it never sent response.done"
                         ) from None
-                    seen(event)
-                    kind = event["type"]
-                    index = event.get("frame_index")
+                    seen(event.raw)
+                    index = event.raw.get("frame_index")
                     if isinstance(index, int):
                         progress.advance(index)
-                    if kind == "response.audio.delta":
+                    if isinstance(event, AudioDelta):
                         chunks.append(checker.check(event))
                         if first_audio is None:
                             first_audio = time.perf_counter() - started
-                    elif kind == "response.done":
+                    elif isinstance(event, ResponseDone):
                         break
-                    elif kind == "response.cancelled":
+                    elif isinstance(event, ResponseCancelled):
                         raise ClientError("server cancelled the response")
                     else:
                         printer.feed(event)
@@ -201,12 +218,11 @@ async def run_file_client(
             raise failure
 
     audio = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int16)
-    assert session.updated is not None
     return FileClientResult(
         pcm=audio,
         frames=checker.frames,
-        session_id=(session.updated.get("session") or {}).get("id"),
-        model=(session.updated.get("session") or {}).get("model"),
+        session_id=updated.session_id,
+        model=updated.model,
         texts=dict(printer.texts),
         frames_sent=sent,
         seconds_to_ready=ready,
@@ -214,12 +230,6 @@ async def run_file_client(
         seconds_total=time.perf_counter() - started,
         event_counts=counts,
     )
-
-
-async def _quiet_on_close(send: Callable[[], Awaitable[None]]) -> None:
-    """A send that fails because the server closed is reported by the receiver."""
-    with contextlib.suppress(trio_websocket.ConnectionClosed):
-        await send()
 
 
 def _seed(text: str) -> int:
@@ -240,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="voicechat_file_client.py",
         description="Send a WAV through /v1/realtime and write the spoken answer as a WAV.",
+        epilog=EXIT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("url", metavar="URL", help="ws://HOST:PORT/v1/realtime")
     p.add_argument("input", metavar="IN.wav", type=Path)
@@ -263,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="write every received event as JSON lines (audio as sample counts)",
     )
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
+    p.add_argument("--origin", default=None, help="send this Origin header (browser-like)")
     return p
 
 
@@ -287,11 +300,13 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None) -> 
             if log is not None:
                 log.write(json.dumps(redact_audio(event)) + "\n")
 
-        print(
-            f"sending {pcm.size / INPUT_SAMPLE_RATE:.2f} s of audio "
-            f"({args.extra_seconds:g} s silence appended) to {args.url}",
-            file=sys.stderr,
-        )
+        def on_ready(updated: SessionUpdated) -> None:
+            print(
+                f"sending {pcm.size / INPUT_SAMPLE_RATE:.2f} s of audio "
+                f"({args.extra_seconds:g} s silence appended) to {args.url}",
+                file=sys.stderr,
+            )
+
         result = trio.run(
             lambda: run_file_client(
                 args.url,
@@ -300,13 +315,14 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None) -> 
                 seed=args.seed,
                 realtime=args.realtime,
                 api_key=args.api_key,
+                origin=args.origin,
+                on_ready=on_ready,
                 on_event=on_event,
                 printer=TranscriptPrinter(out),
             )
         )
     except ClientError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return report(exc)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -1,7 +1,7 @@
 """Talk to the model live: microphone in, speaker out, text printed as it arrives.
 
     python examples/voicechat_microphone.py ws://127.0.0.1:8080/v1/realtime \\
-        [--system-prompt TEXT] [--seed N] [--api-key KEY] \\
+        [--system-prompt TEXT] [--seed N] [--api-key KEY] [--origin ORIGIN] \\
         [--input-device NAME] [--output-device NAME]
     python examples/voicechat_microphone.py --list-devices
 
@@ -14,7 +14,9 @@ Device I/O sits behind two small seams (:class:`AudioInput`, :class:`AudioOutput
 so tests drive :func:`run_microphone_client` with numpy arrays instead of a sound
 card. PortAudio calls our callbacks on its own threads; they only copy data and
 hand it to trio with ``TrioToken.run_sync_soon`` (input) or read a lock-guarded
-buffer (output), so they never block on the network or the event loop.
+buffer (output), so they never block on the network or the event loop. The
+protocol goes through :mod:`realtime.client`; failing to get a session exits with
+the code ``--help`` lists for it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import signal
 import sys
 import threading
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -35,7 +37,6 @@ from typing import Any, Protocol, TextIO, cast
 
 import numpy as np
 import trio
-import trio_websocket
 
 if __package__ in (None, ""):  # run as a script from a checkout: find _common and realtime
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -43,19 +44,27 @@ if __package__ in (None, ""):  # run as a script from a checkout: find _common a
         sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from _common import (
+    EXIT_EPILOG,
+    EXIT_USAGE,
     FRAME_SECONDS,
     AudioDeltaChecker,
-    ClientError,
     FrameFramer,
-    Session,
     StreamResampler,
     TranscriptPrinter,
-    append_message,
-    commit_message,
-    connect,
+    report,
 )
 
 from realtime.audio import float_to_pcm16, pcm16_to_float, to_mono
+from realtime.client import (
+    AudioDelta,
+    ClientError,
+    RealtimeClient,
+    ResponseCancelled,
+    ResponseDone,
+    ServerBusy,
+    ServerClosed,
+    connect,
+)
 from realtime.models.base import INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE, Samples
 
 ECHO_WARNING = (
@@ -208,6 +217,7 @@ async def run_microphone_client(
     system_prompt: str | None = None,
     seed: int = 0,
     api_key: str | None = None,
+    origin: str | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
     drain_timeout: float = 10.0,
@@ -244,13 +254,13 @@ async def run_microphone_client(
         with contextlib.suppress(trio.RunFinishedError):
             token.run_sync_soon(accept_block, data)
 
-    async def send_pcm(session: Session, samples: Samples, *, last: bool = False) -> None:
+    async def send_pcm(conn: RealtimeClient, samples: Samples, *, last: bool = False) -> None:
         pcm = float_to_pcm16(to_model.process(samples, last=last))
         for frame in framer.push(pcm):
-            await session.send(append_message(frame))
+            await conn.append(frame)
             state["frames_sent"] += 1
 
-    async def capture(session: Session) -> None:
+    async def capture(conn: RealtimeClient) -> None:
         """Send every whole 80 ms frame as it fills; on commit send the rest and commit."""
         while not commit_requested.is_set():
             with trio.CancelScope() as scope:
@@ -263,20 +273,20 @@ async def run_microphone_client(
                     waiting.remove(scope)
             if scope.cancelled_caught:
                 break
-            await send_pcm(session, to_mono(block))
+            await send_pcm(conn, to_mono(block))
         source.stop()
         while True:  # audio captured before the interrupt still belongs to the question
             try:
                 block = captured_recv.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
-            await send_pcm(session, to_mono(block))
-        await send_pcm(session, np.zeros(0, np.float32), last=True)
+            await send_pcm(conn, to_mono(block))
+        await send_pcm(conn, np.zeros(0, np.float32), last=True)
         partial = framer.flush()
         if partial.size:
-            await session.send(append_message(partial))
+            await conn.append(partial)
             state["frames_sent"] += 1
-        await session.send(commit_message())
+        await conn.commit()
         print("\n[committed: waiting for the end of the answer]", file=err, flush=True)
 
     async def watch_interrupts(nursery: trio.Nursery) -> None:
@@ -292,27 +302,26 @@ async def run_microphone_client(
                 nursery.cancel_scope.cancel()
                 return
 
-    async def quiet(send: Callable[[Session], Awaitable[None]], session: Session) -> None:
-        with contextlib.suppress(trio_websocket.ConnectionClosed):
-            await send(session)
+    async def quiet_capture(conn: RealtimeClient) -> None:
+        with contextlib.suppress(ServerClosed, ServerBusy):  # the receiver reports why
+            await capture(conn)
 
     print(ECHO_WARNING, file=err, flush=True)
     done = False
     failure: ClientError | None = None
-    async with connect(url, api_key=api_key) as ws:
-        session = Session(ws)
+    async with connect(url, api_key=api_key, origin=origin) as conn:
         with trio.fail_after(event_timeout):
-            await session.configure(system_prompt, seed)
+            await conn.configure(system_prompt=system_prompt, seed=seed)
         print("[connected: speak now; Ctrl-C to finish, twice to quit]", file=err, flush=True)
         sink.start()
         source.start(deliver)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(watch_interrupts, nursery)
-                nursery.start_soon(quiet, capture, session)
+                nursery.start_soon(quiet_capture, conn)
                 try:
                     done = await _receive_until_done(
-                        session, sink, checker, printer, to_device, err, state, event_timeout
+                        conn, sink, checker, printer, to_device, err, state, event_timeout
                     )
                     sink.play(to_device.process(np.zeros(0, np.float32), last=True))
                     sink.finish()
@@ -350,7 +359,7 @@ async def run_microphone_client(
 
 
 async def _receive_until_done(
-    session: Session,
+    conn: RealtimeClient,
     sink: AudioOutput,
     checker: AudioDeltaChecker,
     printer: TranscriptPrinter,
@@ -363,11 +372,10 @@ async def _receive_until_done(
     while True:
         try:
             with trio.fail_after(event_timeout):
-                event = await session.receive()
+                event = await conn.receive()
         except trio.TooSlowError:
             raise ClientError(f"no event from the server for {event_timeout:g} s") from None
-        kind = str(event["type"])
-        if kind == "response.audio.delta":
+        if isinstance(event, AudioDelta):
             pcm = checker.check(event)
             dropped = sink.play(to_device.process(pcm16_to_float(pcm)))
             if dropped:
@@ -379,8 +387,8 @@ async def _receive_until_done(
                     flush=True,
                 )
                 state["dropped_samples"] += dropped
-        elif kind in ("response.done", "response.cancelled"):
-            return kind == "response.done"
+        elif isinstance(event, ResponseDone | ResponseCancelled):
+            return isinstance(event, ResponseDone)
         else:
             printer.feed(event)
 
@@ -536,11 +544,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="voicechat_microphone.py",
         description="Live conversation over /v1/realtime: microphone in, speaker out.",
+        epilog=EXIT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("url", metavar="URL", nargs="?", help="ws://HOST:PORT/v1/realtime")
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
+    p.add_argument("--origin", default=None, help="send this Origin header (browser-like)")
     p.add_argument("--input-device", default=None, metavar="NAME", help="name or index")
     p.add_argument("--output-device", default=None, metavar="NAME", help="name or index")
     p.add_argument("--list-devices", action="store_true", help="list audio devices and exit")
@@ -566,7 +577,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise AudioUnavailable(f"no usable audio device: {exc}") from None
     except AudioUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     print(
         f"input: {source.name} at {source.sample_rate} Hz; "
         f"output: {sink.name} at {sink.sample_rate} Hz",
@@ -589,6 +600,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         system_prompt=args.system_prompt,
                         seed=args.seed,
                         api_key=args.api_key,
+                        origin=args.origin,
                     )
                 except (ClientError, Interrupted) as exc:
                     failure = exc  # re-raised outside the nursery: no ExceptionGroup
@@ -604,8 +616,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\nquit", file=sys.stderr)
         return 130
     except ClientError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return report(exc)
     except KeyboardInterrupt:
         return 130
     print(

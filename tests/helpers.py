@@ -24,7 +24,8 @@ from realtime.client import (
 from realtime.engine import Engine
 from realtime.limits import Limits
 from realtime.server import hypercorn_config, run_server
-from realtime.testing import ServerProcess, start_server_process
+from realtime.testing import ServerProcess as ServerProcess
+from realtime.testing import start_server_process
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -23,7 +23,9 @@ from tests.helpers import REPO, ServerProcess, connect, running_server
 sys.path.insert(0, str(REPO / "examples"))
 
 import voicechat_file_client as fc
-from _common import ClientError, TranscriptPrinter
+from _common import TranscriptPrinter
+
+from realtime.client import ClientError, ServerBusy
 
 SCRIPT = REPO / "examples" / "voicechat_file_client.py"
 
@@ -112,7 +114,7 @@ async def test_file_client_reports_server_error() -> None:
 async def test_file_client_reports_busy_server(engine: Engine) -> None:
     async with running_server(engine) as server, connect(server.url) as holder:
         await holder.configure()
-        with pytest.raises(ClientError, match="server_busy"):
+        with pytest.raises(ServerBusy, match="another session is active"):
             await fc.run_file_client(server.url, np.zeros(FRAME_SAMPLES, np.int16))
 
 
@@ -142,9 +144,9 @@ async def test_file_client_script_reports_missing_key(engine: Engine, tmp_path: 
             check=False,
         )
     err = proc.stderr.decode()
-    assert proc.returncode == 1, err
+    assert proc.returncode == 5, err
     assert "HTTP 401" in err and "--api-key" in err
-    assert "Traceback" not in err
+    assert "Traceback" not in err and "sending" not in err
     assert not (tmp_path / "out.wav").exists()
     assert ok.returncode == 0, ok.stderr.decode()
 
@@ -157,8 +159,41 @@ def test_file_client_usage_errors(tmp_path: Path) -> None:
     bad_seed = _run_script("ws://127.0.0.1:9/v1/realtime", str(wav), "o.wav", "--seed", "-1")
     assert bad_seed.returncode == 2
     refused = _run_script("ws://127.0.0.1:9/v1/realtime", str(wav), str(tmp_path / "o.wav"))
-    assert refused.returncode == 1
+    assert refused.returncode == 3
     assert "cannot connect" in refused.stderr and "Traceback" not in refused.stderr
+    http = _run_script("http://127.0.0.1:9/v1/realtime", str(wav), str(tmp_path / "o.wav"))
+    assert http.returncode == 4 and "ws:// or wss://" in http.stderr
+    assert "exit status" in _run_script("--help").stdout
+
+
+async def test_file_client_script_exit_codes(engine: Engine, tmp_path: Path) -> None:
+    """Each way of not getting a session: one line, its own exit code, before 'sending'."""
+    wav = _tone_wav(tmp_path / "in.wav", 0.2)
+    out = str(tmp_path / "out.wav")
+
+    async def script(url: str, *extra: str) -> tuple[int, str]:
+        proc = await trio.run_process(
+            [sys.executable, str(SCRIPT), url, str(wav), out, *extra],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+        return proc.returncode, proc.stderr.decode()
+
+    async with running_server(engine, allowed_origins=["https://app.example"]) as server:
+        wrong_path = server.url.replace("/v1/realtime", "/v1/nope")
+        results = {"wrong path": await script(wrong_path)}
+        results["origin"] = await script(server.url, "--origin", "https://evil.example")
+        async with connect(server.url) as holder:
+            await holder.configure()
+            results["busy"] = await script(server.url)
+    expected = {"wrong path": (4, "HTTP 404"), "origin": (6, "HTTP 403"), "busy": (7, "busy")}
+    for name, (code, needle) in expected.items():
+        rc, err = results[name]
+        assert rc == code, (name, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0] and "<html" not in err.lower(), (name, err)
+    assert not await trio.Path(out).exists()
 
 
 @pytest.mark.slow

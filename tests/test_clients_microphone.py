@@ -457,3 +457,17 @@ async def test_microphone_script_first_ctrl_c_commits(engine: Engine, tmp_path: 
     received = int(re.search(r"received (\d+) audio frames", text).group(1))  # type: ignore[union-attr]
     assert sent >= 3 and received == sent
     assert "[assistant] t0 " in out.decode()
+
+
+def test_microphone_script_connection_exit_codes(tmp_path: Path) -> None:
+    """Unreachable server and a wrong URL: one error line each, distinct codes, no session."""
+    env = _fake_sounddevice(tmp_path, FAKE_PORTAUDIO_MODULE)
+    for url, code, needle in (
+        ("ws://127.0.0.1:9/v1/realtime", 3, "cannot connect"),
+        ("http://127.0.0.1:9/v1/realtime", 4, "ws:// or wss://"),
+    ):
+        proc = _run([url], env)
+        assert proc.returncode == code, proc.stderr
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and needle in errors[0]
+        assert "Traceback" not in proc.stderr and "speak now" not in proc.stderr

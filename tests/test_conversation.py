@@ -156,7 +156,7 @@ def test_budget_counts_accepted_audio_until_it_is_submitted() -> None:
     ready(c)
     (run,) = c.receive(append(12800), 0.0)
     assert isinstance(run, RunAudio) and c.pending_samples == 12800
-    code, message = only_error(c.receive(append(6400), 0.0))
+    _, message = only_error(c.receive(append(6400), 0.0))
     assert "backlog is full: 0.80 s waiting" in message and "0.40 s was refused" in message
     assert c.begin_audio(run) is None
     c.slice_submitted(FRAME)

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from realtime.engine import Engine
+from realtime.engine import Close, Engine, Flush, Open, Push
 from realtime.models import load_model
-from realtime.models.base import AudioDelta, Done
+from realtime.models.base import AudioDelta, Done, ModelEvent
 from tests.helpers import ServerProcess, append_msg, connect, noise, running_server
 
 
@@ -52,22 +52,25 @@ def test_engine_runs_real_model_on_one_thread(
     engine = Engine(loader)
     engine.start()
     try:
-        engine.call("open", "sess_a", None, 0, None, timeout=60)
-        events = []
+        engine.submit(Open("sess_a", None, 0, None)).result(timeout=60)
+        events: list[ModelEvent] = []
         for i in range(3):
-            events += engine.call("push", "sess_a", noise(1280, seed=i), 16000, timeout=60)
-        events += engine.call("flush", "sess_a", True, timeout=60)
-        engine.call("close", "sess_a", timeout=60)
-        engine.call("open", "sess_b", None, 1, None, timeout=60)
-        engine.call("close", "sess_b", timeout=60)  # cancels the unflushed session
+            step = engine.submit(Push("sess_a", noise(1280, seed=i), 16000)).result(timeout=60)
+            assert step is not None
+            events += step.events
+        events += engine.submit(Flush("sess_a", True)).result(timeout=60)
+        engine.submit(Close("sess_a")).result(timeout=60)
+        engine.submit(Open("sess_b", None, 1, None)).result(timeout=60)
+        engine.submit(Close("sess_b")).result(timeout=60)  # cancels the unflushed session
     finally:
         engine.shutdown()
     assert [e.frame_index for e in events if isinstance(e, AudioDelta)] == [0, 1, 2]
     assert isinstance(events[-1], Done)
     names = [n for n, _ in threads]
     assert names.count("_step_audio_frame") == 3 and "cancel" in names
-    assert {t for _, t in threads} == {engine.thread_ident}
-    assert engine.thread_ident != threading.get_ident()
+    engine_thread = threads[0][1]  # the thread that loaded the model
+    assert {t for _, t in threads} == {engine_thread}
+    assert engine_thread != threading.get_ident()
 
 
 async def test_socket_streams_the_demo_model(demo_path: Path) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
-import typing
 import re
+import typing
 from typing import Any
 
 import numpy as np
