@@ -353,7 +353,7 @@ def test_error_codes_of_engine_failures() -> None:
     assert error_code_for("session_lost", "open") == "session_initialization_failed"
     assert error_code_for("engine_dead", "open") == "inference_error"
     for kind in ("step_failed", "session_lost", "engine_dead"):
-        assert error_code_for(kind, "push") == "inference_error"  # type: ignore[arg-type]
+        assert error_code_for(kind, "push") == "inference_error"
 
 
 # --- any sequence of frames --------------------------------------------------------------------
