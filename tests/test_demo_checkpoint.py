@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from realtime.demo_checkpoint import (
     MARKER_FILE,
     demo_checkpoint_is_complete,
     ensure_demo_checkpoint,
+    install_atomically,
     write_demo_checkpoint,
 )
 from realtime.models import check_model_path, load_model
@@ -167,3 +169,27 @@ def test_demo_model_command(tmp_path: Path, demo_cache_dir: Path) -> None:
     assert "not a demo checkpoint" in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr
     assert (foreign / "notes.txt").read_text() == "mine"
+
+
+def test_install_atomically_replaces_or_leaves_the_target(tmp_path: Path) -> None:
+    target = tmp_path / "folder"
+
+    def build(text: str) -> Callable[[Path], None]:
+        def write(staging: Path) -> None:
+            (staging / "file.txt").write_text(text)
+
+        return write
+
+    assert install_atomically(target, build("one")) == target
+    assert (target / "file.txt").read_text() == "one"
+    install_atomically(target, build("two"))
+    assert (target / "file.txt").read_text() == "two"
+
+    def fail(staging: Path) -> None:
+        (staging / "half.txt").write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        install_atomically(target, fail)
+    assert sorted(p.name for p in target.iterdir()) == ["file.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]
