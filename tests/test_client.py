@@ -1,0 +1,115 @@
+"""realtime.client: typed events, and every failure as one ClientError subclass."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import trio
+
+from realtime import client as rc
+from realtime.engine import Engine
+from realtime.models.base import FRAME_SAMPLES, OUTPUT_FRAME_SAMPLES
+from realtime.models.fake import FakeModel, FakeOptions
+from tests.helpers import running_server
+
+
+def _function(i: int) -> str | None:
+    return "{" if i == 0 else None
+
+
+async def test_session_round_trip_yields_typed_events() -> None:
+    model = FakeModel(FakeOptions(function=_function))
+    engine = Engine(lambda: model)
+    engine.start()
+    try:
+        async with running_server(engine) as server, rc.connect(server.url) as conn:
+            updated = await conn.configure(system_prompt="Hi.", seed=4)
+            assert updated.model == "fake-voicechat" and updated.frame_samples == FRAME_SAMPLES
+            assert conn.created is not None and conn.created.session_id == updated.session_id
+            await conn.append(np.zeros(FRAME_SAMPLES, np.int16))
+            await conn.append(np.full(FRAME_SAMPLES // 2, 0.25, np.float32))
+            await conn.ping()
+            await conn.commit()
+            events = [event async for event in conn]
+    finally:
+        engine.shutdown()
+    kinds = [type(e) for e in events]
+    assert kinds.count(rc.AudioDelta) == 2 and rc.Pong in kinds and rc.Committed in kinds
+    assert isinstance(events[-1], rc.ResponseDone) and events[-1].frame_index == 2
+    audio = next(e for e in events if isinstance(e, rc.AudioDelta))
+    assert audio.pcm().shape == (OUTPUT_FRAME_SAMPLES,) and len(audio.audio_codes) == 31
+    assert audio.raw["type"] == "response.audio.delta"
+    function = next(e for e in events if isinstance(e, rc.FunctionDelta))
+    assert function.delta == "{" and function.frame_index == 0
+    assert model.calls_named("open") == [("Hi.", 4, None)]
+
+
+async def test_connection_failures_are_one_line_errors(engine: Engine) -> None:
+    async with running_server(
+        engine, api_key="k", allowed_origins=["https://app.example"]
+    ) as server:
+        cases: list[tuple[dict[str, str], str, type[rc.ClientError], str]] = [
+            ({}, server.url, rc.Unauthorized, "HTTP 401"),
+            ({"origin": "https://evil.example"}, server.url, rc.Forbidden, "HTTP 403"),
+            ({}, server.url.replace("/v1/realtime", "/nope"), rc.UpgradeRejected, "HTTP 404"),
+            ({}, server.http + "/v1/realtime", rc.BadURL, "ws://"),
+        ]
+        for extra, url, kind, needle in cases:
+            key = {} if kind is rc.Unauthorized else {"api_key": "k"}
+            with pytest.raises(kind, match=needle) as caught:
+                async with rc.connect(url, **key, **extra):
+                    pass
+            assert "\n" not in str(caught.value) and "<html" not in str(caught.value).lower()
+    with pytest.raises(rc.ServerUnreachable, match="cannot connect"):
+        async with rc.connect(server.url, api_key="k"):
+            pass
+
+
+async def test_busy_server_before_and_after_update(engine: Engine) -> None:
+    async with running_server(engine) as server, rc.connect(server.url) as holder:
+        await holder.configure()
+        with pytest.raises(rc.ServerBusy):
+            async with rc.connect(server.url) as conn:
+                await conn.configure()
+        with pytest.raises(rc.ServerBusy, match="1013"):
+            async with rc.connect(server.url, raise_errors=False) as conn:
+                error = await conn.receive()
+                assert isinstance(error, rc.ErrorEvent) and error.code == "server_busy"
+                await conn.receive()
+        await holder.cancel()
+        assert isinstance([e async for e in holder][-1], rc.ResponseCancelled)
+
+
+async def test_error_events_raise_or_return(engine: Engine) -> None:
+    async with running_server(engine) as server:
+        async with rc.connect(server.url) as conn:
+            await conn.configure()
+            await conn.send_raw("not json")
+            with pytest.raises(rc.ServerError, match="invalid_request"):
+                await conn.receive()
+            await conn.ping()
+            assert isinstance(await conn.receive(), rc.Pong)  # still usable
+        with trio.fail_after(5):
+            while engine.is_reserved():
+                await trio.sleep(0.01)
+        async with rc.connect(server.url, raise_errors=False) as conn:
+            await conn.configure()
+            await conn.send_raw('{"type": "nope"}')
+            event = await conn.receive()
+            assert isinstance(event, rc.ErrorEvent) and event.code == "invalid_request"
+
+
+def test_parse_event_is_lenient_on_unknown_and_strict_on_garbage() -> None:
+    unknown = rc.parse_event('{"type": "x.y", "a": 1}')
+    assert isinstance(unknown, rc.UnknownEvent) and unknown.raw["a"] == 1
+    with pytest.raises(rc.ProtocolViolation):
+        rc.parse_event("{")
+    with pytest.raises(rc.ProtocolViolation):
+        rc.parse_event('{"type": "response.audio.delta"}')
+    with pytest.raises(rc.ProtocolViolation):
+        rc.parse_event(b"\x00")
+    assert rc.decode_pcm16(rc.encode_pcm16(np.array([1, -2], np.int16))).tolist() == [1, -2]
+    assert rc.decode_pcm16(rc.encode_pcm16(np.array([1.0, -1.0], np.float32))).tolist() == [
+        32767,
+        -32767,
+    ]
