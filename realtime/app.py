@@ -199,7 +199,11 @@ class RealtimeApp:
             state.idle = trio.Event()
         try:
             await Connection(
-                ASGITransport(receive, send), state.engine, state.limits, shutdown=state.shutdown
+                ASGITransport(receive, send),
+                state.engine,
+                state.limits,
+                shutdown=state.shutdown,
+                observer=state.observer,
             ).run()
         finally:
             state.connections -= 1

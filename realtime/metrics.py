@@ -66,7 +66,7 @@ class PrometheusObserver(Observer):
     def __init__(self, *, process_metrics: bool = True) -> None:
         # No ``*_created`` series beside every counter and histogram: they double
         # the exposition and no dashboard reads them (process-wide switch).
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
         r = self.registry
         self._engine: Engine | None = None

@@ -1,0 +1,246 @@
+"""Two demo replicas behind HAProxy with the shipped ``deploy/haproxy/haproxy.cfg``.
+
+Shows the behaviour docs/deploy.md promises: one conversation per replica, a
+queue then a 503 when all are busy, a replica free as soon as its socket closes,
+a SIGKILLed replica costing only its own client, and a draining replica taking
+no new conversation while its open one finishes. Skips without ``haproxy``
+unless ``REALTIME_REQUIRE_HAPROXY=1`` (CI installs it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from trio_websocket import ConnectionRejected
+
+from realtime.testing import ServerProcess
+from tests.helpers import REPO, Client, append_msg, connect, noise, start_realtime_server
+from tests.test_app import ahttp, http
+
+pytestmark = pytest.mark.slow
+
+CONFIG = REPO / "deploy" / "haproxy" / "haproxy.cfg"
+HAPROXY = shutil.which("haproxy") or next(
+    (p for p in ("/usr/sbin/haproxy", "/usr/local/sbin/haproxy") if os.path.exists(p)), None
+)
+if HAPROXY is None and os.environ.get("REALTIME_REQUIRE_HAPROXY") != "1":
+    pytest.skip(
+        "haproxy is not installed (apt-get install haproxy; CI sets REALTIME_REQUIRE_HAPROXY=1)",
+        allow_module_level=True,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def port_of(server: ServerProcess) -> int:
+    return int(server.http.rsplit(":", 1)[1])
+
+
+def render_config(tmp: Path, front: int, replicas: list[int]) -> tuple[Path, Path]:
+    """The shipped config with test ports and paths (and nothing else) changed."""
+    text = CONFIG.read_text()
+    stats = tmp / "haproxy.sock"
+    text = text.replace("bind 127.0.0.1:8080", f"bind 127.0.0.1:{front}")
+    for i, port in enumerate(replicas, start=1):
+        text = text.replace(f"127.0.0.1:{8080 + i}", f"127.0.0.1:{port}")
+    text = text.replace("/tmp/realtime-haproxy.sock", str(stats))
+    text = text.replace("errors/503.http", str(CONFIG.parent / "errors" / "503.http"))
+    path = tmp / "haproxy.cfg"
+    path.write_text(text)
+    return path, stats
+
+
+@contextlib.contextmanager
+def run_haproxy(config: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    assert HAPROXY is not None, "REALTIME_REQUIRE_HAPROXY=1 but haproxy is not installed"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            [HAPROXY, "-db", "-f", str(config)], stdout=sink, stderr=subprocess.STDOUT
+        )
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def server_states(stats: Path) -> dict[tuple[str, str], str]:
+    """``show stat`` on the runtime API: (backend, server) -> UP/DOWN/..."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(5)
+        s.connect(str(stats))
+        s.sendall(b"show stat\n")
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    lines = raw.decode().splitlines()
+    header = lines[0].lstrip("# ").split(",")
+    col = {name: i for i, name in enumerate(header)}
+    out = {}
+    for line in lines[1:]:
+        fields = line.split(",")
+        if len(fields) > col["status"] and fields[1] not in ("FRONTEND", "BACKEND"):
+            out[(fields[0], fields[1])] = fields[col["status"]]
+    return out
+
+
+async def wait_for(predicate: Any, what: str, timeout: float = 15.0) -> None:
+    with trio.fail_after(timeout):
+        while not await trio.to_thread.run_sync(predicate):
+            await trio.sleep(0.1)
+    del what
+
+
+def active(replica: ServerProcess) -> bool:
+    status, body = http("GET", replica.http + "/health")
+    return status == 200 and bool(body["session_active"])
+
+
+async def converse(client: Client, frames: int = 3) -> list[dict[str, Any]]:
+    """Some audio, commit, and every event up to ``response.done``."""
+    await client.send(append_msg(noise(1280 * frames)))
+    await client.send({"type": "input_audio_buffer.commit"})
+    return await client.recv_until("response.done", timeout=30)
+
+
+async def test_fleet_behind_haproxy(tmp_path: Path) -> None:
+    started = time.monotonic()
+    figures: dict[str, float] = {}
+    with contextlib.ExitStack() as stack:
+        replicas = [
+            stack.enter_context(start_realtime_server("--drain-timeout", "20", log_dir=tmp_path))
+            for _ in range(2)
+        ]
+        front = free_port()
+        config, stats = render_config(tmp_path, front, [port_of(r) for r in replicas])
+        stack.enter_context(run_haproxy(config, tmp_path / "haproxy.log"))
+        url = f"ws://127.0.0.1:{front}/v1/realtime"
+
+        def all_up() -> bool:
+            try:
+                states = server_states(stats)
+            except OSError:
+                return False
+            return [states.get(("conversations", f"replica{i}")) for i in (1, 2)] == ["UP"] * 2
+
+        await wait_for(all_up, "both replicas UP")
+        figures["start_s"] = time.monotonic() - started
+
+        async with contextlib.AsyncExitStack() as clients:
+            # 1. Two concurrent conversations, on different replicas.
+            a = await clients.enter_async_context(connect(url))
+            await a.configure()
+            a_replica = next(r for r in replicas if active(r))
+            b_conn = connect(url)
+            b = await b_conn.__aenter__()
+            await b.configure()
+            assert all(active(r) for r in replicas)
+            b_replica = next(r for r in replicas if r is not a_replica)
+
+            # 2. A third while both are busy waits in the queue (timeout queue 5s),
+            #    then gets the documented HTTP 503 JSON, never a server_busy socket.
+            t0 = time.monotonic()
+            with pytest.raises(ConnectionRejected) as rejected:
+                async with connect(url):
+                    pass
+            figures["queue_then_503_s"] = time.monotonic() - t0
+            assert rejected.value.status_code == 503
+            assert b"server_busy" in (rejected.value.body or b"")
+
+            # 3. One queued while both are busy is served once A ends: no server_busy.
+            served = trio.Event()
+            c_holder: list[Client] = []
+
+            async def third(task_status: trio.TaskStatus[None]) -> None:
+                async with connect(url) as c:
+                    c_holder.append(c)
+                    task_status.started()
+                    await c.configure()
+                    served.set()
+                    await trio.sleep_forever()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lambda: nursery.start(third))
+                await trio.sleep(0.5)  # C is queued in HAProxy (no replica free)
+                assert not served.is_set()
+                events = await converse(a)
+                assert all(e["type"] != "error" for e in events), events
+                ended_at = time.monotonic()
+                await a.closed_code()
+                with trio.fail_after(10):
+                    await served.wait()
+                figures["queued_served_after_end_s"] = time.monotonic() - ended_at
+                nursery.cancel_scope.cancel()
+            # C was served by the replica A left (cancelled by the nursery above, so
+            # it went away as a client would).
+
+            # 4. SIGKILL B's replica mid-conversation: only B's connection ends.
+            async with connect(url) as c:
+                await c.configure()
+                assert active(a_replica) and active(b_replica)
+                b_replica.proc.kill()
+                b_replica.proc.wait(10)
+                code = await b.closed_code(timeout=10)
+                assert code in (None, 1006), code
+                await c.send({"type": "session.ping"})
+                pong = await c.recv_until("session.pong")
+                assert pong[-1]["type"] == "session.pong"
+                events = await converse(c)
+                assert events[-1]["type"] == "response.done"
+                await c.closed_code()
+            # New conversations go to the survivor (retried off the dead one at once).
+            async with connect(url) as d:
+                await d.configure()
+                assert active(a_replica)
+                await converse(d)
+                await d.closed_code()
+            with contextlib.suppress(BaseException):
+                await b_conn.__aexit__(None, None, None)
+
+        # 5. Drain: the survivor gets SIGTERM with a conversation open; it finishes it
+        #    (no 1001), takes no new conversation, and exits 0.
+        async with connect(url) as e:
+            await e.configure()
+            a_replica.proc.send_signal(signal.SIGTERM)
+            await wait_for(
+                lambda: http("GET", a_replica.http + "/ready")[1].get("reason") == "draining",
+                "/ready says draining",
+            )
+            with pytest.raises(ConnectionRejected) as refused:
+                async with connect(a_replica.url):
+                    pass
+            assert refused.value.status_code == 503
+            # Through HAProxy a new client is not given to the draining replica: with
+            # the other one dead, it queues and then gets the 503.
+            with pytest.raises(ConnectionRejected) as refused:
+                async with connect(url):
+                    pass
+            assert refused.value.status_code == 503
+            events = await converse(e)
+            assert events[-1]["type"] == "response.done"
+            assert await e.closed_code() != 1001
+        assert await trio.to_thread.run_sync(a_replica.proc.wait, 15) == 0
+        status, _ = await ahttp("GET", f"http://127.0.0.1:{front}/v1/models")
+        assert status == 503  # no replica left at all: HAProxy's own JSON 503
+    figures["total_s"] = time.monotonic() - started
+    print("fleet figures:", {k: round(v, 2) for k, v in figures.items()})
