@@ -1,12 +1,13 @@
 """``python -m benchmarks.breakdown``: where one frame's latency goes, hop by hop.
 
-Starts a server in a subprocess with timestamps patched around its hops,
-streams frames one at a time (paced at 80 ms unless ``--unpaced``), and lines
-the server's clock up with the client's (``perf_counter`` is CLOCK_MONOTONIC,
-shared by every process on Linux). The model step is timed around mlx-vlm's
-own ``VoiceChatStreamingSession.push_audio`` in both servers, so "total minus
-model step" is each server's own overhead, measured the same way. Diagnostic
-only: each patch adds about a microsecond.
+Starts a server in a subprocess with an :class:`~realtime.observe.Observer` that
+records ``perf_counter`` at each hop (no private method is patched), streams
+frames one at a time (paced at 80 ms unless ``--unpaced``), and lines the
+server's clock up with the client's (``perf_counter`` is CLOCK_MONOTONIC, shared
+by every process on Linux). On a checkpoint the model step is timed around
+mlx-vlm's own ``VoiceChatStreamingSession.push_audio`` in both servers, so "total
+minus model step" is each server's own overhead, measured the same way; on the
+zero-cost model it is the engine's command time. Diagnostic only.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import atexit
 import importlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -29,18 +31,18 @@ import trio
 
 from benchmarks import servers
 from benchmarks.wire import AUDIO_DELTA, CANCEL, FRAME_SECONDS, connect, frame_messages, test_pcm
+from realtime.observe import CommandKind, Observer, SessionReport
 
 SKIP: Final = 10
 """Frames left out of the figures (allocator and cache warm-up)."""
 OURS_HOPS: Final = (
     ("client send -> server receive", "sent", "recv"),
-    ("receive -> processor (parse, queue)", "recv", "proc"),
-    ("processor -> engine submit", "proc", "sub"),
+    ("receive -> slice submitted (parse, queue)", "recv", "sub"),
     ("submit -> model step starts", "sub", "step0"),
-    ("model step (mlx-vlm push_audio)", "step0", "step1"),
-    ("model step end -> trio resumes", "step1", "ret"),
-    ("trio resumes -> audio send starts", "ret", "send0"),
-    ("audio send (Quart, Hypercorn, socket)", "send0", "send1"),
+    ("model step", "step0", "step1"),
+    ("model step end -> collector resumes", "step1", "ret"),
+    ("collector resumes -> audio send starts", "ret", "send0"),
+    ("audio send (Hypercorn, socket)", "send0", "send1"),
     ("audio sent -> client has it", "send1", "got"),
 )
 PEER_HOPS: Final = (
@@ -60,19 +62,13 @@ def _save(out: Path, marks: Marks) -> None:
     out.write_text(json.dumps(marks))
 
 
-def _time_model_step(marks: Marks, null: bool) -> None:
-    """Timestamps around the model's own step, on the thread that runs it."""
+def _time_mlx_vlm_step(marks: Marks) -> None:
+    """Timestamps around mlx-vlm's own step, on the thread that runs it (the only
+    way to time the peer server, so both servers are timed the same way)."""
+    from mlx_vlm.models.nemotron_voicechat.streaming import VoiceChatStreamingSession
+
     clock = time.perf_counter
-    target: Any
-    if null:
-        from benchmarks.null_model import NullSession
-
-        target = NullSession
-    else:
-        from mlx_vlm.models.nemotron_voicechat.streaming import VoiceChatStreamingSession
-
-        target = VoiceChatStreamingSession
-    push: Callable[..., Any] = target.push_audio
+    push: Callable[..., Any] = VoiceChatStreamingSession.push_audio
 
     def timed_push(self: Any, *args: Any, **kwargs: Any) -> Any:
         marks["step0"].append(clock())
@@ -81,73 +77,85 @@ def _time_model_step(marks: Marks, null: bool) -> None:
         finally:
             marks["step1"].append(clock())
 
-    target.push_audio = timed_push
+    VoiceChatStreamingSession.push_audio = timed_push  # type: ignore[method-assign]
 
 
-def _instrument_ours(out: Path, null: bool) -> None:
-    """Patch this server's hops to record ``perf_counter`` per audio frame."""
-    from realtime import app, connection, engine
+class HopMarks(Observer):
+    """Records ``perf_counter`` at each hop of every audio frame; saved at session end
+    (``realtime serve`` leaves through ``os._exit``, which skips atexit handlers)."""
 
-    marks: Marks = {k: [] for k in ("recv", "proc", "sub", "ret", "send0", "send1")}
-    marks |= {"step0": [], "step1": []}
-    _time_model_step(marks, null)
-    clock = time.perf_counter
-    receive, send = app.ASGITransport.receive, app.ASGITransport.send
-    run_appends, submit, wait = (
-        connection.Connection._run_appends,
-        engine.Engine.submit,
-        engine.Engine.wait,
-    )
-    run = connection.Connection.run
-    pushes: set[int] = set()
+    def __init__(self, out: Path, *, time_steps: bool) -> None:
+        self.out = out
+        self.time_steps = time_steps
+        keys = ("recv", "sub", "ret", "send0", "send1", "step0", "step1")
+        self.marks: Marks = {k: [] for k in keys}
 
-    async def timed_receive(self: app.ASGITransport) -> str | bytes | None:
-        data = await receive(self)
-        if isinstance(data, str) and "input_audio_buffer.append" in data[:64]:
-            marks["recv"].append(clock())
-        return data
+    def command_started(self, kind: CommandKind) -> None:
+        if self.time_steps and kind == "push":
+            self.marks["step0"].append(time.perf_counter())
 
-    async def timed_send(self: app.ASGITransport, text: str) -> None:
-        audio = AUDIO_DELTA in text[:64]
-        if audio:
-            marks["send0"].append(clock())
-        await send(self, text)
-        if audio:
-            marks["send1"].append(clock())
+    def command_finished(self, kind: CommandKind, seconds: float) -> None:
+        if self.time_steps and kind == "push":
+            self.marks["step1"].append(time.perf_counter())
 
-    async def timed_run_appends(self: connection.Connection, append: Any) -> None:
-        marks["proc"].append(clock())
-        await run_appends(self, append)
+    def append_received(self, at: float) -> None:
+        self.marks["recv"].append(at)
 
-    def timed_submit(self: engine.Engine, kind: str, session_id: str, *args: Any) -> Any:
-        if kind == "push":
-            marks["sub"].append(clock())
-        future = submit(self, kind, session_id, *args)
-        if kind == "push":
-            pushes.add(id(future))
-        return future
+    def slice_submitted(self) -> None:
+        self.marks["sub"].append(time.perf_counter())
 
-    async def timed_wait(self: engine.Engine, future: Any) -> Any:
-        result = await wait(self, future)
-        if id(future) in pushes:
-            pushes.discard(id(future))
-            marks["ret"].append(clock())
-        return result
+    def slice_collected(self) -> None:
+        self.marks["ret"].append(time.perf_counter())
 
-    async def run_and_save(self: connection.Connection) -> None:
-        # Saved as each connection ends: ``realtime serve`` leaves through
-        # os._exit, which skips atexit handlers.
-        try:
-            await run(self)
-        finally:
-            _save(out, marks)
+    def audio_send(self, started: bool) -> None:
+        self.marks["send0" if started else "send1"].append(time.perf_counter())
 
-    app.ASGITransport.receive = timed_receive  # type: ignore[method-assign]
-    app.ASGITransport.send = timed_send  # type: ignore[method-assign]
-    connection.Connection._run_appends = timed_run_appends  # type: ignore[method-assign]
-    connection.Connection.run = run_and_save  # type: ignore[method-assign]
-    engine.Engine.submit = timed_submit  # type: ignore[method-assign]
-    engine.Engine.wait = timed_wait  # type: ignore[method-assign]
+    def session_ended(self, report: SessionReport) -> None:
+        _save(self.out, self.marks)
+
+
+def _serve_ours(out: Path, what: str) -> int:
+    """This server, built as ``realtime serve`` builds it, plus the hop recorder."""
+    from realtime.app import ServerState
+    from realtime.engine import Engine
+    from realtime.limits import Limits
+    from realtime.metrics import PrometheusObserver
+    from realtime.models.base import RealtimeModel
+    from realtime.observe import Observers
+    from realtime.server import hypercorn_config, model_loader, run_server
+
+    logging.basicConfig(level=logging.WARNING)
+    null = what == "null"
+    hops = HopMarks(out, time_steps=null)
+    if not null:
+        _time_mlx_vlm_step(hops.marks)
+    loader: Callable[[], RealtimeModel]
+    if null:
+        from realtime.models.fake import NullModel
+
+        loader = NullModel
+    else:
+        loader = model_loader(what, None)
+    metrics = PrometheusObserver()
+    observer = Observers((metrics, hops))
+    engine = Engine(loader, observer=observer)
+    engine.start()
+    limits = Limits()
+    state = ServerState(engine=engine, limits=limits, metrics=metrics, observer=observer)
+
+    async def serve() -> None:
+        async with trio.open_nursery() as nursery:
+            config = hypercorn_config("127.0.0.1", 0, limits)
+            binds: list[str] = await nursery.start(run_server, state, config)
+            for bind in binds:
+                url = bind.replace("http://", "ws://") + "/v1/realtime"
+                print(f"realtime: serving {url}", file=sys.stderr, flush=True)
+
+    try:
+        trio.run(serve)
+    finally:
+        engine.shutdown()
+    return 0
 
 
 def _serve(argv: list[str]) -> int:
@@ -155,21 +163,14 @@ def _serve(argv: list[str]) -> int:
     out, which, what = Path(argv[0]), argv[1], argv[2]
     if which == "peer":
         marks: Marks = {"step0": [], "step1": []}
-        _time_model_step(marks, null=False)
+        _time_mlx_vlm_step(marks)
         atexit.register(_save, out, marks)
         peer_main: Callable[[], None] = importlib.import_module("mlx_vlm.server.cli").main
         sys.argv = ["mlx_vlm.server", "--host", "127.0.0.1", "--port", argv[3]]
         sys.argv += ["--log-level", "WARNING"]
         peer_main()
         return 0
-    _instrument_ours(out, null=what == "null")
-    if what == "null":
-        from benchmarks import null_server
-
-        return null_server.main([])
-    from realtime.cli import main
-
-    return main(["serve", "-m", what, "--host", "127.0.0.1", "--port", "0"])
+    return _serve_ours(out, what)
 
 
 def breakdown(
