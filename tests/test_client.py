@@ -48,16 +48,16 @@ async def test_connection_failures_are_one_line_errors(engine: Engine) -> None:
     async with running_server(
         engine, api_key="k", allowed_origins=["https://app.example"]
     ) as server:
-        cases: list[tuple[dict[str, str], str, type[rc.ClientError], str]] = [
-            ({}, server.url, rc.Unauthorized, "HTTP 401"),
-            ({"origin": "https://evil.example"}, server.url, rc.Forbidden, "HTTP 403"),
-            ({}, server.url.replace("/v1/realtime", "/nope"), rc.UpgradeRejected, "HTTP 404"),
-            ({}, server.http + "/v1/realtime", rc.BadURL, "ws://"),
+        cases: list[tuple[str | None, str, type[rc.ClientError], str]] = [
+            (None, server.url, rc.Unauthorized, "HTTP 401"),
+            ("https://evil.example", server.url, rc.Forbidden, "HTTP 403"),
+            (None, server.url.replace("/v1/realtime", "/nope"), rc.UpgradeRejected, "HTTP 404"),
+            (None, server.http + "/v1/realtime", rc.BadURL, "ws://"),
         ]
-        for extra, url, kind, needle in cases:
-            key = {} if kind is rc.Unauthorized else {"api_key": "k"}
+        for origin, url, kind, needle in cases:
+            key = None if kind is rc.Unauthorized else "k"
             with pytest.raises(kind, match=needle) as caught:
-                async with rc.connect(url, **key, **extra):
+                async with rc.connect(url, api_key=key, origin=origin):
                     pass
             assert "\n" not in str(caught.value) and "<html" not in str(caught.value).lower()
     with pytest.raises(rc.ServerUnreachable, match="cannot connect"):
