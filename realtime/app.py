@@ -1,4 +1,4 @@
-"""The Quart-trio application: ``/v1/realtime``, health, models, the browser page.
+"""The ASGI application: ``/v1/realtime`` directly on ASGI, every HTTP route on Quart-trio.
 
 Authentication and the Origin policy run before the WebSocket upgrade, so a
 refused client gets a plain HTTP 401/403 and never a session.
