@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import struct
 import tempfile
 import urllib.error
 import urllib.request
@@ -137,15 +138,53 @@ def _wait_state(page: Any, state: str, timeout_ms: int = 30_000) -> None:
     page.wait_for_selector(f'#state[data-state="{state}"]', timeout=timeout_ms)
 
 
+def _meters(page: Any) -> tuple[int, int]:
+    values: list[str] = page.eval_on_selector_all(
+        "#meter-in, #meter-out", "els => els.map(e => e.getAttribute('aria-valuenow'))"
+    )
+    return int(values[0]), int(values[1])
+
+
+def _wav_header(data: bytes) -> tuple[int, int, int, int]:
+    """(channels, sample rate, bits per sample, frames) of a PCM WAV."""
+    assert data[:4] == b"RIFF" and data[8:12] == b"WAVE"
+    pos, fmt, frames = 12, None, -1
+    while pos + 8 <= len(data):
+        chunk, size = data[pos : pos + 4], struct.unpack_from("<I", data, pos + 4)[0]
+        if chunk == b"fmt ":
+            fmt = struct.unpack_from("<HHIIHH", data, pos + 8)
+        elif chunk == b"data":
+            assert fmt is not None
+            frames = size // fmt[4]
+            assert pos + 8 + size == len(data)
+        pos += 8 + size + (size & 1)
+    assert fmt is not None and fmt[0] == 1  # PCM
+    return fmt[1], fmt[2], fmt[5], frames
+
+
 @pytest.mark.browser
 @pytest.mark.slow
 def test_browser_page_streams_in_headless_chromium(
     demo_server: ServerProcess, browser: _Browser, tmp_path: Path
 ) -> None:
+    artifacts = _artifacts(tmp_path)
     page = browser.new_page()
+    page.set_viewport_size({"width": 1100, "height": 900})
     page.goto(demo_server.http + "/")
+    # The served model's name, and the demo checkpoint's banner.
+    page.wait_for_function("() => document.getElementById('model').dataset.modelId !== ''")
+    model_id = page.get_attribute("#model", "data-model-id")
+    assert model_id and model_id.startswith("realtime-demo")
+    assert page.text_content("#model") == model_id
+    assert page.is_visible("#demo-banner") and "noise" in page.text_content("#demo-banner")
+    # The placeholder tells what an empty prompt sends: no system_prompt at all.
+    assert "no system_prompt" in (page.get_attribute("#system-prompt", "placeholder") or "")
+    assert page.text_content("#update-preview") == '{"type":"session.update","session":{"seed":0}}'
+    page.screenshot(path=str(artifacts / "browser-idle.png"), full_page=True)
+
     page.fill("#system-prompt", "Be concise.")
     page.fill("#seed", "5")
+    assert '"system_prompt":"Be concise."' in page.text_content("#update-preview")
     page.click("#start")
     _wait_state(page, "live")
     _wait_stat(page, "audioDeltas", 12)
@@ -161,6 +200,35 @@ def test_browser_page_streams_in_headless_chromium(
     # The demo model speaks noise and writes gibberish: some text must be on screen.
     shown = page.text_content("#user-transcript") + page.text_content("#assistant-text")
     assert shown.strip()
+    assert page.locator("#conversation li.turn").count() >= 1
+
+    # Level meters move: both channels above the floor, changing over time.
+    seen_in, seen_out = set(), set()
+    for _ in range(8):
+        level_in, level_out = _meters(page)
+        seen_in.add(level_in)
+        seen_out.add(level_out)
+        page.wait_for_timeout(120)
+    assert max(seen_in) > -40 and len(seen_in) >= 2, seen_in
+    assert max(seen_out) > -60 and len(seen_out) >= 2, seen_out
+    # Live figures: round trip by frame_index, playback latency, real-time factor.
+    page.wait_for_function(
+        "() => { const d = document.getElementById('stats').dataset;"
+        " return Number(d.rttMs) >= 0 && Number(d.rtf) > 0 && Number(d.targetMs) > 0; }",
+        timeout=10_000,
+    )
+    figures = _stats(page)
+    assert 0 <= float(figures["rttMs"]) < 5000
+    assert 0.3 < float(figures["rtf"]) < 2.0
+    assert 50 <= float(figures["targetMs"]) <= 600
+    assert float(figures["latencyMs"]) < 1500
+    assert page.text_content("#stat-rtt").endswith(")") and "ms" in page.text_content("#stat-rtt")
+    assert "ms" in page.text_content("#stat-latency")
+    assert page.text_content("#stat-rtf").endswith("\u00d7")
+    page.click("#log-panel summary")
+    log = page.text_content("#log")
+    assert "response.audio.delta \u00d7" in log and "session.update" in log
+    assert page.locator("#log li").count() <= 300
 
     # A second tab while the first is live: told 'busy' (server_busy, close 1013).
     second = browser.new_page()
@@ -169,12 +237,13 @@ def test_browser_page_streams_in_headless_chromium(
     _wait_state(second, "busy", 15_000)
     assert "busy" in second.text_content("#state")
     assert "server_busy" in second.text_content("#errors")
+    assert second.is_visible("#notice") and "busy" in second.text_content("#notice")
     _wait_stat(second, "errors", 1)
     second.wait_for_function(
         "() => document.getElementById('stats').dataset.closeCode === '1013'", timeout=10_000
     )
 
-    page.screenshot(path=str(_artifacts(tmp_path) / "browser-live.png"), full_page=True)
+    page.screenshot(path=str(artifacts / "browser-live.png"), full_page=True)
     page.click("#stop")
     _wait_state(page, "closed", 30_000)
     final = _stats(page)
@@ -183,7 +252,24 @@ def test_browser_page_streams_in_headless_chromium(
     assert int(final["audioDeltas"]) >= int(final["appendsSent"])
     assert "finished" in page.text_content("#state")
     assert page.text_content("#errors").strip() == ""
-    page.screenshot(path=str(_artifacts(tmp_path) / "browser-finished.png"), full_page=True)
+
+    # Downloads: a stereo WAV (mic | model) on the frame timeline, and the transcript.
+    page.wait_for_selector("#downloads:not([hidden])")
+    with page.expect_download() as wav_download:
+        page.click("#download-wav")
+    wav = Path(wav_download.value.path()).read_bytes()
+    channels, rate, bits, frames = _wav_header(wav)
+    assert (channels, rate, bits) == (2, 22050, 16)
+    assert frames == int(final["audioDeltas"]) * 1764
+    pcm = np.frombuffer(wav[44:], dtype="<i2").reshape(-1, 2)
+    assert np.abs(pcm[:, 0]).max() > 1000  # the fake microphone's tone
+    assert np.abs(pcm[:, 1]).max() > 100  # the model's audio
+    with page.expect_download() as md_download:
+        page.click("#download-md")
+    markdown = Path(md_download.value.path()).read_text()
+    assert markdown.startswith(f"# Conversation with {model_id}")
+    assert "**You**" in markdown or "**Assistant**" in markdown
+    page.screenshot(path=str(artifacts / "browser-finished.png"), full_page=True)
 
     # With the first session over, the second tab gets the slot.
     second.click("#start")
@@ -191,7 +277,104 @@ def test_browser_page_streams_in_headless_chromium(
     _wait_stat(second, "audioDeltas", 2)
     second.click("#stop")
     _wait_state(second, "closed", 30_000)
-    second.screenshot(path=str(_artifacts(tmp_path) / "browser-second-tab.png"), full_page=True)
+    second.screenshot(path=str(artifacts / "browser-second-tab.png"), full_page=True)
+    assert browser.page_errors == []
+
+
+# Scripted deliveries of 80 ms frames into realtime/static/jitter.js at 48 kHz,
+# pulled in 128-sample render quanta; returns each run's trace
+# [t_ms, latency_ms, target_ms, underruns, buffered_ms] every ~10 ms.
+JITTER_SCENARIOS = """
+async (url) => {
+  const { JitterBuffer } = await import(url);
+  const rate = 48000, quantum = 128, frame = 3840; // 80 ms at 48 kHz
+  const voice = (i) => {  // a voiced 140 Hz buzz with a gliding pitch and a tremolo
+    const t = i / rate, f = 140 + 20 * Math.sin(2 * Math.PI * 0.7 * t);
+    let x = 0;
+    for (let h = 1; h <= 6; h++) x += Math.sin(2 * Math.PI * f * h * t) / h;
+    return 0.2 * x * (0.6 + 0.4 * Math.sin(2 * Math.PI * 3 * t));
+  };
+  function run(arrivals, durationMs) {  // arrivals: [[time_ms, frames], ...] in order
+    const jb = new JitterBuffer({ rate });
+    const out = new Float32Array(quantum);
+    const trace = [];
+    let next = 0, produced = 0, tMs = 0, q = 0;
+    while (tMs < durationMs) {
+      while (next < arrivals.length && arrivals[next][0] <= tMs) {
+        const chunk = new Float32Array(arrivals[next][1] * frame);
+        for (let i = 0; i < chunk.length; i++) chunk[i] = voice(produced + i);
+        produced += chunk.length;
+        jb.push(chunk);
+        next += 1;
+      }
+      jb.pull(out);
+      q += 1;
+      tMs = (q * quantum * 1000) / rate;
+      const s = jb.stats();
+      if (q % 4 === 0) trace.push([tMs, s.latencyMs, s.targetMs, s.underruns, s.bufferedMs]);
+    }
+    const s = jb.stats();
+    return { trace, underruns: s.underruns, droppedMs: s.droppedMs,
+             targetMs: s.targetMs, latencyMs: s.latencyMs };
+  }
+  let seed = 1;
+  const rand = () => (seed = (seed * 16807) % 2147483647) / 2147483647;
+  const steady = [], stall = [], bursty = [], fast = [];
+  for (let k = 0; k * 80 < 12000; k++) steady.push([20 + k * 80 + 10 * rand(), 1]);
+  for (let k = 0; k * 80 < 14000; k++) {  // a 600 ms stall at 5 s, then its backlog
+    const t = 20 + k * 80;
+    stall.push([t >= 5000 && t < 5600 ? 5600 : t, 1]);
+  }
+  for (let k = 0; k * 240 < 14000; k++) bursty.push([20 + k * 240 + 40 * rand(), 3]);
+  for (let k = 0; k * 78.4 < 14000; k++) fast.push([20 + k * 78.4, 1]);
+  return { steady: run(steady, 12000), stall: run(stall, 14000), bursty: run(bursty, 14000),
+           fast: run(fast, 14000), stallAt: 5600 };
+}
+"""
+
+
+def _recovered_at(trace: list[list[float]], after_ms: float, within_ms: float) -> float:
+    """The time from which latency stays within `within_ms` of the target."""
+    last_off = after_ms
+    for t, latency, target, *_ in trace:
+        if t > after_ms and abs(latency - target) > within_ms:
+            last_off = t
+    return last_off
+
+
+@pytest.mark.browser
+def test_browser_jitter_buffer_scenarios(demo_server: ServerProcess, browser: _Browser) -> None:
+    page = browser.new_page()
+    page.goto(demo_server.http + "/")
+    runs = page.evaluate(JITTER_SCENARIOS, "/static/jitter.js")
+
+    steady = runs["steady"]
+    assert steady["underruns"] == 0
+    assert all(abs(p[1] - p[2]) <= 50 for p in steady["trace"] if p[0] > 1000)
+    assert steady["targetMs"] <= 120
+
+    # One 600 ms stall, then its backlog in one burst: one underrun, the target
+    # rises, the excess is cut away within a few seconds, and the target decays.
+    stall = runs["stall"]
+    assert stall["underruns"] == 1
+    burst = runs["stallAt"]
+    peak_target = max(p[2] for p in stall["trace"])
+    assert peak_target > 120
+    assert max(p[1] for p in stall["trace"] if p[0] > burst) > 300  # the backlog arrived
+    assert _recovered_at(stall["trace"], burst, 50) - burst <= 3000
+    assert stall["targetMs"] < peak_target and abs(stall["latencyMs"] - stall["targetMs"]) <= 50
+
+    # Bursts of three frames every 240 ms: the target settles where bursts fit.
+    bursty = runs["bursty"]
+    assert bursty["underruns"] <= 2
+    late = [p for p in bursty["trace"] if p[0] > 6000]
+    assert all(abs(p[1] - p[2]) <= 60 for p in late)
+    assert max(p[2] for p in late) <= 400
+
+    # A sender 2 % faster than real time: latency does not accumulate.
+    fast = runs["fast"]
+    assert fast["underruns"] == 0
+    assert all(abs(p[1] - p[2]) <= 50 for p in fast["trace"] if p[0] > 4000)
     assert browser.page_errors == []
 
 
@@ -200,10 +383,15 @@ def test_browser_page_streams_in_headless_chromium(
 def test_browser_with_api_key(key_server: ServerProcess, browser: _Browser) -> None:
     page = browser.new_page()
     page.goto(key_server.http + "/")  # the page itself needs no key
+    page.wait_for_selector('#notice[data-kind="key"]')  # GET /v1/models said 401
+    assert "API key" in page.text_content("#notice")
     page.click("#start")
-    _wait_state(page, "error", 15_000)  # no key: the upgrade is refused
-    assert page.text_content("#errors").strip()
+    _wait_state(page, "unauthorized", 15_000)  # no key: the upgrade is refused
+    assert "API key" in page.text_content("#notice")
+    assert "401" in page.text_content("#errors")
     page.fill("#api-key", API_KEY)
+    page.wait_for_function("() => document.getElementById('model').dataset.modelId !== ''")
+    assert page.is_hidden("#notice")
     page.click("#start")
     _wait_state(page, "live", 15_000)
     _wait_stat(page, "audioDeltas", 2)

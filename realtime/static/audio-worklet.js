@@ -1,6 +1,8 @@
 // Audio thread side of the page: capture (mic -> 16 kHz PCM16 frames) and
-// playback (22 050 Hz answer -> device rate through a jitter buffer).
+// playback (22 050 Hz answer -> device rate through an adaptive jitter buffer).
 // Both run in the AudioWorkletGlobalScope, where `sampleRate` is the context rate.
+
+import { JitterBuffer } from "./jitter.js";
 
 // A streaming windowed-sinc resampler. It keeps its input history between
 // calls, so 128-sample render quanta resample without clicks at the edges, and
@@ -110,89 +112,46 @@ class CaptureProcessor extends AudioWorkletProcessor {
   }
 }
 
-// Answer audio -> device rate -> ring buffer -> speakers. Playback starts once
-// `prebufferMs` is queued and re-waits after an underrun; on overflow the oldest
-// audio is dropped (late speech is worse than a skip).
+// Answer audio -> device rate -> adaptive jitter buffer (jitter.js) -> speakers.
+// Reports the buffer's figures and the output level about 20 times a second.
 class PlaybackProcessor extends AudioWorkletProcessor {
   constructor(options) {
     super();
     const opts = options.processorOptions || {};
     this.resampler = new StreamResampler(opts.inputRate || 22050, sampleRate);
-    this.capacity = Math.round((sampleRate * (opts.capacityMs || 3000)) / 1000);
-    this.prebuffer = Math.round((sampleRate * (opts.prebufferMs || 120)) / 1000);
-    this.ring = new Float32Array(this.capacity);
-    this.read = 0;
-    this.size = 0;
-    this.playing = false;
-    this.finished = false;
-    this.underruns = 0;
-    this.dropped = 0;
-    this.played = 0;
+    this.jitter = new JitterBuffer({ ...(opts.jitter || {}), rate: sampleRate });
     this.sinceReport = 0;
+    this.energy = 0;
+    this.peak = 0;
     this.port.onmessage = (e) => {
       const msg = e.data || {};
-      if (msg.type === "audio") this.push(this.resampler.process(msg.samples));
-      else if (msg.type === "finish") this.finished = true;
-      else if (msg.type === "reset") {
-        this.size = 0;
-        this.playing = false;
-        this.finished = false;
-      }
+      if (msg.type === "audio") this.jitter.push(this.resampler.process(msg.samples));
+      else if (msg.type === "finish") this.jitter.finish();
+      else if (msg.type === "reset") this.jitter.reset();
     };
-  }
-
-  push(x) {
-    let samples = x;
-    if (samples.length > this.capacity) {
-      this.dropped += samples.length - this.capacity;
-      samples = samples.subarray(samples.length - this.capacity);
-    }
-    const overflow = this.size + samples.length - this.capacity;
-    if (overflow > 0) {
-      this.read = (this.read + overflow) % this.capacity;
-      this.size -= overflow;
-      this.dropped += overflow;
-      this.port.postMessage({ type: "overflow", droppedMs: (1000 * overflow) / sampleRate });
-    }
-    let write = (this.read + this.size) % this.capacity;
-    for (let i = 0; i < samples.length; i++) {
-      this.ring[write] = samples[i];
-      write = write + 1 === this.capacity ? 0 : write + 1;
-    }
-    this.size += samples.length;
-    this.finished = false;
   }
 
   process(inputs, outputs) {
     const out = outputs[0][0];
-    const n = out.length;
-    if (!this.playing && this.size > 0 && (this.size >= this.prebuffer || this.finished)) {
-      this.playing = true;
-    }
-    if (this.playing) {
-      const take = Math.min(n, this.size);
-      for (let i = 0; i < take; i++) {
-        out[i] = this.ring[this.read];
-        this.read = this.read + 1 === this.capacity ? 0 : this.read + 1;
-      }
-      this.size -= take;
-      this.played += take;
-      if (take < n) {
-        this.playing = false;
-        if (!this.finished) this.underruns += 1;
-      }
+    this.jitter.pull(out);
+    for (let i = 0; i < out.length; i++) {
+      const x = out[i];
+      this.energy += x * x;
+      if (Math.abs(x) > this.peak) this.peak = Math.abs(x);
     }
     for (let c = 1; c < outputs[0].length; c++) outputs[0][c].set(out);
-    this.sinceReport += n;
-    if (this.sinceReport >= sampleRate / 10) {
-      this.sinceReport = 0;
+    this.sinceReport += out.length;
+    if (this.sinceReport >= sampleRate / 20) {
+      const s = this.jitter.stats();
       this.port.postMessage({
         type: "stats",
-        bufferedMs: (1000 * this.size) / sampleRate,
-        underruns: this.underruns,
-        droppedMs: (1000 * this.dropped) / sampleRate,
-        playedMs: (1000 * this.played) / sampleRate,
+        ...s,
+        levelDb: 10 * Math.log10(this.energy / this.sinceReport + 1e-12),
+        peak: this.peak,
       });
+      this.sinceReport = 0;
+      this.energy = 0;
+      this.peak = 0;
     }
     return true;
   }
