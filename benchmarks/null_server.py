@@ -8,15 +8,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 
-import trio
-
-from realtime.app import ServerState
 from realtime.engine import Engine
-from realtime.limits import Limits
 from realtime.models.fake import NullModel
-from realtime.server import hypercorn_config, run_server
+from realtime.testing import serve_engine
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,21 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     engine = Engine(NullModel)
     engine.start()
-    limits = Limits()
-    state = ServerState(engine=engine, limits=limits)
-    config = hypercorn_config(args.host, args.port, limits)
-
-    async def serve() -> None:
-        async with trio.open_nursery() as nursery:
-            binds: list[str] = await nursery.start(run_server, state, config)
-            for bind in binds:
-                url = bind.replace("http://", "ws://") + "/v1/realtime"
-                print(f"realtime: serving {url}", file=sys.stderr, flush=True)
-
-    try:
-        trio.run(serve)
-    finally:
-        engine.shutdown()
+    serve_engine(engine, args.host, args.port)
     return 0
 
 

@@ -29,10 +29,8 @@ from typing import TextIO
 import numpy as np
 import trio
 
-if __package__ in (None, ""):  # run as a script from a checkout: find _common and realtime
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    if importlib.util.find_spec("realtime") is None:
-        sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+if importlib.util.find_spec("realtime") is None:  # a script run from an uninstalled checkout
+    sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from _common import (
     EXIT_EPILOG,

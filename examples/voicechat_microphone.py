@@ -38,10 +38,8 @@ from typing import Any, Protocol, TextIO, cast
 import numpy as np
 import trio
 
-if __package__ in (None, ""):  # run as a script from a checkout: find _common and realtime
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    if importlib.util.find_spec("realtime") is None:
-        sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+if importlib.util.find_spec("realtime") is None:  # a script run from an uninstalled checkout
+    sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from _common import (
     EXIT_EPILOG,
@@ -464,7 +462,29 @@ class SoundDeviceInput:
             self._stream = None
 
 
-class SoundDeviceOutput:
+class BufferedOutput:
+    """An :class:`AudioOutput` fed through a :class:`JitterBuffer`; a subclass starts and
+    stops whatever pulls from the buffer (a PortAudio callback, a thread in tests)."""
+
+    def __init__(self, sample_rate: int, buffer: JitterBuffer) -> None:
+        self._rate = sample_rate
+        self.buffer = buffer
+
+    @property
+    def sample_rate(self) -> int:
+        return self._rate
+
+    def play(self, samples: Samples) -> int:
+        return self.buffer.push(samples)
+
+    def finish(self) -> None:
+        self.buffer.finish()
+
+    def pending_seconds(self) -> float:
+        return self.buffer.buffered / self._rate
+
+
+class SoundDeviceOutput(BufferedOutput):
     """A PortAudio output stream fed from a :class:`JitterBuffer`."""
 
     def __init__(
@@ -478,18 +498,14 @@ class SoundDeviceOutput:
         self._sd = sd
         self._device = device
         info = sd.query_devices(device, "output")
-        self._rate = _pick_rate(
+        rate = _pick_rate(
             sd.check_output_settings, device, OUTPUT_SAMPLE_RATE, info["default_samplerate"]
         )
-        self.name = str(info["name"])
-        self.buffer = JitterBuffer(
-            int(buffer_seconds * self._rate), int(prebuffer_seconds * self._rate)
+        super().__init__(
+            rate, JitterBuffer(int(buffer_seconds * rate), int(prebuffer_seconds * rate))
         )
+        self.name = str(info["name"])
         self._stream: Any = None
-
-    @property
-    def sample_rate(self) -> int:
-        return self._rate
 
     def start(self) -> None:
         def callback(outdata: Any, frames: int, time: Any, status: Any) -> None:
@@ -503,15 +519,6 @@ class SoundDeviceOutput:
             callback=callback,
         )
         self._stream.start()
-
-    def play(self, samples: Samples) -> int:
-        return self.buffer.push(samples)
-
-    def finish(self) -> None:
-        self.buffer.finish()
-
-    def pending_seconds(self) -> float:
-        return self.buffer.buffered / self._rate
 
     def stop(self) -> None:
         if self._stream is not None:

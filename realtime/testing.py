@@ -21,6 +21,12 @@ from pathlib import Path
 from typing import Final
 
 import attrs
+import trio
+
+from realtime.app import ServerState
+from realtime.engine import Engine
+from realtime.limits import Limits
+from realtime.server import hypercorn_config, run_server
 
 SERVING_LINE: Final = re.compile(r"realtime: serving (ws://\S+/v1/realtime)")
 """What ``realtime serve`` prints once it listens (with the real port for ``--port 0``)."""
@@ -42,9 +48,32 @@ class ServerProcess:
         return self.log.read_text(errors="replace")
 
 
+def serve_engine(engine: Engine, host: str = "127.0.0.1", port: int = 0) -> None:
+    """Serve a started ``engine`` in this process until interrupted, printing the
+    ``realtime: serving`` line (for servers on a fake or instrumented model); the
+    engine is shut down on the way out."""
+    limits = Limits()
+    state = ServerState(engine=engine, limits=limits)
+    config = hypercorn_config(host, port, limits)
+
+    async def serve() -> None:
+        async with trio.open_nursery() as nursery:
+            binds: list[str] = await nursery.start(run_server, state, config)
+            for bind in binds:
+                url = bind.replace("http://", "ws://") + "/v1/realtime"
+                print(f"realtime: serving {url}", file=sys.stderr, flush=True)
+
+    try:
+        trio.run(serve)
+    finally:
+        engine.shutdown()
+
+
 def http_of(url: str) -> str:
     """``ws://HOST:PORT/v1/realtime`` -> ``http://HOST:PORT``."""
-    return url.replace("wss://", "https://").replace("ws://", "http://").removesuffix("/v1/realtime")
+    return (
+        url.replace("wss://", "https://").replace("ws://", "http://").removesuffix("/v1/realtime")
+    )
 
 
 def stop_process(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:

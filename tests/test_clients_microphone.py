@@ -61,24 +61,21 @@ class ArrayInput:
         self.stopped.set()
 
 
-class ArrayOutput:
+class ArrayOutput(mic.BufferedOutput):
     """A 'speaker': a real JitterBuffer emptied by a thread at (sped-up) device pace."""
 
     def __init__(self, sample_rate: int, speed: float = 4.0) -> None:
-        self._rate = sample_rate
-        self.buffer = mic.JitterBuffer(capacity=10 * sample_rate, prebuffer=sample_rate // 10)
+        super().__init__(
+            sample_rate, mic.JitterBuffer(capacity=10 * sample_rate, prebuffer=sample_rate // 10)
+        )
         self.pushed: list[Samples] = []
         self.played: list[Samples] = []
         self.speed = speed
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    @property
-    def sample_rate(self) -> int:
-        return self._rate
-
     def start(self) -> None:
-        block = self._rate // 100
+        block = self.sample_rate // 100
 
         def run() -> None:
             while not self._stop.is_set():
@@ -90,13 +87,7 @@ class ArrayOutput:
 
     def play(self, samples: Samples) -> int:
         self.pushed.append(np.asarray(samples, np.float32))
-        return self.buffer.push(samples)
-
-    def finish(self) -> None:
-        self.buffer.finish()
-
-    def pending_seconds(self) -> float:
-        return self.buffer.buffered / self._rate
+        return super().play(samples)
 
     def stop(self) -> None:
         self._stop.set()
