@@ -537,6 +537,7 @@ async function onClose(event) {
   const closing = call;
   call = null;
   stopCapture(closing);
+  stats.inputLevelDb = -120; // the microphone is off now
   log("×", "close", `code ${event.code}${event.reason ? " " + event.reason : ""}`);
   ui.stats.dataset.closeCode = String(event.code);
   // Let queued speech finish, then release the audio device.
