@@ -26,6 +26,7 @@ from realtime.logs import SessionLog
 from realtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from realtime.metrics import PrometheusObserver
 from realtime.observe import Observer, Observers, RefusalReason
+from realtime.openai.connection import OpenAIConnection
 
 log = logging.getLogger("realtime.app")
 
@@ -36,6 +37,8 @@ ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
 REALTIME_PATH: Final = "/v1/realtime"
 SUBPROTOCOL: Final = "realtime"
 KEY_SUBPROTOCOL_PREFIX: Final = "realtime-key."
+OPENAI_PATH: Final = "/openai/v1/realtime"
+OPENAI_KEY_SUBPROTOCOL_PREFIX: Final = "openai-insecure-api-key."
 PUBLIC_PATHS: Final = ("/", "/favicon.ico")
 PUBLIC_PREFIXES: Final = ("/static/",)
 
@@ -103,11 +106,13 @@ def _bearer_ok(header: str | None, key: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
 
 
-def _subprotocol_key_ok(offered: Sequence[str], key: str) -> bool:
+def _subprotocol_key_ok(
+    offered: Sequence[str], key: str, prefix: str = KEY_SUBPROTOCOL_PREFIX
+) -> bool:
     ok = False
     for proto in offered:
-        if proto.startswith(KEY_SUBPROTOCOL_PREFIX):
-            candidate = proto[len(KEY_SUBPROTOCOL_PREFIX) :]
+        if proto.startswith(prefix):
+            candidate = proto[len(prefix) :]
             ok |= hmac.compare_digest(candidate.encode(), key.encode())
     return ok
 
@@ -123,18 +128,23 @@ def origin_allowed(origin: str | None, host: str | None, allowed: Sequence[str])
 
 
 def upgrade_refusal(
-    state: ServerState, headers: Mapping[str, str], subprotocols: Sequence[str]
+    state: ServerState,
+    headers: Mapping[str, str],
+    subprotocols: Sequence[str],
+    *,
+    key_prefix: str = KEY_SUBPROTOCOL_PREFIX,
 ) -> tuple[int, str, str] | None:
-    """Why a WebSocket upgrade is refused (HTTP status, code, message), or None."""
+    """Why a WebSocket upgrade is refused (HTTP status, code, message), or None.
+    ``key_prefix``: the subprotocol a browser carries the API key in."""
     if state.api_key is not None and not (
         _bearer_ok(headers.get("authorization"), state.api_key)
-        or _subprotocol_key_ok(subprotocols, state.api_key)
+        or _subprotocol_key_ok(subprotocols, state.api_key, key_prefix)
     ):
         return (
             401,
             "unauthorized",
             "missing or wrong API key: send 'Authorization: Bearer <key>' or the "
-            f"subprotocol '{KEY_SUBPROTOCOL_PREFIX}<key>'",
+            f"subprotocol '{key_prefix}<key>'",
         )
     origin = headers.get("origin")
     if not origin_allowed(origin, headers.get("host"), state.allowed_origins):
@@ -171,10 +181,15 @@ class RealtimeApp:
     async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
         if scope["type"] == "websocket" and scope["path"] == REALTIME_PATH:
             await self._realtime(scope, receive, send)
+        elif scope["type"] == "websocket" and scope["path"] == OPENAI_PATH:
+            await self._realtime(scope, receive, send, openai=True)
         else:
             await self.http(scope, receive, send)  # type: ignore[arg-type]
 
-    async def _realtime(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
+    async def _realtime(
+        self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend, *, openai: bool = False
+    ) -> None:
+        """``openai``: the OpenAI Realtime GA dialect (realtime.openai) on the same engine."""
         if (await receive())["type"] != "websocket.connect":
             return
         headers = {
@@ -182,7 +197,12 @@ class RealtimeApp:
             for key, value in scope.get("headers", [])
         }
         offered = list(scope.get("subprotocols", []))
-        refusal = upgrade_refusal(self.state, headers, offered)
+        refusal = upgrade_refusal(
+            self.state,
+            headers,
+            offered,
+            key_prefix=OPENAI_KEY_SUBPROTOCOL_PREFIX if openai else KEY_SUBPROTOCOL_PREFIX,
+        )
         if refusal is not None:
             self.state.observer.connection_refused(_REFUSAL_REASONS.get(refusal[1], "unauthorized"))
             await _refuse_upgrade(scope, send, *refusal)
@@ -198,7 +218,7 @@ class RealtimeApp:
         if state.idle.is_set():
             state.idle = trio.Event()
         try:
-            await Connection(
+            await (OpenAIConnection if openai else Connection)(
                 ASGITransport(receive, send),
                 state.engine,
                 state.limits,

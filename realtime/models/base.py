@@ -53,6 +53,10 @@ class AudioDelta:
     samples: Samples
     audio_codes: tuple[int, ...]
     sample_rate: int = OUTPUT_SAMPLE_RATE
+    end_of_turn: bool = False
+    """The agent text channel emitted its end token on this frame (the model ends
+    its turn). Pad, silence, bos and eos never reach the text deltas, so this is
+    the one piece of the text channel the dialects cannot see otherwise."""
 
 
 @attrs.frozen(slots=True)

@@ -133,7 +133,7 @@ class VoiceChatSession:
             self._failed = f"model failure: {type(exc).__name__}: {one_line(str(exc))}"
             log.exception("VoiceChat frame failed")
             raise InferenceError(self._failed) from exc
-        return [_convert(e) for e in events]
+        return _mark_turn_ends(self._inner, [_convert(e) for e in events])
 
     def flush(self, pad_partial: bool) -> list[ModelEvent]:
         if self._inner.closed:
@@ -202,6 +202,28 @@ def _convert(event: Any) -> ModelEvent:
     if kind == "cancelled":
         return Cancelled(frame_index=frame)
     raise InferenceError(f"unknown VoiceChat event kind {kind!r}")
+
+
+def _mark_turn_ends(inner: Any, events: list[ModelEvent]) -> list[ModelEvent]:
+    """Set ``end_of_turn`` on each frame whose agent text token was eos.
+
+    mlx-vlm drops the special tokens from its text deltas, so the token is read
+    from the streaming session's token list: its last entries are the frames
+    just run, one per frame, in order (the prompt prefill comes before them).
+    """
+    tokens = getattr(inner, "_text_tokens", None)
+    eos = getattr(getattr(inner, "config", None), "eos_token_id", None)
+    if not tokens or eos is None:
+        return events
+    last = int(inner.frame_index) - 1
+    out: list[ModelEvent] = []
+    for event in events:
+        if isinstance(event, AudioDelta):
+            back = last - event.frame_index + 1
+            if 0 < back <= len(tokens) and int(tokens[-back]) == int(eos):
+                event = attrs.evolve(event, end_of_turn=True)
+        out.append(event)
+    return out
 
 
 def _check_seed(seed: object) -> int:
