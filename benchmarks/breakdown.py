@@ -115,46 +115,30 @@ class HopMarks(Observer):
 
 
 def _serve_ours(out: Path, what: str) -> int:
-    """This server, built as ``realtime serve`` builds it, plus the hop recorder."""
-    from realtime.app import ServerState
+    """This server, as ``realtime serve`` builds it, plus the hop recorder."""
     from realtime.engine import Engine
-    from realtime.limits import Limits
+    from realtime.logs import SessionLog
     from realtime.metrics import PrometheusObserver
     from realtime.models.base import RealtimeModel
     from realtime.observe import Observers
-    from realtime.server import hypercorn_config, model_loader, run_server
+    from realtime.server import model_loader
+    from realtime.testing import serve_engine
 
     logging.basicConfig(level=logging.WARNING)
     null = what == "null"
     hops = HopMarks(out, time_steps=null)
-    if not null:
-        _time_mlx_vlm_step(hops.marks)
     loader: Callable[[], RealtimeModel]
     if null:
         from realtime.models.fake import NullModel
 
         loader = NullModel
     else:
+        _time_mlx_vlm_step(hops.marks)
         loader = model_loader(what, None)
-    metrics = PrometheusObserver()
-    observer = Observers((metrics, hops))
-    engine = Engine(loader, observer=observer)
+    engine = Engine(loader)
     engine.start()
-    limits = Limits()
-    state = ServerState(engine=engine, limits=limits, metrics=metrics, observer=observer)
-
-    async def serve() -> None:
-        async with trio.open_nursery() as nursery:
-            config = hypercorn_config("127.0.0.1", 0, limits)
-            binds: list[str] = await nursery.start(run_server, state, config)
-            for bind in binds:
-                url = bind.replace("http://", "ws://") + "/v1/realtime"
-                print(f"realtime: serving {url}", file=sys.stderr, flush=True)
-
-    try:
-        trio.run(serve)
-    finally:
-        engine.shutdown()
+    metrics = PrometheusObserver()
+    serve_engine(engine, metrics=metrics, observer=Observers((metrics, SessionLog(), hops)))
     return 0
 
 

@@ -27,6 +27,7 @@ from realtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from realtime.metrics import PrometheusObserver
 from realtime.observe import Observer, Observers, RefusalReason
 from realtime.openai.connection import OpenAIConnection
+from realtime.tcp import abort_connection
 
 log = logging.getLogger("realtime.app")
 
@@ -59,6 +60,8 @@ class ServerState:
     """Set on SIGTERM before ``shutdown``: /ready turns 503 and new upgrades get 503,
     while the active conversation may finish."""
     connections: int = 0
+    transports: set[ASGITransport] = attrs.field(factory=set)
+    """The open WebSockets, so a bounded shutdown can abort those that do not close."""
     idle: trio.Event = attrs.field(factory=trio.Event)
     """Set whenever no connection is open, for graceful shutdown."""
     metrics: PrometheusObserver = attrs.field(factory=PrometheusObserver)
@@ -67,17 +70,26 @@ class ServerState:
     """What connections and the engine report to: metrics and the session log.
     The engine takes the same object at construction (``Engine(..., observer=)``)."""
 
+    def abort_connections(self) -> int:
+        """Reset every open WebSocket's TCP connection; how many were found."""
+        return sum(transport.abort() for transport in list(self.transports))
+
     def __attrs_post_init__(self) -> None:
         self.idle.set()
         self.metrics.watch(self.engine, draining=self.draining.is_set)
+        # The engine thread reports model steps to the same observer as the connections.
+        self.engine.observe(self.observer)
 
 
 class ASGITransport:
     """An accepted ASGI WebSocket as the lifecycle's :class:`~realtime.connection.Transport`."""
 
-    def __init__(self, receive: ASGIReceive, send: ASGISend) -> None:
+    def __init__(
+        self, receive: ASGIReceive, send: ASGISend, scope: ASGIScope | None = None
+    ) -> None:
         self._receive = receive
         self._send = send
+        self._scope = scope or {}
 
     async def receive(self) -> str | bytes | None:
         message = await self._receive()
@@ -91,6 +103,11 @@ class ASGITransport:
 
     async def close(self, code: int, reason: str) -> None:
         await self._send({"type": "websocket.close", "code": code, "reason": reason})
+
+    def abort(self) -> bool:
+        """Reset the TCP connection under this WebSocket (for a client the server has
+        given up on: a write blocked on it ends at once); whether it was found."""
+        return abort_connection(self._scope.get("server"), self._scope.get("client"))
 
 
 def _error(status: int, code: str, message: str) -> Response:
@@ -217,15 +234,18 @@ class RealtimeApp:
         state.connections += 1
         if state.idle.is_set():
             state.idle = trio.Event()
+        transport = ASGITransport(receive, send, scope)
+        state.transports.add(transport)
         try:
             await (OpenAIConnection if openai else Connection)(
-                ASGITransport(receive, send),
+                transport,
                 state.engine,
                 state.limits,
                 shutdown=state.shutdown,
                 observer=state.observer,
             ).run()
         finally:
+            state.transports.discard(transport)
             state.connections -= 1
             if state.connections == 0:
                 state.idle.set()

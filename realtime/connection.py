@@ -43,6 +43,7 @@ from realtime.conversation import (
     Close,
     Conversation,
     FlushSession,
+    LimitRefused,
     OpenSession,
     Output,
     RunAudio,
@@ -56,7 +57,7 @@ from realtime.engine import Flush as FlushCommand
 from realtime.engine import Open as OpenCommand
 from realtime.engine import Push as PushCommand
 from realtime.limits import Limits
-from realtime.models.base import FRAME_SAMPLES, ModelEvent
+from realtime.models.base import FRAME_SAMPLES, INPUT_SAMPLE_RATE, ModelEvent
 from realtime.observe import Observer, SessionReport
 
 log = logging.getLogger("realtime.connection")
@@ -144,6 +145,7 @@ class Connection:
             model_id=model.model_id,
             model_path=model.path,
             now=trio.current_time(),
+            count_tokens=model.count_tokens,
         )
         self.close_code: int | None = None
         self._started = trio.current_time()
@@ -270,11 +272,14 @@ class Connection:
                 await self._send_event(out)
             elif isinstance(out, RunAudio):
                 self.observer.append_received(received_at)
+                self.observer.pending_audio(self.conversation.pending_samples / INPUT_SAMPLE_RATE)
                 self._work_send.send_nowait(out)
             elif isinstance(out, (OpenSession, FlushSession, CancelSession)):
                 self._work_send.send_nowait(out)
             elif isinstance(out, StopModel):
                 self._stop.set()
+            elif isinstance(out, LimitRefused):
+                self.observer.limit_refused(out.limit)
             elif out.now:
                 await self._close_now(out)
             else:
@@ -292,7 +297,9 @@ class Connection:
         Hypercorn shields socket writes, so a blocked write cannot be cancelled:
         the session and the slot are released here first, then the connection
         is told to close, which completes once the write finishes or the TCP
-        connection dies.
+        connection dies. If it has not within ``send_timeout``, the transport's TCP
+        connection is aborted (where it can be: ``abort()``), which ends the blocked
+        write and frees the descriptor.
         """
         log.warning(
             "session %s: client read nothing for %.1f s; dropping it",
@@ -304,8 +311,13 @@ class Connection:
         self._finish()
         # Shielded: the cancel above must not stop the close; bounded, so a client
         # that never reads again cannot hold this task forever.
-        with trio.CancelScope(shield=True), trio.move_on_after(self.limits.send_timeout):
-            await self._close_transport(close)
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(self.limits.send_timeout) as bounded:
+                await self._close_transport(close)
+            abort: Callable[[], object] | None = getattr(self.transport, "abort", None)
+            if bounded.cancelled_caught and abort is not None:
+                log.warning("session %s: aborting its TCP connection", self.session_id)
+                abort()
 
     # --- tasks ---------------------------------------------------------------------
 
@@ -335,6 +347,7 @@ class Connection:
             else:
                 await self.transport.send(item)
             conv.sent(trio.current_time())
+            observer.send_queue(conv.unsent)
 
     async def _timer(self) -> None:
         conv = self.conversation
@@ -377,6 +390,7 @@ class Connection:
                 offset += n
                 conv.slice_submitted(n)
                 self.observer.slice_submitted()
+                self.observer.pending_audio(conv.pending_samples / INPUT_SAMPLE_RATE)
                 await self._pipe_send.send(_Slice(future, work.append_id, work.received_at))
         finally:
             conv.audio_done(work, total - offset)

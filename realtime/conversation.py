@@ -15,7 +15,7 @@ that carries those outputs to the socket and the engine.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
 import attrs
@@ -43,6 +43,10 @@ CLOSE_TRY_AGAIN: Final = 1013
 
 MAX_QUEUED_MESSAGES: Final = 1024
 """Accepted messages waiting for the model; beyond it a client sends faster than it may."""
+
+_MAX_CHARS_PER_TOKEN: Final = 64
+"""No token of a real tokenizer spans more characters: a longer prompt is refused
+without tokenizing it (tokenizing megabytes would stall every connection)."""
 
 
 class Phase(enum.Enum):
@@ -92,6 +96,13 @@ Work = OpenSession | RunAudio | FlushSession | CancelSession
 
 
 @attrs.frozen(slots=True)
+class LimitRefused:
+    """A message was refused by this limit (for the metrics; the error is sent too)."""
+
+    limit: str
+
+
+@attrs.frozen(slots=True)
 class StopModel:
     """Set the stop signal now: queued slices (and a queued open) must not run."""
 
@@ -106,7 +117,7 @@ class Close:
     now: bool = False
 
 
-Output = protocol.Event | Work | StopModel | Close
+Output = protocol.Event | Work | StopModel | Close | LimitRefused
 """An event dict is sent to the client as is."""
 
 
@@ -144,11 +155,14 @@ class Conversation:
         model_id: str,
         model_path: str | None,
         now: float,
+        count_tokens: Callable[[str], int] = len,
     ) -> None:
         self.session_id = session_id
         self.limits = limits
         self.model_id = model_id
         self.model_path = model_path
+        self._count_tokens = count_tokens
+        """The model's tokenizer (how many prefill steps a system prompt costs)."""
         self.phase = Phase.CONFIGURING
         self.update_in_flight = False
         self.session_open = False
@@ -187,10 +201,11 @@ class Conversation:
         size = _utf8_size(frame, self.limits.max_message_bytes)
         if size > self.limits.max_message_bytes:
             return [
+                LimitRefused("max_message_bytes"),
                 self._refuse(
                     f"message of {size} bytes exceeds the "
                     f"{self.limits.max_message_bytes}-byte limit",
-                )
+                ),
             ]
         try:
             message = protocol.parse_client_message(frame)
@@ -219,14 +234,17 @@ class Conversation:
     def _refuse(self, message: str) -> protocol.Event:
         return protocol.error_event("invalid_request", message)
 
-    def _queue(self, work: Work) -> Output:
+    def _queue(self, work: Work) -> list[Output]:
         if self._queued >= MAX_QUEUED_MESSAGES:
-            return self._refuse(
-                f"more than {MAX_QUEUED_MESSAGES} messages are waiting; this one was refused"
-            )
+            return [
+                LimitRefused("max_queued_messages"),
+                self._refuse(
+                    f"more than {MAX_QUEUED_MESSAGES} messages are waiting; this one was refused"
+                ),
+            ]
         self._queued += 1
         self._idle_from = None
-        return work
+        return [work]
 
     def _update(self, update: protocol.SessionUpdate) -> list[Output]:
         if self.update_in_flight or self.phase is not Phase.CONFIGURING:
@@ -245,10 +263,36 @@ class Conversation:
                     f"{self.model_id!r}"
                 )
             ]
+        refusal = self._prompt_refusal(update.system_prompt)
+        if refusal is not None:
+            return [LimitRefused("max_system_prompt_tokens"), self._refuse(refusal)]
         out = self._queue(OpenSession(update))
-        if isinstance(out, OpenSession):
+        if isinstance(out[0], OpenSession):
             self.update_in_flight = True
-        return [out]
+        return out
+
+    def _prompt_refusal(self, prompt: str | None) -> str | None:
+        """Why the system prompt is too long, decided before any model work."""
+        limit = self.limits.max_system_prompt_tokens
+        if prompt is None or len(prompt.encode("utf-8")) + 2 <= limit:
+            return None  # a token is at least one byte: it fits without counting
+        if len(prompt) > limit * _MAX_CHARS_PER_TOKEN:
+            return (
+                f"session.system_prompt of {len(prompt)} characters is far longer than the "
+                f"{limit}-token limit (--max-system-prompt-tokens); opening a session runs one "
+                "model step per prompt token"
+            )
+        try:
+            tokens = self._count_tokens(prompt)
+        except Exception as exc:  # the tokenizer refused the text
+            return f"session.system_prompt cannot be tokenized: {type(exc).__name__}: {exc}"
+        if tokens <= limit:
+            return None
+        return (
+            f"session.system_prompt is {tokens} tokens, over the {limit}-token limit "
+            "(--max-system-prompt-tokens); opening a session runs one model step per "
+            "prompt token"
+        )
 
     def _append(self, append: protocol.AudioAppend, now: float) -> list[Output]:
         if append.sample_rate != INPUT_SAMPLE_RATE:
@@ -264,31 +308,33 @@ class Conversation:
         limit = self.limits.max_pending_audio_seconds
         if n > self._max_pending:
             return [
+                LimitRefused("max_pending_audio_seconds"),
                 self._refuse(
                     f"this append of {seconds:.2f} s is larger than the {limit:g} s limit on "
                     "pending input audio; send it in smaller appends, no faster than real time"
-                )
+                ),
             ]
         if self.pending_samples + n > self._max_pending:
             return [
+                LimitRefused("max_pending_audio_seconds"),
                 self._refuse(
                     f"input audio backlog is full: "
                     f"{self.pending_samples / INPUT_SAMPLE_RATE:.2f} s waiting, limit "
                     f"{limit:g} s; this append of {seconds:.2f} s was refused "
                     "(send audio no faster than real time)"
-                )
+                ),
             ]
         out = self._queue(RunAudio(self._next_append, append, now))
-        if isinstance(out, RunAudio):
+        if isinstance(out[0], RunAudio):
             self._next_append += 1
             self.pending_samples += n
-        return [out]
+        return out
 
     def _commit(self, commit: protocol.AudioCommit) -> list[Output]:
         out = self._queue(FlushSession(commit.pad_partial))
-        if isinstance(out, FlushSession):
+        if isinstance(out[0], FlushSession):
             self.phase = Phase.COMMITTED
-        return [out]
+        return out
 
     def _cancel(self) -> list[Output]:
         if self.phase in (Phase.COMMITTED, Phase.CANCELLED, Phase.CLOSED):
@@ -444,6 +490,11 @@ class Conversation:
         return Close(code, reason, now=now)
 
     # --- the socket's side ---------------------------------------------------------------
+
+    @property
+    def unsent(self) -> int:
+        """Events queued for the socket and not yet written."""
+        return self._unsent
 
     def event_queued(self) -> None:
         self._unsent += 1

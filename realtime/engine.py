@@ -18,7 +18,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Final, Literal, TypeVar, overload
 
 import attrs
@@ -31,6 +31,7 @@ from realtime.models.base import (
     RealtimeModel,
     Samples,
     SessionInitializationError,
+    StepControl,
 )
 from realtime.observe import CommandKind, Observer
 
@@ -148,6 +149,22 @@ _KINDS: Final[dict[type[Command], CommandKind]] = {
 }
 
 
+def _settle(
+    future: concurrent.futures.Future[object],
+    *,
+    result: object = None,
+    exception: BaseException | None = None,
+) -> None:
+    """Complete a future unless it already is (a hung call's future is failed early)."""
+    try:
+        if exception is not None:
+            future.set_exception(exception)
+        else:
+            future.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
 def _describe(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -178,6 +195,10 @@ class Engine:
         self._reserved: str | None = None
         self._model: RealtimeModel | None = None
         self._active: _Active | None = None  # engine thread only
+        self._running: _Queued | None = None
+        self._last_beat: float | None = None
+        """``time.monotonic()`` of the running command's start or last step (None: idle)."""
+        self._hung = False
 
     # --- lifecycle ----------------------------------------------------------
 
@@ -207,6 +228,29 @@ class Engine:
         return self._dead_reason
 
     @property
+    def hung(self) -> bool:
+        """A model call never returned: the process must be restarted (a Python thread
+        cannot be killed)."""
+        return self._hung
+
+    def busy_for(self, now: float) -> float:
+        """Seconds since the running command started or last made progress (0: idle)."""
+        beat = self._last_beat
+        return 0.0 if beat is None else max(0.0, now - beat)
+
+    def declare_hung(self, reason: str) -> None:
+        """Give up on the thread: fail the running and every queued command, free the
+        slot and report dead, so waiting and new clients get an error at once."""
+        with self._state_lock:
+            self._hung = True
+            if self._dead_reason is None:
+                self._dead_reason = reason
+            running = self._running
+        if running is not None:
+            _settle(running.future, exception=self._dead_error(running.command, reason))
+        self._die(reason)
+
+    @property
     def loaded_model(self) -> RealtimeModel | None:
         """The model once loaded (``None`` while loading or after a failed load)."""
         return self._model
@@ -216,6 +260,10 @@ class Engine:
         if self._model is None:
             raise RuntimeError("the engine has not loaded a model")
         return self._model
+
+    def observe(self, observer: Observer) -> None:
+        """Report commands to ``observer`` from now on (the server's metrics and logs)."""
+        self._observer = observer
 
     # --- reservation --------------------------------------------------------
 
@@ -318,6 +366,8 @@ class Engine:
                 if item.future.set_running_or_notify_cancel():
                     self._execute(item)
                 item = None
+                if self._dead_reason is not None:
+                    break  # declared hung while the call ran: this thread is done
             self._die("shut down")
         except BaseException as exc:
             reason = f"engine thread died: {_describe(exc)}"
@@ -351,25 +401,33 @@ class Engine:
                     got.future.set_exception(self._dead_error(got.command, self._dead_reason))
             self._reserved = None
 
+    def _beat(self) -> None:
+        self._last_beat = time.monotonic()
+
     def _execute(self, item: _Queued) -> None:
         command = item.command
         kind = _KINDS[type(command)]
         self._observer.command_started(kind)
         started = time.perf_counter()
+        self._running = item
+        self._last_beat = time.monotonic()
         try:
             result = self._dispatch(command)
         except EngineError as exc:
-            item.future.set_exception(exc)
+            _settle(item.future, exception=exc)
         except InferenceError as exc:
             # The model reports a condition it survives (context limit, bad rate).
-            item.future.set_exception(EngineError("step_failed", str(exc), during=kind))
+            _settle(item.future, exception=EngineError("step_failed", str(exc), during=kind))
         except Exception as exc:
             log.exception("%s failed for %s; dropping the session", kind, command.session_id)
             self._drop_active()
-            item.future.set_exception(EngineError("session_lost", _describe(exc), during=kind))
+            error = EngineError("session_lost", _describe(exc), during=kind)
+            _settle(item.future, exception=error)
         else:
-            item.future.set_result(result)
+            _settle(item.future, result=result)
         finally:
+            self._last_beat = None
+            self._running = None
             self._observer.command_finished(kind, time.perf_counter() - started)
 
     def _dispatch(self, command: Command) -> Step | list[ModelEvent] | None:
@@ -424,6 +482,7 @@ class Engine:
                 system_prompt=command.system_prompt,
                 seed=command.seed,
                 max_streaming_seconds=command.max_streaming_seconds,
+                control=StepControl(command.stop, self._beat),
             )
         except SessionInitializationError as exc:
             self.model.clear_cache()
@@ -442,3 +501,30 @@ class Engine:
                 self._model.clear_cache()
             except Exception:
                 log.exception("clearing the model's buffer cache failed")
+
+
+async def watch_for_hung_calls(
+    engine: Engine,
+    max_step_seconds: float,
+    on_hung: Callable[[str], Awaitable[None]],
+) -> None:
+    """Declare the engine hung when one model call makes no progress for
+    ``max_step_seconds`` (a frame, a prefill step, a flush), then run ``on_hung``.
+
+    A Python thread cannot be killed, so the process must end for its supervisor to
+    restart it; ``on_hung`` decides how (the launcher exits non-zero after a grace).
+    """
+    period = min(1.0, max_step_seconds / 4)
+    while engine.alive:
+        await trio.sleep(period)
+        stuck = engine.busy_for(time.monotonic())
+        if stuck > max_step_seconds and engine.alive:
+            reason = (
+                f"a model call made no progress for {stuck:.1f} s "
+                f"(limit {max_step_seconds:g} s, --max-step-seconds); the engine is hung "
+                "and the server must be restarted"
+            )
+            log.critical(reason)
+            engine.declare_hung(reason)
+            await on_hung(reason)
+            return

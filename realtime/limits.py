@@ -1,4 +1,4 @@
-"""Per-connection limits, shared by the CLI, the app and the connection lifecycle.
+"""Limits, shared by the CLI, the app, the connection lifecycle and the shutdown.
 
 Each field says, in its metadata, how a user sets it: its help text, its kind of
 number and whether 0 is allowed. The ``realtime serve`` flags (``--idle-timeout``)
@@ -107,6 +107,35 @@ class Limits:
     """A client that reads nothing for this long while events wait is dropped (1008)."""
     send_queue_events: int = _limit(int, 256, "outgoing events buffered per connection")
     """Outgoing events buffered per connection before the model waits for the client."""
+    max_system_prompt_tokens: int = _limit(
+        int, 512, "longest session.system_prompt accepted, in the model's tokens"
+    )
+    """Opening a session prefills the prompt one model step per token, so its length is
+    session-open time: longer prompts get ``invalid_request`` before any model work."""
+    max_step_seconds: float = _limit(
+        float,
+        30.0,
+        "seconds one model call may make no progress before the engine is declared hung "
+        "and the process exits for its supervisor to restart it",
+    )
+    """A model call stuck this long: /health 503, clients get errors, exit code 3."""
+    drain_timeout: float = _limit(
+        float,
+        0.0,
+        "on SIGTERM, refuse new conversations and let the open one finish for up to this "
+        "many seconds before closing it with 1001; 0 closes at once",
+        zero_allowed=True,
+    )
+    """SIGTERM drain: ``/ready`` and new upgrades answer 503 while the open conversation
+    may finish for this long (0: no drain)."""
+    shutdown_timeout: float = _limit(
+        float,
+        5.0,
+        "seconds open connections get to close on shutdown before their sockets are aborted",
+    )
+    """After the drain: connections are told to close (1001); any still open after this
+    many seconds (a client that reads nothing) has its TCP connection aborted, so the
+    process always exits within about this bound."""
 
 
 def setting(field: attrs.Attribute[Any]) -> Setting:

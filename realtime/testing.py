@@ -18,7 +18,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import attrs
 import trio
@@ -26,6 +26,8 @@ import trio
 from realtime.app import ServerState
 from realtime.engine import Engine
 from realtime.limits import Limits
+from realtime.metrics import PrometheusObserver
+from realtime.observe import Observer
 from realtime.server import hypercorn_config, run_server
 
 SERVING_LINE: Final = re.compile(r"realtime: serving (ws://\S+/v1/realtime)")
@@ -48,12 +50,23 @@ class ServerProcess:
         return self.log.read_text(errors="replace")
 
 
-def serve_engine(engine: Engine, host: str = "127.0.0.1", port: int = 0) -> None:
+def serve_engine(
+    engine: Engine,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    metrics: PrometheusObserver | None = None,
+    observer: Observer | None = None,
+) -> None:
     """Serve a started ``engine`` in this process until interrupted, printing the
     ``realtime: serving`` line (for servers on a fake or instrumented model); the
-    engine is shut down on the way out."""
+    engine is shut down on the way out. ``observer`` (with its ``metrics``) replaces
+    the default metrics and session log."""
     limits = Limits()
-    state = ServerState(engine=engine, limits=limits)
+    extra: dict[str, Any] = {}
+    if metrics is not None and observer is not None:
+        extra = {"metrics": metrics, "observer": observer}
+    state = ServerState(engine=engine, limits=limits, **extra)
     config = hypercorn_config(host, port, limits)
 
     async def serve() -> None:

@@ -19,6 +19,7 @@ from realtime.conversation import (
     Close,
     Conversation,
     FlushSession,
+    LimitRefused,
     OpenSession,
     Output,
     Phase,
@@ -59,9 +60,13 @@ def errors(outputs: list[Output]) -> list[tuple[str, str]]:
     ]
 
 
-def only_error(outputs: list[Output]) -> tuple[str, str]:
-    assert len(outputs) == 1, outputs
-    found = errors(outputs)
+def only_error(outputs: list[Output], limit: str | None = None) -> tuple[str, str]:
+    """The one error event of ``outputs`` (and, for a limit, the limit it counts)."""
+    counted = [o.limit for o in outputs if isinstance(o, LimitRefused)]
+    assert counted == ([limit] if limit else []), outputs
+    rest = [o for o in outputs if not isinstance(o, LimitRefused)]
+    assert len(rest) == 1, outputs
+    found = errors(rest)
     assert found, outputs
     return found[0]
 
@@ -132,6 +137,42 @@ def test_unknown_model_names_the_served_one() -> None:
     assert isinstance(work, OpenSession)
 
 
+def test_a_long_system_prompt_is_refused_before_any_model_work() -> None:
+    words = lambda text: len(text.split())  # noqa: E731 - a stand-in tokenizer
+    c = Conversation(
+        "sess_x",
+        Limits(max_system_prompt_tokens=10),
+        model_id="m",
+        model_path=None,
+        now=0.0,
+        count_tokens=words,
+    )
+    short = "one two three four five six seven eight"  # 8 words, 39 bytes: counted
+    (work,) = c.receive(msg("session.update", session={"system_prompt": short}), 0.0)
+    assert isinstance(work, OpenSession)
+    c2 = Conversation(
+        "sess_y",
+        Limits(max_system_prompt_tokens=10),
+        model_id="m",
+        model_path=None,
+        now=0.0,
+        count_tokens=words,
+    )
+    long = " ".join(["w"] * 11)
+    code, message = only_error(
+        c2.receive(msg("session.update", session={"system_prompt": long}), 0.0),
+        "max_system_prompt_tokens",
+    )
+    assert code == "invalid_request" and "is 11 tokens, over the 10-token limit" in message
+    assert not c2.update_in_flight
+    huge = "x" * 100_000  # refused without tokenizing
+    _, message = only_error(
+        c2.receive(msg("session.update", session={"system_prompt": huge}), 0.0),
+        "max_system_prompt_tokens",
+    )
+    assert "100000 characters is far longer than the 10-token limit" in message
+
+
 def test_ping_is_answered_in_every_phase() -> None:
     c = conv()
     for step in (lambda: None, lambda: ready(c), lambda: c.receive(msg("session.cancel"), 0)):
@@ -156,7 +197,7 @@ def test_budget_counts_accepted_audio_until_it_is_submitted() -> None:
     ready(c)
     (run,) = c.receive(append(12800), 0.0)
     assert isinstance(run, RunAudio) and c.pending_samples == 12800
-    _, message = only_error(c.receive(append(6400), 0.0))
+    _, message = only_error(c.receive(append(6400), 0.0), "max_pending_audio_seconds")
     assert "backlog is full: 0.80 s waiting" in message and "0.40 s was refused" in message
     assert c.begin_audio(run) is None
     c.slice_submitted(FRAME)
@@ -168,14 +209,14 @@ def test_budget_counts_accepted_audio_until_it_is_submitted() -> None:
 def test_an_append_larger_than_the_budget_says_so() -> None:
     c = conv(max_pending_audio_seconds=1.0)
     ready(c)
-    _, message = only_error(c.receive(append(32000), 0.0))
+    _, message = only_error(c.receive(append(32000), 0.0), "max_pending_audio_seconds")
     assert "this append of 2.00 s is larger than the 1 s limit" in message
 
 
 def test_message_size_counts_utf8_bytes() -> None:
     c = conv(max_message_bytes=1000)
     frame = msg("session.ping", pad="€" * 400)  # 400 characters, 1200 bytes
-    code, message = only_error(c.receive(frame, 0.0))
+    code, message = only_error(c.receive(frame, 0.0), "max_message_bytes")
     assert code == "invalid_request" and "exceeds the 1000-byte limit" in message
     assert str(len(frame.encode())) in message
     (pong,) = c.receive(msg("session.ping", pad="e" * 400), 0.0)
@@ -188,7 +229,8 @@ def test_too_many_queued_messages_are_refused() -> None:
     for _ in range(MAX_QUEUED_MESSAGES):
         (run,) = c.receive(append(2), 0.0)
         assert isinstance(run, RunAudio)
-    assert "messages are waiting" in only_error(c.receive(append(2), 0.0))[1]
+    outputs = c.receive(append(2), 0.0)
+    assert "messages are waiting" in only_error(outputs, "max_queued_messages")[1]
 
 
 def test_slices_give_audio_first_and_count_frames() -> None:
@@ -432,7 +474,17 @@ def test_any_frames_give_only_documented_events_and_closes(
     assert all(o.code in (1000, 1008, 1011) for o in closes)
     for o in out:
         assert isinstance(
-            o, (dict, Close, StopModel, OpenSession, RunAudio, FlushSession, CancelSession)
+            o,
+            (
+                dict,
+                Close,
+                StopModel,
+                OpenSession,
+                RunAudio,
+                FlushSession,
+                CancelSession,
+                LimitRefused,
+            ),
         )
         if isinstance(o, dict):
             assert o["type"] in EVENT_TYPES

@@ -175,10 +175,10 @@ async def test_abrupt_disconnect_releases_reservation(
         assert fake_model.frames_run < 50
 
 
-async def test_disconnect_while_the_session_opens_holds_the_slot_until_the_engine_is_free(
+async def test_disconnect_while_the_session_opens_stops_the_prefill(
     engine: Engine, fake_model: FakeModel
 ) -> None:
-    fake_model.options.open_delay = 0.5
+    fake_model.options.open_delay = 5.0  # a long system-prompt prefill
     async with running_server(engine) as server:
         async with open_websocket_url(server.url) as ws:
             client = Client(ws)
@@ -188,16 +188,36 @@ async def test_disconnect_while_the_session_opens_holds_the_slot_until_the_engin
                 while not fake_model.calls_named("open"):
                     await trio.sleep(0.005)
             await ws._stream.aclose()
-        # The engine is still opening the departed session: the next client is told
+        # The prefill stops within one step, so the slot is free at once.
+        assert await wait_released(engine, timeout=2.0) < 0.25
+        assert not fake_model.sessions  # no session was ever opened
+        fake_model.options.open_delay = 0
+        async with connect(server.url) as client:
+            await client.configure()
+
+
+async def test_the_slot_stays_held_until_the_engine_finished_departed_work(
+    engine: Engine, fake_model: FakeModel
+) -> None:
+    fake_model.options.frame_delay = 0.5  # one slow frame: it cannot be interrupted
+    async with running_server(engine) as server:
+        async with open_websocket_url(server.url) as ws:
+            client = Client(ws)
+            await client.configure()
+            await client.send(append_msg(noise(1280)))
+            with trio.fail_after(2):
+                while not fake_model.calls_named("push"):
+                    await trio.sleep(0.005)
+            await ws._stream.aclose()
+        # The engine still runs the departed client's frame: the next client is told
         # the truth (busy) instead of waiting in silence behind the old work.
         async with connect(server.url) as client:
             err = await client.recv()
             assert err["type"] == "error" and err["error"]["code"] == "server_busy"
             assert await client.closed_code() == 1013
         assert engine.is_reserved()
-        # Once the engine has closed that session, the slot is free again.
         await wait_released(engine, timeout=2.0)
-        fake_model.options.open_delay = 0
+        fake_model.options.frame_delay = 0
         async with connect(server.url) as client:
             await client.configure()
         assert fake_model.calls_named("cancel")  # the abandoned session was cancelled

@@ -7,6 +7,8 @@ arrays or mlx-vlm classes.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Protocol
 
 import attrs
@@ -79,6 +81,31 @@ class SessionInitializationError(Exception):
     ``session_initialization_failed`` on the wire."""
 
 
+class SessionStopped(SessionInitializationError):
+    """Opening was stopped between two prefill steps: the connection went away or
+    cancelled, so the rest of the system prompt is not worth computing."""
+
+
+def _no_beat() -> None:
+    pass
+
+
+@attrs.frozen(slots=True, eq=False)
+class StepControl:
+    """What the engine hands a long model call (opening a session prefills the system
+    prompt one model step per token): a stop signal checked between steps and a
+    heartbeat called after each, which the hung-call watchdog reads."""
+
+    stop: threading.Event | None = None
+    beat: Callable[[], None] = _no_beat
+
+    def step(self) -> None:
+        """Call between two model steps: raise SessionStopped if stopped, else beat."""
+        if self.stop is not None and self.stop.is_set():
+            raise SessionStopped("the session was stopped while it opened")
+        self.beat()
+
+
 class InferenceError(Exception):
     """A running session cannot go on (context limit, model failure); maps to
     ``inference_error`` on the wire."""
@@ -113,7 +140,15 @@ class RealtimeModel(Protocol):
         system_prompt: str | None,
         seed: int,
         max_streaming_seconds: float | None,
-    ) -> ModelSession: ...
+        control: StepControl | None = None,
+    ) -> ModelSession:
+        """Seed, warm up and prefill ``system_prompt``, calling ``control.step()``
+        between prefill steps."""
+        ...
+
+    def count_tokens(self, text: str) -> int:
+        """How many model steps prefilling ``text`` as the system prompt takes."""
+        ...
 
     def clear_cache(self) -> None:
         """Free cached device buffers; called when a session closes, never per frame."""

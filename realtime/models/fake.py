@@ -31,6 +31,7 @@ from realtime.models.base import (
     ModelEvent,
     Samples,
     SessionInitializationError,
+    StepControl,
     UserTranscriptDelta,
 )
 
@@ -65,7 +66,11 @@ class FakeOptions:
     """Raise SystemExit on this frame, killing the engine thread."""
     open_error: str | None = None
     open_delay: float = 0.0
-    """Seconds opening a session takes (warm-up and prompt prefill)."""
+    """Seconds opening a session takes (warm-up and prompt prefill), in 10 ms steps
+    between which a stop signal is honoured."""
+    hang_on_frame: int | None = None
+    """Block on this frame until ``FakeModel.unhang`` is set (a model call that never
+    returns)."""
     max_frames: int | None = None
     """Frames before the context limit (InferenceError) is hit."""
     text_every: int = 1
@@ -122,6 +127,8 @@ class FakeSession:
             raise RuntimeError("fake model failure")
         if opts.die_on_frame == self.frame_index:
             raise SystemExit("fake engine death")
+        if opts.hang_on_frame == self.frame_index:
+            self.model.unhang.wait()
         i = self.frame_index
         events = self._deltas(i)
         level = float(np.abs(frame).mean()) if frame.size else 0.0
@@ -187,6 +194,8 @@ class FakeModel:
         self.frames_run = 0
         self.load_thread = threading.get_ident()
         self.lock = threading.Lock()
+        self.unhang = threading.Event()
+        """Set it to let a frame blocked by ``hang_on_frame`` return."""
 
     @property
     def model_id(self) -> str:
@@ -205,11 +214,20 @@ class FakeModel:
             return [arg for n, arg, _ in self.calls if n == name]
 
     def open_session(
-        self, *, system_prompt: str | None, seed: int, max_streaming_seconds: float | None
+        self,
+        *,
+        system_prompt: str | None,
+        seed: int,
+        max_streaming_seconds: float | None,
+        control: StepControl | None = None,
     ) -> FakeSession:
         self.record("open", (system_prompt, seed, max_streaming_seconds))
-        if self.options.open_delay:
-            time.sleep(self.options.open_delay)
+        control = control or StepControl()
+        remaining = self.options.open_delay
+        while remaining > 0:
+            control.step()
+            time.sleep(min(remaining, 0.01))
+            remaining -= 0.01
         if self.options.open_error:
             raise SessionInitializationError(self.options.open_error)
         max_frames = self.options.max_frames
@@ -218,6 +236,10 @@ class FakeModel:
         session = FakeSession(self, seed, max_frames)
         self.sessions.append(session)
         return session
+
+    def count_tokens(self, text: str) -> int:
+        """One token per character (the real tokenizer needs fewer)."""
+        return len(text)
 
     def clear_cache(self) -> None:
         self.record("clear_cache", None)
@@ -286,9 +308,17 @@ class NullModel:
         return None
 
     def open_session(
-        self, *, system_prompt: str | None, seed: int, max_streaming_seconds: float | None
+        self,
+        *,
+        system_prompt: str | None,
+        seed: int,
+        max_streaming_seconds: float | None,
+        control: StepControl | None = None,
     ) -> NullSession:
         return NullSession()
+
+    def count_tokens(self, text: str) -> int:
+        return len(text)
 
     def clear_cache(self) -> None:
         pass

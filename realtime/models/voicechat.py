@@ -8,6 +8,7 @@ Nothing here touches MLX at import time.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -31,6 +32,8 @@ from realtime.models.base import (
     ModelEvent,
     Samples,
     SessionInitializationError,
+    SessionStopped,
+    StepControl,
     UserTranscriptDelta,
 )
 from realtime.models.checkpoint import CheckpointInfo, check_model_path, model_id_for, one_line
@@ -235,6 +238,35 @@ def _check_seed(seed: object) -> int:
     return value
 
 
+@functools.cache
+def _stoppable_session() -> type[Any]:
+    """mlx-vlm's streaming session, stoppable between the steps of its prompt prefill.
+
+    mlx-vlm prefills the system prompt with one full timeline step per token
+    (language model and TTS), inside the session's constructor. The subclass calls
+    ``StepControl.step()`` before each timeline step while the constructor runs, so
+    a departed or cancelled connection stops the prefill within one token step and
+    the hung-call watchdog sees a heartbeat per step. Audio steps are untouched.
+    """
+    from mlx_vlm.models.nemotron_voicechat.streaming import VoiceChatStreamingSession
+
+    class StoppableSession(VoiceChatStreamingSession):
+        def __init__(self, parent: Any, *, control: StepControl, **options: Any) -> None:
+            self._realtime_control: StepControl | None = control
+            try:
+                super().__init__(parent, **options)
+            finally:
+                self._realtime_control = None
+
+        def _run_timeline_step(self, *args: Any, **kwargs: Any) -> Any:
+            control = self._realtime_control
+            if control is not None:
+                control.step()
+            return super()._run_timeline_step(*args, **kwargs)
+
+    return StoppableSession
+
+
 class VoiceChatModel:
     """A loaded VoiceChat checkpoint (the RealtimeModel the engine serves)."""
 
@@ -263,9 +295,11 @@ class VoiceChatModel:
         system_prompt: str | None,
         seed: int,
         max_streaming_seconds: float | None,
+        control: StepControl | None = None,
         profile: bool = False,
     ) -> VoiceChatSession:
-        """Seed, warm the TTS voice prompt and prefill the system prompt."""
+        """Seed, warm the TTS voice prompt and prefill the system prompt (stoppable
+        between prefill steps through ``control``)."""
         value = _check_seed(seed)
         if system_prompt is not None and not isinstance(system_prompt, str):
             raise SessionInitializationError("system_prompt must be a string")
@@ -278,12 +312,16 @@ class VoiceChatModel:
                 f"max_streaming_seconds must be a number > 0, got {max_streaming_seconds!r}"
             )
         try:
-            inner = self._runtime.create_streaming_session(
+            inner = _stoppable_session()(
+                self._runtime,
+                control=control or StepControl(),
                 system_prompt=system_prompt,
                 seed=value,
                 max_streaming_seconds=max_streaming_seconds,
                 profile=profile,
             )
+        except SessionStopped:
+            raise
         except Exception as exc:
             log.debug("opening a VoiceChat session failed", exc_info=True)
             raise SessionInitializationError(
@@ -292,6 +330,14 @@ class VoiceChatModel:
                 else one_line(str(exc))
             ) from exc
         return VoiceChatSession(inner)
+
+    def count_tokens(self, text: str) -> int:
+        """Prefill steps for ``text`` as the system prompt: its tokens plus BOS and EOS
+        (mlx-vlm skips a blank prompt)."""
+        if not text.strip():
+            return 0
+        ids = self._runtime.tokenizer.encode(text, add_special_tokens=False)
+        return len(ids) + 2
 
     def generate_offline(
         self,
