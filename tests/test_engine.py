@@ -19,6 +19,7 @@ from realtime.engine import (
     Open,
     Push,
     Step,
+    watch_for_hung_calls,
 )
 from realtime.models.base import AudioDelta, Cancelled, Done
 from realtime.observe import CommandKind, Observer
@@ -274,3 +275,51 @@ async def test_queued_work_is_skipped_once_its_stop_flag_is_set(
     with pytest.raises(EngineError, match="connection is gone"):
         await engine.run(Open("sess_b", None, 0, None, stop))
     assert fake_model.calls_named("open") == [(None, 0, None)]
+
+
+async def test_a_hung_call_is_declared_and_everything_waiting_fails(
+    fake_model: FakeModel,
+) -> None:
+    fake_model.options.hang_on_frame = 0
+    engine = Engine(lambda: fake_model)
+    engine.start()
+    try:
+        assert engine.try_reserve("sess_a")
+        await engine.run(open_("sess_a"))
+        running = engine.submit(push("sess_a"))
+        queued = engine.submit(push("sess_a"))
+        reasons: list[str] = []
+
+        async def on_hung(reason: str) -> None:
+            reasons.append(reason)
+
+        with trio.fail_after(10):
+            await watch_for_hung_calls(engine, 0.2, on_hung)
+        assert len(reasons) == 1 and "made no progress" in reasons[0]
+        assert engine.hung and not engine.alive and not engine.is_reserved()
+        assert engine.dead_reason == reasons[0]
+        for future in (running, queued, engine.submit(open_("sess_b"))):
+            with pytest.raises(EngineError) as info:
+                future.result(timeout=1)
+            assert info.value.kind == "engine_dead"
+    finally:
+        fake_model.unhang.set()
+        engine.shutdown(timeout=5)
+
+
+async def test_a_long_prefill_that_makes_progress_is_not_hung(fake_model: FakeModel) -> None:
+    fake_model.options.open_delay = 1.0  # 100 steps of 10 ms, each a heartbeat
+    engine = Engine(lambda: fake_model)
+    engine.start()
+    try:
+
+        async def on_hung(reason: str) -> None:
+            raise AssertionError(reason)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_for_hung_calls, engine, 0.3, on_hung)
+            await engine.run(open_("sess_a"))
+            nursery.cancel_scope.cancel()
+        assert engine.alive
+    finally:
+        engine.shutdown()
