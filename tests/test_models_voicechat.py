@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,8 @@ from realtime.models.base import (
     InferenceError,
     ModelEvent,
     SessionInitializationError,
+    SessionStopped,
+    StepControl,
     UserTranscriptDelta,
 )
 from realtime.models.voicechat import VoiceChatModel
@@ -214,3 +217,35 @@ def test_load_failure_is_one_line_model_load_error(demo_path: Path, tmp_path: Pa
     with pytest.raises(ModelLoadError) as info:
         load_model(broken)
     assert "broken" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_prefill_runs_one_step_per_token_and_stops_between_steps(
+    demo_model: VoiceChatModel,
+) -> None:
+    prompt = "You are a helpful voice assistant. Keep answers short."
+    beats: list[int] = []
+    control = StepControl(beat=lambda: beats.append(1))
+    session = demo_model.open_session(
+        system_prompt=prompt, seed=0, max_streaming_seconds=None, control=control
+    )
+    session.cancel()
+    # One model step per prompt token, BOS and EOS included: what the limit counts.
+    assert len(beats) == demo_model.count_tokens(prompt) > 2
+    assert demo_model.count_tokens("   ") == 0
+
+    stop = threading.Event()
+
+    def beat() -> None:
+        beats.append(1)
+        if len(beats) == 3:
+            stop.set()
+
+    beats.clear()
+    with pytest.raises(SessionStopped):
+        demo_model.open_session(
+            system_prompt=prompt,
+            seed=0,
+            max_streaming_seconds=None,
+            control=StepControl(stop, beat),
+        )
+    assert len(beats) == 3  # stopped before the fourth step
