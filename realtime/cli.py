@@ -63,14 +63,20 @@ def _limit_type(spec: Setting) -> Callable[[str], int | float]:
 
 
 def _add_limit_options(parser: argparse.ArgumentParser) -> None:
-    """One flag per Limits field, named, typed and described by the field itself."""
-    group = parser.add_argument_group("limits (per connection)")
+    """One flag per Limits field, named, typed and described by the field itself.
+
+    A flag's default is its ``REALTIME_<FIELD>`` setting when that is set (argparse
+    checks it like a value given on the command line), else the field's default.
+    """
+    group = parser.add_argument_group(
+        "limits", "each also read from REALTIME_<NAME> (e.g. REALTIME_IDLE_TIMEOUT)"
+    )
     for spec in limit_settings():
         group.add_argument(
             spec.flag,
             dest=spec.name,
             type=_limit_type(spec),
-            default=spec.default,
+            default=os.environ.get(spec.env) or spec.default,
             help=f"{spec.help} (default %(default)s)",
         )
 
@@ -127,15 +133,6 @@ def build_parser() -> argparse.ArgumentParser:
         choices=[4, 8],
         default=None,
         help="with no -m: serve the 4- or 8-bit variant of the demo model",
-    )
-    serve.add_argument(
-        "--drain-timeout",
-        type=_non_negative_float,
-        default=os.environ.get("REALTIME_DRAIN_TIMEOUT") or "0",  # argparse checks it too
-        metavar="SECONDS",
-        help="on SIGTERM, refuse new conversations and let the open one finish for up to "
-        "this long before closing it with 1001; 0 closes at once "
-        "(default: $REALTIME_DRAIN_TIMEOUT or 0)",
     )
     _add_limit_options(serve)
 

@@ -35,7 +35,20 @@ from realtime.observe import Observer, Observers
 
 log = logging.getLogger("realtime")
 
-SHUTDOWN_GRACE_SECONDS = 3.0
+ABORT_GRACE_SECONDS = 2.0
+"""After aborting the sockets of connections that did not close in time: how long
+their handlers get to finish (they end at once; this only bounds a surprise)."""
+
+READ_TIMEOUT_SECONDS = 30
+"""Hypercorn's ``read_timeout``: a connection that sends nothing for this long is
+closed. WebSocket clients are pinged every ``PING_INTERVAL_SECONDS`` and their pongs
+count, so only a peer that is gone (or reads nothing) is closed by it."""
+PING_INTERVAL_SECONDS = 5.0
+"""Also how long Hypercorn keeps a closed WebSocket's descriptor: its ping task holds
+the connection until it next wakes."""
+KEEP_ALIVE_SECONDS = 5
+"""An idle keep-alive HTTP connection is closed after this long (Hypercorn's default,
+stated here so ``realtime serve`` and the documented ``hypercorn`` flags agree)."""
 
 
 def hypercorn_config(host: str, port: int, limits: Limits) -> Config:
@@ -44,7 +57,12 @@ def hypercorn_config(host: str, port: int, limits: Limits) -> Config:
     # Messages between our limit and twice it get a clear error event from the
     # connection; only far larger ones are cut off by Hypercorn (close 1009).
     config.websocket_max_message_size = 2 * limits.max_message_bytes + 65536
-    config.graceful_timeout = SHUTDOWN_GRACE_SECONDS
+    # Hypercorn cancels its connection handlers this long after it stops accepting;
+    # ours have closed (or been aborted) by then, see run_server.
+    config.graceful_timeout = limits.shutdown_timeout + ABORT_GRACE_SECONDS
+    config.read_timeout = READ_TIMEOUT_SECONDS
+    config.websocket_ping_interval = PING_INTERVAL_SECONDS
+    config.keep_alive_timeout = KEEP_ALIVE_SECONDS
     config.accesslog = None
     # Hypercorn's own handler plus propagation to ours printed "Running on" twice:
     # hand it a plain logger so its lines go through our (text or JSON) handler once.
@@ -118,18 +136,24 @@ async def run_server(
     config: Config,
     *,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
-    drain_timeout: float = 0.0,
+    drain_timeout: float | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until SIGINT or SIGTERM (or until ``shutdown_trigger`` returns).
 
-    SIGTERM with ``drain_timeout`` > 0 (and a returning ``shutdown_trigger``)
-    drains first: ``state.draining`` is set, so ``/ready`` answers 503 and new
-    upgrades get HTTP 503, while the open conversation may finish for up to
-    ``drain_timeout`` seconds. A second SIGTERM, a SIGINT, or ``state.shutdown``
-    being set ends the drain early. Then connections are told to close (1001),
-    so sessions end and release before Hypercorn stops; every step is bounded.
+    SIGTERM with ``drain_timeout`` > 0 (default: ``state.limits.drain_timeout``; and a
+    returning ``shutdown_trigger``) drains first: ``state.draining`` is set, so
+    ``/ready`` answers 503 and new upgrades get HTTP 503, while the open conversation
+    may finish for up to ``drain_timeout`` seconds. A second SIGTERM, a SIGINT, or
+    ``state.shutdown`` being set ends the drain early. Then connections are told to
+    close (1001), so sessions end and release before Hypercorn stops. A connection
+    still open ``state.limits.shutdown_timeout`` seconds later (a client that reads
+    nothing, so Hypercorn's shielded write to it never ends) has its TCP connection
+    aborted, which ends that write; so the whole shutdown is bounded whatever the
+    clients do.
     """
+    if drain_timeout is None:
+        drain_timeout = state.limits.drain_timeout
     app = create_app(state)
     stop = trio.Event()
 
@@ -168,8 +192,7 @@ async def run_server(
                 if drain_timeout > 0:
                     await drain(state, drain_timeout)
             state.shutdown.set()
-            with trio.move_on_after(SHUTDOWN_GRACE_SECONDS):
-                await state.idle.wait()
+            await close_connections(state)
             stop.set()
 
         nursery.start_soon(watch)
@@ -183,6 +206,26 @@ async def run_server(
         )
         task_status.started(binds)
         await stop.wait()
+
+
+async def close_connections(state: ServerState) -> None:
+    """Wait (``state.shutdown`` being set) for open connections to close, at most
+    ``limits.shutdown_timeout`` seconds; then abort the TCP connections of those still
+    open and give their handlers a short, bounded while to end."""
+    with trio.move_on_after(state.limits.shutdown_timeout):
+        await state.idle.wait()
+    if state.idle.is_set():
+        return
+    aborted = state.abort_connections()
+    log.warning(
+        "%d connection(s) still open %.1f s after shutdown began (a client that reads "
+        "nothing); aborted %d TCP connection(s)",
+        state.connections,
+        state.limits.shutdown_timeout,
+        aborted,
+    )
+    with trio.move_on_after(ABORT_GRACE_SECONDS):
+        await state.idle.wait()
 
 
 async def drain(state: ServerState, seconds: float) -> None:
@@ -251,13 +294,10 @@ def serve_command(args: argparse.Namespace, limits: Limits) -> int:
         metrics=metrics,
         observer=observer,
     )
-    drain_timeout = float(getattr(args, "drain_timeout", 0.0) or 0.0)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            binds = await nursery.start(
-                partial(run_server, state, config, drain_timeout=drain_timeout)
-            )
+            binds = await nursery.start(partial(run_server, state, config))
             for url in _ws_urls(binds):
                 print(f"realtime: serving {url}", file=sys.stderr, flush=True)
 

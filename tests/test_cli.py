@@ -61,6 +61,9 @@ def test_serve_help_lists_every_limit_with_its_default(
 def test_bad_flag_value_exits_2(
     spec: Setting, bad: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    if bad == "0" and spec.zero_allowed:
+        assert build_parser().parse_args(["serve", f"{spec.flag}=0"]) is not None
+        return
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args(["serve", f"{spec.flag}={bad}"])
     assert info.value.code == 2
@@ -75,8 +78,12 @@ def test_bad_flag_value_exits_2(
 def test_bad_env_value_is_refused(spec: Setting) -> None:
     with pytest.raises(ValueError, match=f"^{spec.env} must be a number, got 'abc'$"):
         limits_from_env({spec.env: "abc"})
-    with pytest.raises(ValueError, match=f"^{spec.env} must be > 0, got '0'$"):
-        limits_from_env({spec.env: "0"})
+    if spec.zero_allowed:
+        with pytest.raises(ValueError, match=f"^{spec.env} must be >= 0, got '-1'$"):
+            limits_from_env({spec.env: "-1"})
+    else:
+        with pytest.raises(ValueError, match=f"^{spec.env} must be > 0, got '0'$"):
+            limits_from_env({spec.env: "0"})
     if spec.kind is int:
         with pytest.raises(ValueError, match="must be a number"):
             limits_from_env({spec.env: "1.5"})
@@ -126,3 +133,12 @@ def test_usage_and_model_path_errors_exit_2(
     assert main(["serve", "-m", str(missing)]) == 2
     err = [line for line in capsys.readouterr().err.strip().splitlines() if "error" in line]
     assert err[-1].startswith(f"realtime: error: model path {missing} ")
+
+
+def test_serve_reads_limits_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REALTIME_DRAIN_TIMEOUT", "300")
+    monkeypatch.setenv("REALTIME_SHUTDOWN_TIMEOUT", "2.5")
+    limits = limits_from_args(build_parser().parse_args(["serve"]))
+    assert (limits.drain_timeout, limits.shutdown_timeout) == (300, 2.5)
+    flags = build_parser().parse_args(["serve", "--drain-timeout", "0"])
+    assert limits_from_args(flags).drain_timeout == 0
