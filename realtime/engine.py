@@ -183,12 +183,11 @@ class Engine:
         loader: Callable[[], RealtimeModel],
         *,
         observer: Observer | None = None,
-        name: str = "realtime-engine",
     ) -> None:
         self._loader = loader
         self._observer = observer if observer is not None else Observer()
         self._queue: queue.SimpleQueue[_Queued | object] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._run, name="realtime-engine", daemon=True)
         self._loaded: concurrent.futures.Future[RealtimeModel] = concurrent.futures.Future()
         self._state_lock = threading.Lock()
         self._dead_reason: str | None = None

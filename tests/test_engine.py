@@ -253,13 +253,14 @@ async def test_cancelled_caller_does_not_wedge_the_engine(fake_model: FakeModel)
 
 
 def test_shutdown_joins_and_cancels_open_session(fake_model: FakeModel) -> None:
-    engine = Engine(lambda: fake_model, name="realtime-engine-test")
+    engine = Engine(lambda: fake_model)
     engine.start()
     engine.submit(open_("sess_a")).result(timeout=5)
+    thread = next(t for t in threading.enumerate() if t.ident == fake_model.load_thread)
     engine.shutdown()
     assert not engine.alive
     assert fake_model.calls_named("cancel") == [None]
-    assert not any(t.name == "realtime-engine-test" for t in threading.enumerate())
+    assert not thread.is_alive()
 
 
 async def test_queued_work_is_skipped_once_its_stop_flag_is_set(
