@@ -256,7 +256,8 @@ def test_shutdown_joins_and_cancels_open_session(fake_model: FakeModel) -> None:
     engine = Engine(lambda: fake_model)
     engine.start()
     engine.submit(open_("sess_a")).result(timeout=5)
-    thread = next(t for t in threading.enumerate() if t.ident == fake_model.load_thread)
+    (ident,) = {ident for _, _, ident in fake_model.calls}
+    thread = next(t for t in threading.enumerate() if t.ident == ident)
     engine.shutdown()
     assert not engine.alive
     assert fake_model.calls_named("cancel") == [None]
