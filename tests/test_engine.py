@@ -200,8 +200,8 @@ async def test_every_model_call_runs_on_the_engine_thread() -> None:
     assert threading.get_ident() not in threads
     names = [n for n, _, _ in fake_model.calls]
     assert names == ["open", "push", "push", "push", "push", "flush", "clear_cache"]
+    engine.shutdown()  # joined: every command_finished hook has run
     assert recorder.kinds == ["open", "push", "push", "push", "push", "flush", "close"]
-    engine.shutdown()
 
 
 def test_load_failure_is_reported() -> None:
