@@ -201,7 +201,7 @@ class RealtimeApp:
         elif scope["type"] == "websocket" and scope["path"] == OPENAI_PATH:
             await self._realtime(scope, receive, send, openai=True)
         else:
-            await self.http(scope, receive, send)  # type: ignore[arg-type]
+            await self.http(scope, receive, _finish_shielded(send))  # type: ignore[arg-type]
 
     async def _realtime(
         self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend, *, openai: bool = False
@@ -249,6 +249,26 @@ class RealtimeApp:
             state.connections -= 1
             if state.connections == 0:
                 state.idle.set()
+
+
+def _finish_shielded(send: ASGISend) -> ASGISend:
+    """``send`` with the response's last message shielded from cancellation.
+
+    Quart-trio cancels the request's tasks as soon as the app has answered, and that
+    cancel reached Hypercorn while it was ending the connection after the last body
+    chunk (``Connection: close``): the close was skipped and the socket stayed open
+    until the client closed it. Hypercorn already shields the write itself; this
+    only lets the close that follows it run.
+    """
+
+    async def finish(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            with trio.CancelScope(shield=True):
+                await send(message)
+        else:
+            await send(message)
+
+    return finish
 
 
 _REFUSAL_REASONS: Final[dict[str, RefusalReason]] = {
