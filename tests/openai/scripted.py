@@ -59,8 +59,9 @@ class Reply:
 
 
 def say(*tokens: str | None) -> Reply:
-    """A spoken reply: one token per frame (``None``: pad), then the end token."""
-    return Reply((*(Frame(text=t) for t in tokens), END))
+    """A spoken reply: one token per frame (``None``: pad), the end token, then pads
+    (the model listens again)."""
+    return Reply((*(Frame(text=t) for t in tokens), END, PAD, PAD, PAD, PAD))
 
 
 CALL = '<SPECIAL_20>[{"name": "get_weather", "arguments": {"city": "Paris"}}]<SPECIAL_21>'
@@ -106,7 +107,7 @@ class ScriptedSession:
             self.quiet += 1
             if self.quiet >= model.reply_after and model.replies:
                 self.heard_voice = False
-                self.playing = list(model.replies.pop(0).frames)
+                self.playing += model.replies.pop(0).frames
         step = self.playing.pop(0) if self.playing else None
         speaking = step is not None and (step.text is not None or step.end)
         if step is not None and step.text:

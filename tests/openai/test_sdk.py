@@ -1,13 +1,26 @@
-"""The real ``openai`` SDK holds whole exchanges with ``/openai/v1/realtime``."""
+"""The real ``openai`` SDK holds whole exchanges with ``/openai/v1/realtime``.
+
+The latest SDK runs in-process (in a worker thread: it is a blocking client);
+openai 2.8.1 (before 2.27, which forced ``wss`` unless ``websocket_base_url`` is
+given) runs as a subprocess with that version first on its path. Every event is
+checked against the GA types of the SDK that received it, and against Pipecat's
+parser.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from functools import partial
+from pathlib import Path
+from typing import Any
 
+import pytest
 import trio
 
 from realtime.engine import Engine
-from tests.helpers import running_server
+from tests.helpers import REPO, running_server
 from tests.openai import sdk_exchange
 
 
@@ -15,21 +28,97 @@ def ws_base(http: str) -> str:
     return http.replace("http://", "ws://") + "/openai/v1"
 
 
-async def test_push_to_talk_latest_sdk(scripted_engine: Engine) -> None:
-    async with running_server(scripted_engine) as server:
-        events = await trio.to_thread.run_sync(
-            partial(sdk_exchange.push_to_talk, ws_base(server.http))
-        )
+def check_exchange(events: list[dict[str, Any]], *, vad: bool) -> None:
     types = [e["type"] for e in events]
-    print(types)
     assert types[0] == "session.created"
+    order = [
+        "response.created",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_audio.delta",
+        "response.output_audio.done",
+        "response.output_audio_transcript.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.done",
+    ]
+    assert [types.index(t) for t in order] == sorted(types.index(t) for t in order)
+    response = next(e for e in events if e["type"] == "response.done")["response"]
+    assert response["status"] == "completed"
+    assert response["output"][0]["content"][0]["transcript"] == "Hi there!"
+    for event in events:
+        if "response_id" in event:
+            assert event["response_id"] == response["id"]
+    deltas = "".join(
+        e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta"
+    )
+    assert deltas == "Hi there!"
+    user = next(
+        e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"
+    )
+    assert user["transcript"].startswith("hello there")
+    assert ("input_audio_buffer.speech_started" in types) is vad
+    committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
+    assert committed["item_id"] == user["item_id"]
 
 
-async def test_server_vad_latest_sdk(scripted_engine: Engine) -> None:
-    async with running_server(scripted_engine) as server:
-        events = await trio.to_thread.run_sync(
-            partial(sdk_exchange.server_vad, ws_base(server.http))
+async def in_process(engine: Engine, scenario: str) -> list[dict[str, Any]]:
+    async with running_server(engine) as server:
+        return await trio.to_thread.run_sync(
+            partial(sdk_exchange.SCENARIOS[scenario], ws_base(server.http))
         )
-    types = [e["type"] for e in events]
-    print(types)
-    assert types[0] == "session.created"
+
+
+async def in_subprocess(engine: Engine, scenario: str, sdk: Path) -> list[dict[str, Any]]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(sdk), str(REPO)])}
+    async with running_server(engine) as server:
+        done = await trio.run_process(
+            [sys.executable, "-m", "tests.openai.sdk_exchange", scenario, ws_base(server.http)],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env=env,
+            cwd=REPO,
+        )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    lines = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert lines[0]["openai"] == "2.8.1"
+    return lines[1:]
+
+
+def pipecat_accepts(events: list[dict[str, Any]], pipecat: Path, tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in events), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pipecat), str(REPO)])}
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.openai.pipecat_check", str(path)],
+        capture_output=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+
+
+@pytest.mark.parametrize("scenario", ["push_to_talk", "server_vad"])
+async def test_latest_sdk(scripted_engine: Engine, scenario: str) -> None:
+    events = await in_process(scripted_engine, scenario)
+    check_exchange(events, vad=scenario == "server_vad")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["push_to_talk", "server_vad"])
+async def test_openai_2_8_sdk(scripted_engine: Engine, scenario: str, openai_2_8: Path) -> None:
+    events = await in_subprocess(scripted_engine, scenario, openai_2_8)
+    check_exchange(events, vad=scenario == "server_vad")
+
+
+@pytest.mark.slow
+async def test_pipecat_parses_every_event(
+    scripted_engine: Engine, pipecat: Path, tmp_path: Path
+) -> None:
+    events = await in_process(scripted_engine, "server_vad")
+    pipecat_accepts(events, pipecat, tmp_path)
