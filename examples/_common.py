@@ -36,6 +36,7 @@ from realtime.models.base import (
     OUTPUT_SAMPLE_RATE,
     Samples,
 )
+from realtime.transcript import TranscriptPrinter as BaseTranscriptPrinter
 
 PCM16 = npt.NDArray[np.int16]
 Event = dict[str, Any]
@@ -127,39 +128,13 @@ CHANNELS: Final[dict[type[ServerEvent], str]] = {
 """Text event -> the channel label the clients print (``[user] ...``)."""
 
 
-class TranscriptPrinter:
-    """Prints text deltas live, one ``[channel] ...`` line per run of the same channel.
-
-    The model interleaves user transcript, assistant text and the function channel
-    frame by frame; starting a new line on each switch keeps them readable.
-    """
-
-    def __init__(self, out: TextIO | None = None) -> None:
-        self.out = out if out is not None else sys.stdout
-        self.channel: str | None = None
-        self.texts: dict[str, str] = {"user": "", "assistant": "", "function": ""}
+class TranscriptPrinter(BaseTranscriptPrinter):
+    """:class:`realtime.transcript.TranscriptPrinter` fed with client events: the
+    same growing ``[channel] ...`` lines as ``realtime generate --stream``."""
 
     def feed(self, event: ServerEvent) -> None:
-        if not isinstance(event, TranscriptDelta | TextDelta | FunctionDelta):
-            return
-        channel = CHANNELS[type(event)]
-        delta = event.delta
-        self.texts[channel] += delta
-        if not delta:
-            return
-        if channel != self.channel:
-            if self.channel is not None:
-                self.out.write("\n")
-            self.out.write(f"[{channel}] ")
-            self.channel = channel
-        self.out.write(delta.replace("\n", " "))
-        self.out.flush()
-
-    def finish(self) -> None:
-        if self.channel is not None:
-            self.out.write("\n")
-            self.out.flush()
-            self.channel = None
+        if isinstance(event, TranscriptDelta | TextDelta | FunctionDelta):
+            self.write(CHANNELS[type(event)], event.delta)
 
 
 class FrameFramer:

@@ -44,7 +44,7 @@ from _common import (
     report,
 )
 
-from realtime.audio import load_input_wav, write_wav_pcm16
+from realtime.audio import prepare_input, read_wav, write_wav_pcm16
 from realtime.client import (
     AudioDelta,
     ClientError,
@@ -286,9 +286,12 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None) -> 
     if not args.output.parent.is_dir():
         parser.error(f"output folder does not exist: {args.output.parent}")
     try:
-        pcm = load_input_wav(args.input, extra_seconds=args.extra_seconds)
+        audio, rate = read_wav(args.input)
     except Exception as exc:  # soundfile raises its own error types
         parser.error(f"cannot read {args.input}: {exc}")
+    if audio.shape[0] == 0:  # whatever --extra-seconds adds: silence alone is no question
+        parser.error(f"input audio {args.input} is empty (0 samples)")
+    pcm = prepare_input(audio, rate, extra_seconds=args.extra_seconds)
     log: TextIO | None = None
     try:
         if args.events is not None:

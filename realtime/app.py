@@ -390,8 +390,25 @@ def create_http_app(state: ServerState) -> QuartTrio:
             "this server runs a full-duplex speech model; use the WebSocket endpoint /v1/realtime",
         )
 
-    app.add_url_rule("/v1/chat/completions", "chat_completions", not_here, methods=["POST"])
-    app.add_url_rule("/v1/completions", "completions", not_here, methods=["POST"])
+    every_method = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]  # HEAD comes with GET
+    app.add_url_rule("/v1/chat/completions", "chat_completions", not_here, methods=every_method)
+    app.add_url_rule("/v1/completions", "completions", not_here, methods=every_method)
+
+    async def upgrade_required() -> Response:
+        """Plain HTTP at a WebSocket path (a browser tab, curl): 426 naming the WebSocket."""
+        path = request.path
+        response = _error(
+            426,
+            "upgrade_required",
+            f"{path} is a WebSocket endpoint: connect with ws://{request.host}{path} "
+            "(a WebSocket client such as realtime.client or the page at /)",
+        )
+        response.headers["Upgrade"] = "websocket"
+        response.headers["Connection"] = "Upgrade"
+        return response
+
+    for path in (REALTIME_PATH, OPENAI_PATH):
+        app.add_url_rule(path, f"upgrade_required{path}", upgrade_required, methods=every_method)
 
     @app.get("/")
     async def index() -> Response:

@@ -1,8 +1,10 @@
 """The app for an external ASGI server: ``hypercorn -k trio realtime.asgi:app``.
 
 Configured from the environment (the CLI's flags have the same names):
-``REALTIME_MODEL`` (checkpoint folder; unset: the demo checkpoint),
-``REALTIME_API_KEY``, ``REALTIME_ALLOWED_ORIGINS`` (comma-separated) and one
+``REALTIME_MODEL`` (checkpoint folder or Hugging Face repo id; unset: the demo
+checkpoint),
+``REALTIME_API_KEY``, ``REALTIME_ALLOWED_ORIGINS`` and ``REALTIME_ALLOWED_HOSTS``
+(comma-separated) and one
 ``REALTIME_<FIELD>`` per field of :class:`realtime.limits.Limits`, e.g.
 ``REALTIME_IDLE_TIMEOUT`` for ``--idle-timeout``. The model is loaded
 on the engine thread when Hypercorn starts serving, and the thread is joined
@@ -11,8 +13,13 @@ when it stops.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import multiprocessing
 import os
+import signal
+import sys
+from typing import NoReturn
 
 import trio
 
@@ -24,16 +31,37 @@ from realtime.limits import limits_from_env
 log = logging.getLogger("realtime")
 
 
+def _fail(message: str) -> NoReturn:
+    """Stop with ``message`` and a non-zero status, under Hypercorn's CLI too.
+
+    Hypercorn runs the app in worker processes and, up to 0.18 at least, loses a
+    worker's exit status: when a worker exits non-zero its ``run()`` joins the
+    workers a second time over an empty list and returns 0
+    (pgjones/hypercorn#269). So a worker that cannot start ends the Hypercorn
+    process too, with SIGUSR1 (status 138 in a shell; there is no handler for it),
+    and every other worker fails the same way on the same environment.
+    """
+    print(message, file=sys.stderr, flush=True)
+    parent = multiprocessing.parent_process()
+    if parent is not None and parent.pid is not None and "hypercorn" in sys.modules:
+        with contextlib.suppress(OSError):
+            os.kill(parent.pid, signal.SIGUSR1)
+    raise SystemExit(2)
+
+
 def create_app_from_env() -> RealtimeApp:
     from realtime.models import ModelPathError
     from realtime.server import model_loader
 
     logging.basicConfig(level=os.environ.get("REALTIME_LOG_LEVEL", "INFO").upper())
     try:
-        engine = Engine(model_loader(os.environ.get("REALTIME_MODEL") or None, None))
+        loader = model_loader(
+            os.environ.get("REALTIME_MODEL") or None, None, model_option="REALTIME_MODEL"
+        )
+        engine = Engine(loader)
         limits = limits_from_env(os.environ)
     except (UsageError, ModelPathError, ValueError) as exc:
-        raise SystemExit(f"realtime: error: {exc}") from None
+        _fail(f"realtime: error: {exc}")
     origins = tuple(
         o.strip() for o in os.environ.get("REALTIME_ALLOWED_ORIGINS", "").split(",") if o.strip()
     )
@@ -42,6 +70,9 @@ def create_app_from_env() -> RealtimeApp:
         limits=limits,
         api_key=os.environ.get("REALTIME_API_KEY") or None,
         allowed_origins=origins,
+        allowed_hosts=tuple(
+            h.strip() for h in os.environ.get("REALTIME_ALLOWED_HOSTS", "").split(",") if h.strip()
+        ),
     )
     app = create_app(state)
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from realtime import __version__
 from realtime.errors import UsageError
 from realtime.limits import Limits, Setting, limit_settings, limits_from
 from realtime.models.checkpoint import ModelLoadError, ModelPathError
@@ -47,6 +48,11 @@ _positive_float = _number(float, _TINY, sys.float_info.max, "a number > 0")
 _non_negative_float = _number(float, 0.0, sys.float_info.max, "a number >= 0")
 _seed = _number(int, 0, math.inf, "an integer >= 0")
 _port = _number(int, 0, 65535, "a port number in 0..65535")
+
+
+def _env_list(name: str) -> list[str]:
+    """A comma-separated environment setting as a list (empty when unset)."""
+    return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
 
 
 def _limit_type(spec: Setting) -> Callable[[str], int | float]:
@@ -85,11 +91,19 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
     return limits_from({spec.name: getattr(args, spec.name) for spec in limit_settings()})
 
 
+_MODEL_HELP = (
+    "checkpoint folder, or a Hugging Face repo id such as "
+    "mlx-community/NemotronLabs-VoiceChat-11B-4bit (downloaded into the Hugging Face "
+    "cache unless a local folder has that name); omitted: the built-in random-weight demo"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="realtime",
         description="Serve a full-duplex speech model over the /v1/realtime WebSocket.",
     )
+    parser.add_argument("--version", action="version", version=f"realtime {__version__}")
     parser.add_argument(
         "--log-level",
         default=os.environ.get("REALTIME_LOG_LEVEL", "info"),
@@ -106,14 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     serve = sub.add_parser("serve", help="serve /v1/realtime (the demo model when -m is omitted)")
+    serve.add_argument("-m", "--model", metavar="PATH|REPO", help=_MODEL_HELP)
     serve.add_argument(
-        "-m",
-        "--model",
-        metavar="PATH",
-        help="checkpoint folder; omitted: the built-in random-weight demo",
+        "--host", default="127.0.0.1", help="address to listen on (default %(default)s)"
     )
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=_port, default=8080)
+    serve.add_argument(
+        "--port", type=_port, default=8080, help="port to listen on (default %(default)s)"
+    )
     serve.add_argument(
         "--api-key",
         default=os.environ.get("REALTIME_API_KEY") or None,
@@ -128,6 +141,15 @@ def build_parser() -> argparse.ArgumentParser:
         "server's own (repeatable; '*' allows any)",
     )
     serve.add_argument(
+        "--allowed-host",
+        action="append",
+        default=_env_list("REALTIME_ALLOWED_HOSTS"),
+        metavar="HOST",
+        help="Host header name (or name:port) accepted besides loopback names, which "
+        "are all a server on a loopback address answers otherwise (repeatable; '*' "
+        "allows any; default: $REALTIME_ALLOWED_HOSTS, comma-separated)",
+    )
+    serve.add_argument(
         "--quantize",
         type=int,
         choices=[4, 8],
@@ -137,9 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_limit_options(serve)
 
     gen = sub.add_parser("generate", help="run a WAV through the model offline")
-    gen.add_argument(
-        "-m", "--model", metavar="PATH", help="checkpoint folder; omitted: the built-in demo model"
-    )
+    gen.add_argument("-m", "--model", metavar="PATH|REPO", help=_MODEL_HELP)
     gen.add_argument("--input", required=True, metavar="IN.wav")
     gen.add_argument("--output", required=True, metavar="OUT.wav")
     gen.add_argument(
@@ -168,18 +188,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --stream: print a per-stage frame timing summary",
     )
 
-    demo = sub.add_parser("demo-model", help="write the tiny random-weight demo checkpoint")
+    demo = sub.add_parser("demo-model", help="write a random-weight demo checkpoint")
     demo.add_argument("dir", metavar="DIR")
     demo.add_argument("--quantize", type=int, choices=[4, 8], default=None)
+    demo.add_argument(
+        "--size",
+        choices=["tiny", "medium"],
+        default="tiny",
+        help="tiny: the served demo (about 3 MB); medium: for benchmarks, shaped so a "
+        "frame step is mostly native compute (about 125 MB) (default %(default)s)",
+    )
     return parser
 
 
 def demo_model_command(args: argparse.Namespace) -> int:
-    """``realtime demo-model DIR [--quantize 4|8]``: write the demo checkpoint, print its path.
+    """``realtime demo-model DIR [--quantize 4|8] [--size tiny|medium]``: write a demo
+    checkpoint, print its path.
 
     DIR may be new, empty or an earlier demo checkpoint; it is replaced atomically.
     """
     from realtime.demo_checkpoint import (
+        SIZES,
         install_atomically,
         is_demo_checkpoint,
         write_demo_checkpoint,
@@ -187,6 +216,7 @@ def demo_model_command(args: argparse.Namespace) -> int:
 
     path = Path(args.dir).expanduser()
     quantize: int | None = args.quantize
+    size = SIZES[args.size]
     if path.exists() and not path.is_dir():
         raise UsageError(f"{path} exists and is not a directory")
     if path.is_dir() and any(path.iterdir()) and not is_demo_checkpoint(path):
@@ -198,7 +228,7 @@ def demo_model_command(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot write to {parent}: {exc.strerror or exc}") from None
     try:
         install_atomically(
-            parent / path.name, lambda staging: write_demo_checkpoint(staging, quantize)
+            parent / path.name, lambda staging: write_demo_checkpoint(staging, quantize, size)
         )
     except OSError as exc:
         raise UsageError(f"cannot write the demo checkpoint to {path}: {exc}") from None

@@ -19,7 +19,14 @@ from typing import TextIO
 
 import numpy as np
 
-from realtime.audio import PCM16, float_to_pcm16, load_input_wav, pcm16_to_float, write_wav_pcm16
+from realtime.audio import (
+    PCM16,
+    float_to_pcm16,
+    pcm16_to_float,
+    prepare_input,
+    read_wav,
+    write_wav_pcm16,
+)
 from realtime.errors import UsageError
 from realtime.models.base import (
     FRAME_SAMPLES,
@@ -34,6 +41,7 @@ from realtime.models.base import (
     SessionInitializationError,
     UserTranscriptDelta,
 )
+from realtime.transcript import TranscriptPrinter
 
 
 def stream_slices(samples: Samples) -> Iterator[Samples]:
@@ -48,17 +56,19 @@ def read_input(path: str | Path, extra_seconds: float) -> Samples:
     if not source.is_file():
         raise UsageError(f"input file {source} does not exist or is not a file")
     try:
-        pcm: PCM16 = load_input_wav(source, extra_seconds=extra_seconds)
+        audio, rate = read_wav(source)
     except Exception as exc:
         message = " ".join(str(exc).split()) or type(exc).__name__
         raise UsageError(f"cannot read input audio {source}: {message}") from None
-    if pcm.shape[0] == 0:
-        raise UsageError(f"input audio {source} is empty")
+    if audio.shape[0] == 0:  # whatever --extra-seconds adds: silence alone is no input
+        raise UsageError(f"input audio {source} is empty (0 samples)")
+    pcm: PCM16 = prepare_input(audio, rate, extra_seconds=extra_seconds)
     return pcm16_to_float(pcm)
 
 
 def _resolve_model(model: str | None) -> Path:
     from realtime.models import check_model_path
+    from realtime.models.hub import resolve_model
 
     if model is None:
         from realtime.demo_checkpoint import ensure_demo_checkpoint
@@ -69,10 +79,11 @@ def _resolve_model(model: str | None) -> Path:
             file=sys.stderr,
         )
         return path
-    return check_model_path(model).path  # ModelPathError: one line, exit 2
+    return check_model_path(resolve_model(model)).path  # ModelPathError: one line, exit 2
 
 
 def _label(event: ModelEvent) -> tuple[str, str] | None:
+    """The transcript channel and text of a text event (None for audio and the rest)."""
     if isinstance(event, UserTranscriptDelta):
         return "user", event.delta
     if isinstance(event, AssistantTextDelta):
@@ -119,6 +130,7 @@ def _run_stream(
         raise UsageError(f"cannot open a session: {exc}") from None
     audio: list[Samples] = []
     status = 0
+    printer = TranscriptPrinter(sys.stdout)
 
     def emit(events: list[ModelEvent]) -> None:
         for event in events:
@@ -127,16 +139,18 @@ def _run_stream(
                 continue
             labelled = _label(event)
             if labelled is not None:
-                print(f"[{labelled[0]}] {labelled[1]}", flush=True)
+                printer.write(*labelled)
 
     for piece in stream_slices(samples):
         try:
             emit(session.push_audio(piece, INPUT_SAMPLE_RATE))
         except InferenceError as exc:
+            printer.break_line()
             print(f"realtime: inference error: {exc}", file=sys.stderr, flush=True)
             status = 1
             break
     emit(session.flush(pad_partial=True))
+    printer.finish()
     if args.profile:
         summary = session.profile_summary()
         if summary is not None:
@@ -180,10 +194,11 @@ def generate_command(args: argparse.Namespace) -> int:
         except (InferenceError, SessionInitializationError) as exc:
             raise UsageError(f"generation failed: {exc}") from None
         out = result.samples
-        print(f"[user] {result.transcript}", flush=True)
-        print(f"[assistant] {result.text}", flush=True)
-        if result.function_text:
-            print(f"[function] {result.function_text}", flush=True)
+        printer = TranscriptPrinter(sys.stdout)
+        printer.write("user", result.transcript)
+        printer.write("assistant", result.text)
+        printer.write("function", result.function_text)
+        printer.finish()
     finished = time.perf_counter()
 
     try:

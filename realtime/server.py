@@ -90,17 +90,25 @@ def _close_bound(config: Config) -> None:
                 pass
 
 
-def model_loader(model: str | None, quantize: int | None) -> Callable[[], RealtimeModel]:
-    """The loader the engine thread runs: the given checkpoint (checked here, before
-    any thread starts, so a bad path exits 2 at once), or the demo checkpoint, which
-    is built on the engine thread too since building it runs MLX."""
+def model_loader(
+    model: str | None, quantize: int | None, *, model_option: str = "-m"
+) -> Callable[[], RealtimeModel]:
+    """The loader the engine thread runs: the given checkpoint (a folder, or a Hugging
+    Face repo id downloaded here; checked here, before any thread starts, so a bad path
+    exits 2 at once), or the demo checkpoint, which is built on the engine thread too
+    since building it runs MLX. ``model_option`` names the setting in messages
+    (``REALTIME_MODEL`` under the Hypercorn CLI)."""
     from realtime.models import ModelPathError, check_model_path, load_model
+    from realtime.models.hub import resolve_model
 
     if model is None:
         log.warning(
-            "no -m given: serving the built-in DEMO checkpoint. It has random weights: "
+            "no %s given: serving the built-in DEMO checkpoint. It has random weights: "
             "it exercises the whole pipeline but speaks noise and writes gibberish. "
-            "Pass -m PATH to serve a real VoiceChat checkpoint."
+            "Set %s to a VoiceChat checkpoint folder or Hugging Face repo id "
+            "(e.g. mlx-community/NemotronLabs-VoiceChat-11B-4bit) to serve a real one.",
+            model_option,
+            model_option if model_option != "-m" else "-m PATH",
         )
 
         def load_demo() -> RealtimeModel:
@@ -114,7 +122,7 @@ def model_loader(model: str | None, quantize: int | None) -> Callable[[], Realti
     if quantize is not None:
         raise UsageError("--quantize applies to the demo model only (omit -m)")
     try:
-        info = check_model_path(model)
+        info = check_model_path(resolve_model(model))
     except ModelPathError as exc:
         raise UsageError(str(exc)) from None
     return lambda: load_model(info.path)
@@ -291,6 +299,8 @@ def serve_command(args: argparse.Namespace, limits: Limits) -> int:
         limits=limits,
         api_key=args.api_key,
         allowed_origins=tuple(args.allowed_origin),
+        bind_hosts=(args.host,),
+        allowed_hosts=tuple(args.allowed_host),
         metrics=metrics,
         observer=observer,
     )

@@ -89,14 +89,18 @@ def test_bad_env_value_is_refused(spec: Setting) -> None:
             limits_from_env({spec.env: "1.5"})
 
 
-def test_bad_env_value_stops_the_asgi_app(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_env_value_stops_the_asgi_app(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.delenv("REALTIME_MODEL", raising=False)
     import realtime.asgi
 
     monkeypatch.setenv("REALTIME_IDLE_TIMEOUT", "soon")
     with pytest.raises(SystemExit) as info:
         realtime.asgi.create_app_from_env()
-    assert info.value.code == "realtime: error: REALTIME_IDLE_TIMEOUT must be a number, got 'soon'"
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err == "realtime: error: REALTIME_IDLE_TIMEOUT must be a number, got 'soon'\n"
 
 
 def test_limits_refuse_bad_values_themselves() -> None:

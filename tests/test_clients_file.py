@@ -286,3 +286,45 @@ async def test_file_client_reports_early_close() -> None:
     message = str(caught.value)
     assert "closed the connection before response.done" in message
     assert "1011" in message and "engine died" in message
+
+
+@pytest.mark.parametrize("order", ["close-first", "created-then-close", "error-then-close"])
+async def test_file_client_busy_race_is_one_line_exit_7(order: str, tmp_path: Path) -> None:
+    """A 1013 close may come before, after or instead of session.created and beat the
+    client's session.update; each way it is 'busy' (exit 7), one line, before 'sending'."""
+    wav = _tone_wav(tmp_path / "in.wav", 0.2)
+
+    async def handler(request: trio_websocket.WebSocketRequest) -> None:
+        ws = await request.accept()
+        if order == "created-then-close":
+            await ws.send_message(json.dumps({"type": "session.created", "session": {"id": "s"}}))
+        elif order == "error-then-close":
+            error = {"code": "server_busy", "message": "another session is active"}
+            await ws.send_message(json.dumps({"type": "error", "event_id": "e", "error": error}))
+        await ws.aclose(1013, "busy")
+
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(trio_websocket.serve_websocket, handler, "127.0.0.1", 0, None)
+        url = f"ws://127.0.0.1:{server.port}/v1/realtime"
+        for _ in range(3):
+            proc = await trio.run_process(
+                [sys.executable, str(SCRIPT), url, str(wav), str(tmp_path / "out.wav")],
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+            err = proc.stderr.decode()
+            assert proc.returncode == 7, err
+            assert len(err.strip().splitlines()) == 1 and "busy" in err, err
+            assert "sending" not in err and "Traceback" not in err
+        nursery.cancel_scope.cancel()
+
+
+def test_file_client_refuses_empty_input(tmp_path: Path) -> None:
+    wav = tmp_path / "empty.wav"
+    write_wav_pcm16(wav, np.zeros(0, dtype=np.int16), 16_000)
+    run = _run_script(
+        "ws://127.0.0.1:9/v1/realtime", str(wav), str(tmp_path / "o.wav"), "--extra-seconds", "3"
+    )
+    assert run.returncode == 2
+    assert "is empty" in run.stderr and "Traceback" not in run.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 from pathlib import Path
 
@@ -77,6 +78,11 @@ def test_generate_stream_writes_wav_and_prints(
     assert any(line.startswith("[user] ") for line in lines)
     assert any(line.startswith("[assistant] ") for line in lines)
     assert any(line.startswith("profile: ") for line in lines)
+    # As the file client prints it: one growing line per run of a channel, none empty.
+    labelled = [line for line in lines if line.startswith("[")]
+    labels = [line.split("]", 1)[0] + "]" for line in labelled]
+    assert all(a != b for a, b in itertools.pairwise(labels)), labels
+    assert all(line.split("] ", 1)[1].strip() for line in labelled), labelled
     assert "demo checkpoint" in run.stderr
 
     # The exact samples the adapter produces for the server's slices of the same input.
@@ -132,7 +138,7 @@ def test_generate_max_seconds_stops_with_status_1(
     assert pcm.shape[0] == 10 * 1764
 
 
-@pytest.mark.parametrize("case", ["missing", "not-audio", "output-folder"])
+@pytest.mark.parametrize("case", ["missing", "not-audio", "output-folder", "empty"])
 def test_generate_bad_input_exits_2(
     case: str, demo_cache_dir: Path, demo_path: Path, tmp_path: Path
 ) -> None:
@@ -143,7 +149,21 @@ def test_generate_bad_input_exits_2(
     elif case == "output-folder":
         write_wav_pcm16(wav, np.zeros(1600, dtype=np.int16), 16000)
         out = tmp_path / "missing-folder" / "out.wav"
-    run = _generate(demo_cache_dir, "-m", str(demo_path), "--input", str(wav), "--output", str(out))
+    elif case == "empty":  # 0 samples: an error even with silence appended
+        write_wav_pcm16(wav, np.zeros(0, dtype=np.int16), 16000)
+    run = _generate(
+        demo_cache_dir,
+        "-m",
+        str(demo_path),
+        "--input",
+        str(wav),
+        "--output",
+        str(out),
+        "--extra-seconds",
+        "2",
+    )
     assert run.returncode == 2
     assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr
     assert run.stderr.startswith("realtime: error: ")
+    if case == "empty":
+        assert "is empty" in run.stderr

@@ -45,8 +45,13 @@ def one_line(text: str) -> str:
 
 
 def model_id_for(path: str | os.PathLike[str]) -> str:
-    """The id clients see: the checkpoint folder's last path component."""
-    return Path(os.path.abspath(os.fspath(path))).name
+    """The id clients see: the checkpoint folder's last path component; for a snapshot
+    in the Hugging Face cache (``models--org--name/snapshots/<rev>``), ``name``."""
+    folder = Path(os.path.abspath(os.fspath(path)))
+    repo = folder.parent.parent.name
+    if folder.parent.name == "snapshots" and repo.startswith("models--") and "--" in repo[8:]:
+        return repo.rsplit("--", 1)[1]
+    return folder.name
 
 
 def _read_json(path: Path, what: str) -> Any:
@@ -122,8 +127,8 @@ def check_model_path(path: str | os.PathLike[str]) -> CheckpointInfo:
     folder = Path(os.fspath(path)).expanduser()
     if not folder.exists():
         raise ModelPathError(
-            f"model path {folder} does not exist (give a local checkpoint folder, e.g. a "
-            "download of mlx-community/NemotronLabs-VoiceChat-11B-4bit; nothing is downloaded)"
+            f"model path {folder} does not exist (give a checkpoint folder or a Hugging Face "
+            "repo id such as mlx-community/NemotronLabs-VoiceChat-11B-4bit)"
         )
     if not folder.is_dir():
         raise ModelPathError(f"model path {folder} is not a directory")
