@@ -365,7 +365,9 @@ async def test_sounddevice_seam_resamples_and_plays(engine: Engine) -> None:
     assert result.frames_sent == 6 and result.audio_frames == 6
     played = np.concatenate(fake.played)
     expected = 6 * OUTPUT_FRAME_SAMPLES * 48_000 / OUTPUT_SAMPLE_RATE
-    assert abs(int(np.count_nonzero(played)) - expected) < 64
+    # Whatever the adaptive buffer left out to catch up (the fake device delivers its
+    # input ~20x faster than real time, so the answer lands in a burst) counts too.
+    assert abs(int(np.count_nonzero(played)) + sink.buffer.skipped - expected) < 64
     assert sink.buffer.buffered == 0 and sink.buffer.dropped == 0
 
 
@@ -462,3 +464,189 @@ def test_microphone_script_connection_exit_codes(tmp_path: Path) -> None:
         errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and needle in errors[0]
         assert "Traceback" not in proc.stderr and "speak now" not in proc.stderr
+
+
+# --- the adaptive jitter buffer on scripted delivery (no PortAudio) -----------------
+
+RATE = OUTPUT_SAMPLE_RATE
+PULL = 441  # 20 ms device blocks
+
+
+def _simulate(
+    schedule: Callable[[int], int], seconds: float = 12.0
+) -> tuple[mic.JitterBuffer, list[tuple[float, float, float]]]:
+    """Play ``seconds`` of 20 ms pulls; before pull ``i``, ``schedule(i)`` 80 ms frames
+    arrive. Returns the buffer and (time, latency on arrival, target) per arrival."""
+    jb = mic.JitterBuffer(3 * RATE, int(0.16 * RATE), sample_rate=RATE)
+    seen: list[tuple[float, float, float]] = []
+    for i in range(int(seconds * RATE / PULL)):
+        frames = schedule(i)
+        for _ in range(frames):
+            jb.push(np.full(OUTPUT_FRAME_SAMPLES, 0.1, np.float32))
+        if frames:
+            seen.append((i * PULL / RATE, jb.arrival_latency_seconds(), jb.target_seconds()))
+        jb.pull(PULL)
+    return jb, seen
+
+
+def _steady(i: int) -> int:
+    return 1 if i % 4 == 0 else 0
+
+
+def _one_stall(i: int) -> int:
+    """Steady, then nothing from 3.0 s to 3.5 s, then the late frames at once."""
+    if 150 <= i < 175:
+        return 0
+    return 7 if i == 175 else _steady(i)
+
+
+def _bursty(i: int) -> int:
+    return 3 if i % 12 == 0 else 0
+
+
+def test_jitter_buffer_steady_delivery_holds_its_target() -> None:
+    jb, seen = _simulate(_steady)
+    assert jb.underruns == 0 and jb.skipped == 0 and jb.dropped == 0
+    for _, latency, target in seen[5:]:
+        assert abs(latency - target) < 0.001 and target == pytest.approx(0.16, abs=0.001)
+
+
+def test_jitter_buffer_recovers_from_one_stall() -> None:
+    """After a stall the late frames land at once; the latency comes back to within
+    50 ms of the target within a few seconds, and the target decays back."""
+    jb, seen = _simulate(_one_stall)
+    assert jb.underruns == 1
+    after = [(t, latency, target) for t, latency, target in seen if t >= 3.5]
+    assert after[0][1] - after[0][2] > 0.3  # the burst: far above the target
+    settled = [abs(latency - target) <= 0.05 for t, latency, target in after if t >= 6.0]
+    assert all(settled)
+    first_ok = next(t for t, latency, target in after if abs(latency - target) <= 0.05)
+    assert first_ok - 3.5 < 3.0, first_ok
+    assert jb.target_seconds() == pytest.approx(0.16, abs=0.001)  # decayed to its base
+    assert jb.skipped > 0 and jb.dropped == 0
+    assert max(latency for _, latency, _ in seen) < 0.7
+
+
+def test_jitter_buffer_bursty_delivery_does_not_accumulate() -> None:
+    jb, seen = _simulate(_bursty)
+    assert jb.underruns <= 1
+    late = [latency for t, latency, _ in seen if t > 6.0]
+    assert max(late) <= 0.16 + 0.05
+    assert jb.max_level / RATE < 0.5
+
+
+def test_jitter_buffer_target_rises_after_underruns_and_is_capped() -> None:
+    jb = mic.JitterBuffer(RATE, int(0.1 * RATE), sample_rate=RATE, max_target_seconds=0.3)
+    for _ in range(6):
+        jb.push(np.ones(int(0.4 * RATE), np.float32))
+        while jb.buffered:
+            jb.pull(PULL)
+        jb.pull(PULL)  # runs dry while playing: an underrun
+    assert jb.underruns == 6
+    assert jb.target_seconds() == pytest.approx(0.3, abs=0.001)
+
+
+# --- stalled input, bounded device stop, meter, rates --------------------------------
+
+
+class StallingInput(ArrayInput):
+    """Delivers ``audio`` then nothing, and its stop() never returns: a stalled
+    PortAudio input (an unplugged USB microphone)."""
+
+    def __init__(self, audio: Samples, sample_rate: int) -> None:
+        super().__init__(audio, sample_rate)
+        self.stop_called = threading.Event()
+        self._release = threading.Event()
+
+    def stop(self) -> None:
+        self.stop_called.set()
+        self._release.wait()  # blocks like Pa_StopStream on a stalled device
+
+    def release(self) -> None:
+        self._release.set()
+
+
+async def test_stalled_input_is_reported_and_ctrl_c_still_commits(engine: Engine) -> None:
+    source = StallingInput(_speech_like(0.4, 16_000, channels=1), 16_000)
+    sink = ArrayOutput(OUTPUT_SAMPLE_RATE)
+    send, recv = trio.open_memory_channel[None](1)
+    err = io.StringIO()
+    try:
+        async with running_server(engine) as server, trio.open_nursery() as nursery:
+
+            async def ctrl_c_after_the_stall_warning() -> None:
+                while "delivered no audio" not in err.getvalue():
+                    await trio.sleep(0.05)
+                await send.send(None)
+
+            nursery.start_soon(ctrl_c_after_the_stall_warning)
+            started = trio.current_time()
+            with trio.fail_after(15):
+                result = await mic.run_microphone_client(
+                    server.url,
+                    source,
+                    sink,
+                    recv,
+                    out=io.StringIO(),
+                    err=err,
+                    stall_seconds=0.5,
+                    device_stop_seconds=0.5,
+                )
+            elapsed = trio.current_time() - started
+    finally:
+        source.release()
+    text = err.getvalue()
+    assert result.done and result.committed and result.input_stalls == 1
+    assert result.frames_sent == 5 and result.audio_frames == 5  # 0.4 s: 5 frames
+    assert result.abandoned_device_calls == 1 and source.stop_called.is_set()
+    assert text.index("committed") < text.index("did not stop within 0.5 s")
+    assert elapsed < 8.0
+
+
+def test_console_meter_line_and_transcript_runs() -> None:
+    from realtime.client import TextDelta, TranscriptDelta
+
+    out, err = io.StringIO(), io.StringIO()
+    console = mic.Console(out, err, meter=True)
+    console.figures = "in ##.. -20 dB"
+    console.feed(TranscriptDelta(0, "hel", "hel", {}))
+    console.feed(TranscriptDelta(1, "lo", "hello", {}))
+    console.draw()
+    assert "\r\x1b[K[user] ...hello | in ##.. -20 dB" in err.getvalue()
+    console.feed(TextDelta(2, 7, "Hi", "Hi", {}))
+    console.finish()
+    assert out.getvalue() == "[user] hello\n[assistant] Hi\n"
+    assert console.texts["user"] == "hello"
+
+
+def test_summary_line() -> None:
+    result = mic.MicrophoneResult(
+        frames_sent=94,
+        audio_frames=94,
+        dropped_samples=0,
+        texts={},
+        committed=True,
+        done=True,
+        underruns=1,
+        skipped_samples=2205,
+        round_trips=[0.09, 0.1, 0.11, 0.3],
+    )
+    line = result.summary(22_050)
+    assert line.startswith("summary: sent 94 frames; received 94 audio frames; 1 underruns")
+    assert "round-trip latency median 110 ms, p95 300 ms" in line and "caught up 100 ms" in line
+
+
+def test_requested_rate_the_device_refuses_is_resampled_with_a_notice() -> None:
+    def only_48k(**kwargs: object) -> None:
+        if kwargs["samplerate"] != 48_000:
+            raise ValueError("Invalid sample rate")
+
+    rate, notice = mic.pick_rate(
+        only_48k, None, requested=44_100, preferred=16_000, default=48_000.0, what="input"
+    )
+    assert rate == 48_000
+    assert notice is not None and "does not support 44100 Hz; using 48000 Hz" in notice
+    assert "resampled" in notice
+    assert mic.pick_rate(
+        only_48k, None, requested=48_000, preferred=16_000, default=48_000.0, what="input"
+    ) == (48_000, None)
