@@ -53,7 +53,7 @@ from _common import (
     TranscriptPrinter,
     report,
 )
-from _playback import JitterBuffer
+from _playback import JitterBuffer as JitterBuffer  # re-exported for the tests
 
 from realtime.audio import float_to_pcm16, pcm16_to_float, to_mono
 from realtime.client import (
