@@ -7,9 +7,11 @@ refused client gets a plain HTTP 401/403 and never a session.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import PurePath
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -19,7 +21,7 @@ from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 
 from realtime import __version__
-from realtime.connection import Connection, TransportClosed
+from realtime.connection import Connection
 from realtime.engine import Engine
 from realtime.limits import Limits
 from realtime.logs import SessionLog
@@ -27,6 +29,7 @@ from realtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from realtime.metrics import PrometheusObserver
 from realtime.observe import Observer, Observers, RefusalReason
 from realtime.openai.connection import OpenAIConnection
+from realtime.plumbing import TransportClosed
 from realtime.tcp import abort_connection
 
 log = logging.getLogger("realtime.app")
@@ -54,6 +57,11 @@ class ServerState:
     limits: Limits = attrs.field(factory=Limits)
     api_key: str | None = None
     allowed_origins: tuple[str, ...] = ()
+    bind_hosts: tuple[str, ...] = ()
+    """The addresses the server listens on (``--host``); empty: the address each
+    connection arrived on is used instead (an external ASGI server)."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Host header names accepted besides loopback ones (``--allowed-host``; ``*``: any)."""
     shutdown: trio.Event = attrs.field(factory=trio.Event)
     """Set when open connections must close now (1001)."""
     draining: trio.Event = attrs.field(factory=trio.Event)
@@ -134,14 +142,108 @@ def _subprotocol_key_ok(
     return ok
 
 
-def origin_allowed(origin: str | None, host: str | None, allowed: Sequence[str]) -> bool:
-    """No Origin (a non-browser client) and same-origin pass; others must be listed."""
+DEFAULT_PORTS: Final = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+
+
+def is_loopback(name: str) -> bool:
+    """``localhost``, 127.0.0.0/8 or ::1 (a host name or a bind address)."""
+    name = name.strip().strip("[]").lower().rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def split_host(value: str) -> tuple[str, int | None] | None:
+    """A ``Host`` header as (lower-case name, port or None); None when malformed."""
+    try:
+        parts = urlsplit("//" + value.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    if not parts.hostname or parts.path or parts.query or parts.username is not None:
+        return None
+    return parts.hostname.rstrip("."), port
+
+
+def host_allowed(host: str | None, local: Sequence[str], allowed: Sequence[str]) -> bool:
+    """Whether a request's ``Host`` header may reach this server.
+
+    A server listening on loopback only (``local``) accepts loopback names only, so
+    a web page whose name resolves to 127.0.0.1 (DNS rebinding) cannot reach it;
+    ``allowed`` adds names (``name`` or ``name:port``; ``*`` accepts any). A server
+    listening elsewhere accepts any name unless ``allowed`` lists some. No Host
+    header at all (HTTP/1.0, not a browser) passes.
+    """
+    if host is None:
+        return True
+    parsed = split_host(host)
+    if parsed is None:
+        return False
+    name, port = parsed
+    if "*" in allowed:
+        return True
+    for entry in allowed:
+        wanted = split_host(entry)
+        if wanted is not None and wanted[0] == name and wanted[1] in (None, port):
+            return True
+    if is_loopback(name):
+        return True
+    loopback_only = bool(local) and all(is_loopback(address) for address in local)
+    return not loopback_only and not allowed
+
+
+def origin_allowed(
+    origin: str | None, host: str | None, allowed: Sequence[str], scheme: str = "http"
+) -> bool:
+    """No Origin (a non-browser client) passes; so does the server's own origin: the
+    same scheme (``http`` for ws, ``https`` for wss), host name and port as the
+    request (``scheme``, ``Host``). Other origins must be listed (``*``: any)."""
     if origin is None:
         return True
     if "*" in allowed or origin.rstrip("/") in {a.rstrip("/") for a in allowed}:
         return True
-    netloc = urlsplit(origin).netloc
-    return bool(host) and netloc.lower() == (host or "").lower()
+    parsed = split_host(host or "")
+    if parsed is None:
+        return False
+    try:
+        parts = urlsplit(origin)
+        origin_port = parts.port
+    except ValueError:
+        return False
+    scheme = {"ws": "http", "wss": "https"}.get(scheme, scheme)
+    if parts.scheme.lower() != scheme or parts.hostname is None:
+        return False
+    default = DEFAULT_PORTS[scheme]
+    return (parts.hostname.rstrip("."), origin_port or default) == (
+        parsed[0],
+        parsed[1] or default,
+    )
+
+
+def host_refusal(
+    state: ServerState, host: str | None, server: Sequence[Any] | None
+) -> tuple[int, str, str] | None:
+    """Why a request's ``Host`` header is refused (HTTP status, code, message), or None."""
+    local = state.bind_hosts or ((str(server[0]),) if server else ())
+    if host_allowed(host, local, state.allowed_hosts):
+        return None
+    return (
+        403,
+        "forbidden_host",
+        f"host {host!r} is not a name of this server (it listens on loopback and "
+        "answers loopback names only); start it with --allowed-host to allow it",
+    )
+
+
+def request_scheme(scope: ASGIScope, headers: Mapping[str, str]) -> str:
+    """The scheme the client used: the proxy's ``X-Forwarded-Proto``, else the scope's."""
+    forwarded = headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
+    if forwarded in ("http", "https"):
+        return forwarded
+    return {"ws": "http", "wss": "https"}.get(scope.get("scheme", "http"), "http")
 
 
 def upgrade_refusal(
@@ -150,9 +252,15 @@ def upgrade_refusal(
     subprotocols: Sequence[str],
     *,
     key_prefix: str = KEY_SUBPROTOCOL_PREFIX,
+    scheme: str = "http",
+    server: Sequence[Any] | None = None,
 ) -> tuple[int, str, str] | None:
     """Why a WebSocket upgrade is refused (HTTP status, code, message), or None.
-    ``key_prefix``: the subprotocol a browser carries the API key in."""
+    ``key_prefix``: the subprotocol a browser carries the API key in; ``scheme``
+    (``http``/``https``) and ``server`` (the local address): from the ASGI scope."""
+    refused = host_refusal(state, headers.get("host"), server)
+    if refused is not None:
+        return refused
     if state.api_key is not None and not (
         _bearer_ok(headers.get("authorization"), state.api_key)
         or _subprotocol_key_ok(subprotocols, state.api_key, key_prefix)
@@ -164,12 +272,12 @@ def upgrade_refusal(
             f"subprotocol '{key_prefix}<key>'",
         )
     origin = headers.get("origin")
-    if not origin_allowed(origin, headers.get("host"), state.allowed_origins):
+    if not origin_allowed(origin, headers.get("host"), state.allowed_origins, scheme):
         return (
             403,
             "forbidden_origin",
-            f"origin {origin!r} may not open /v1/realtime; start the server with "
-            "--allowed-origin to allow it",
+            f"origin {origin!r} may not open /v1/realtime (it is not this server's own "
+            "scheme, host and port); start the server with --allowed-origin to allow it",
         )
     if state.draining.is_set() or state.shutdown.is_set():
         # 503 before the upgrade: a balancer retries it on another replica.
@@ -219,6 +327,8 @@ class RealtimeApp:
             headers,
             offered,
             key_prefix=OPENAI_KEY_SUBPROTOCOL_PREFIX if openai else KEY_SUBPROTOCOL_PREFIX,
+            scheme=request_scheme(scope, headers),
+            server=scope.get("server"),
         )
         if refusal is not None:
             self.state.observer.connection_refused(_REFUSAL_REASONS.get(refusal[1], "unauthorized"))
@@ -312,6 +422,13 @@ def create_http_app(state: ServerState) -> QuartTrio:
         return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
 
     @app.before_request
+    async def check_host() -> Response | None:
+        refused = host_refusal(state, request.headers.get("Host"), request.scope.get("server"))
+        if refused is None:
+            return None
+        return _error(*refused)
+
+    @app.before_request
     async def check_key() -> Response | None:
         if state.api_key is None or public(request.path):
             return None
@@ -377,7 +494,9 @@ def create_http_app(state: ServerState) -> QuartTrio:
                     "id": model.model_id,
                     "object": "model",
                     "owned_by": "realtime",
-                    "path": model.path,
+                    # The folder name only: the absolute path would tell every
+                    # client how the server's disk is laid out.
+                    "path": PurePath(model.path).name if model.path else None,
                     "endpoint": "/v1/realtime",
                 }
             ],

@@ -26,20 +26,12 @@ import numpy.typing as npt
 import trio_websocket
 
 from realtime.audio import float_to_pcm16
+from realtime.close_codes import CLOSE_CODE_NAMES, CLOSE_TRY_AGAIN
 from realtime.models.base import INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
 
 PCM16 = npt.NDArray[np.int16]
 Raw = dict[str, Any]
 
-CLOSE_TRY_AGAIN: Final = 1013
-CLOSE_CODE_NAMES: Final = {
-    1000: "normal closure",
-    1001: "going away",
-    1008: "policy violation (timeout or limit)",
-    1009: "message too big",
-    1011: "server error",
-    1013: "server busy, try again later",
-}
 MAX_MESSAGE_SIZE: Final = 16 * 1024 * 1024
 
 # --- errors ---------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Final
 import attrs
 
 from realtime import protocol
+from realtime.close_codes import CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY
 from realtime.limits import Limits
 from realtime.models.base import (
     INPUT_SAMPLE_RATE,
@@ -35,11 +36,6 @@ if TYPE_CHECKING:
     from realtime.engine import FailureKind
     from realtime.observe import CommandKind
 
-CLOSE_NORMAL: Final = 1000
-CLOSE_GOING_AWAY: Final = 1001
-CLOSE_POLICY: Final = 1008
-CLOSE_INTERNAL: Final = 1011
-CLOSE_TRY_AGAIN: Final = 1013
 
 MAX_QUEUED_MESSAGES: Final = 1024
 """Accepted messages waiting for the model; beyond it a client sends faster than it may."""
@@ -396,11 +392,22 @@ class Conversation:
     def slice_failed(
         self, append_id: int, kind: FailureKind, message: str, now: float
     ) -> list[Output]:
-        """A slice failed: the error once per append; a lost session ends the connection."""
+        """A slice failed: the error once per append; a lost session ends the connection;
+        at the context limit the error once, ``response.done`` and a normal close."""
         self._inflight -= 1
         self._maybe_idle(now)
         if kind in ("session_lost", "engine_dead"):
             return self._fail(kind, "push", message)
+        if kind == "context_limit":
+            self._failed_append = append_id
+            if self.phase is Phase.CLOSED:
+                return []
+            return [
+                StopModel(),
+                protocol.error_event(error_code_for(kind, "push"), message),
+                protocol.wire_event(Done(self.frames)),
+                self._close(CLOSE_NORMAL, "context limit reached", "done"),
+            ]
         if append_id == self._failed_append:
             return []
         self._failed_append = append_id

@@ -12,9 +12,10 @@ import numpy as np
 import trio
 import trio.testing
 
-from realtime.connection import Connection, TransportClosed
+from realtime.connection import Connection
 from realtime.engine import Engine
 from realtime.limits import Limits
+from realtime.plumbing import TransportClosed
 from tests.fakes import FakeModel
 
 

@@ -10,10 +10,9 @@ things between the socket, the dialect and the engine, with the same shape as
 * the *submitter* opens the model session, then hands frames to the engine in
   order; the *collector* awaits them in order. A zero-size channel joins them, so
   one frame runs while the next waits in the engine's queue (``PIPELINE_DEPTH``);
-* the *sender* owns every socket write.
-
-Whatever ends the connection, the engine is told to close the session and frees
-the reservation once it has.
+* the shared lifetime (:class:`~realtime.plumbing.SessionPlumbing`): the slot, the
+  greeting, the sender that owns every socket write (the dialect runs the
+  stalled-reader clock), release on every way out and the session report.
 """
 
 from __future__ import annotations
@@ -21,15 +20,13 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import math
-import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 
 import attrs
 import trio
 
-from realtime.connection import PIPELINE_DEPTH, Transport, TransportClosed
-from realtime.engine import Close as CloseCommand
+from realtime.close_codes import CLOSE_INTERNAL
 from realtime.engine import Engine, EngineError, Step
 from realtime.engine import Open as OpenCommand
 from realtime.engine import Push as PushCommand
@@ -37,12 +34,10 @@ from realtime.limits import Limits
 from realtime.models.base import INPUT_SAMPLE_RATE
 from realtime.observe import Observer, SessionOutcome, SessionReport
 from realtime.openai import events as ev
-from realtime.openai.dialect import CLOSE_INTERNAL, Close, Dialect, OpenModel, Output, RunFrame
+from realtime.openai.dialect import Close, Dialect, OpenModel, Output, RunFrame
+from realtime.plumbing import PIPELINE_DEPTH, Refusal, SessionPlumbing, Transport
 
 log = logging.getLogger("realtime.openai")
-
-CLOSE_GOING_AWAY = 1001
-CLOSE_TRY_AGAIN = 1013
 
 
 @attrs.frozen(slots=True, eq=False)
@@ -54,7 +49,7 @@ class _Pending:
     submitted_at: float
 
 
-class OpenAIConnection:
+class OpenAIConnection(SessionPlumbing):
     """Runs one client's OpenAI-dialect session; ``run`` returns when it is over."""
 
     def __init__(
@@ -66,110 +61,61 @@ class OpenAIConnection:
         shutdown: trio.Event | None = None,
         observer: Observer | None = None,
     ) -> None:
-        self.transport = transport
-        self.engine = engine
-        self.limits = limits
-        self.shutdown = shutdown if shutdown is not None else trio.Event()
-        self.observer = observer if observer is not None else Observer()
-        self.session_id = ev.new_id("sess")
+        super().__init__(
+            transport,
+            engine,
+            limits,
+            session_id=ev.new_id("sess"),
+            shutdown=shutdown,
+            observer=observer,
+        )
         self.dialect = Dialect(
             self.session_id, engine.model.model_id, limits, now=trio.current_time()
         )
-        self.close_code: int | None = None
         self.outcome: SessionOutcome = "client_gone"
         self.close_reason = ""
-        self._started = trio.current_time()
-        self._stop = threading.Event()
-        self._released: concurrent.futures.Future[None] | None = None
         self._session_open = False
         self._frames_sent = 0
         self._step_seconds: list[float] = []
-        self._out_send, self._out_recv = trio.open_memory_channel[str | Close](
-            limits.send_queue_events
-        )
         # Unbounded here: the dialect bounds it (max_pending_audio_seconds of frames).
         self._work_send, self._work_recv = trio.open_memory_channel[OpenModel | RunFrame](math.inf)
         self._pipe_send, self._pipe_recv = trio.open_memory_channel[_Pending](PIPELINE_DEPTH - 2)
         self._wake = trio.Event()
 
-    async def run(self) -> None:
-        if not self.engine.alive:
-            self.observer.connection_refused("engine_unavailable")
-            await self._refuse("the model engine has stopped", "engine_unavailable", 1011)
-            return
-        if not self.engine.try_reserve(self.session_id):
-            self.observer.connection_refused("busy")
-            await self._refuse(
-                "another session is active on this server; try again when it ends",
-                "server_busy",
-                CLOSE_TRY_AGAIN,
-            )
-            return
-        self.observer.session_started(self.session_id)
-        log.info("openai session %s opened", self.session_id)
-        try:
-            created = ev.session_event("session.created", self.dialect.session)
-            await self.transport.send(ev.serialize(created))
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                nursery.start_soon(self._until_gone, self._receiver)
-                nursery.start_soon(self._until_gone, self._sender)
-                nursery.start_soon(self._clock)
-                nursery.start_soon(self._submitter)
-                nursery.start_soon(self._collector)
-                await self.shutdown.wait()
-                self.outcome, self.close_reason = "shutdown", "server shutting down"
-                nursery.cancel_scope.cancel()
-            if self.outcome == "shutdown":
-                self.close_code = CLOSE_GOING_AWAY
-                with trio.move_on_after(1.0):
-                    await self._close_transport(CLOSE_GOING_AWAY, "server shutting down")
-        except TransportClosed:
-            pass
-        finally:
-            self._release()
-            self.observer.session_ended(
-                SessionReport(
-                    session_id=self.session_id,
-                    outcome=self.outcome,
-                    duration=trio.current_time() - self._started,
-                    frames=self._frames_sent,
-                    step_seconds=tuple(self._step_seconds),
-                    close_code=self.close_code,
-                    close_reason=self.close_reason,
-                )
-            )
-            log.info("openai session %s closed (code %s)", self.session_id, self.close_code)
+    # --- the dialect's part of the lifetime -------------------------------------------------
 
-    async def _refuse(self, message: str, code: str, close_code: int) -> None:
-        self.close_code = close_code
-        try:
-            await self.transport.send(
-                ev.serialize(ev.error(message, code=code, type_="server_error"))
-            )
-            await self.transport.close(close_code, message[:120])
-        except TransportClosed:
-            pass
+    def created_event(self) -> str:
+        return ev.serialize(ev.session_event("session.created", self.dialect.session))
 
-    def _release(self) -> concurrent.futures.Future[None]:
-        """Close the session on the engine (idempotent, synchronous: runs when cancelled)."""
-        if self._released is None:
-            self._stop.set()
-            self._released = self.engine.submit(CloseCommand(self.session_id))
-        return self._released
+    def refusal_event(self, code: Refusal, message: str) -> str:
+        return ev.serialize(ev.error(message, code=code, type_="server_error"))
 
-    async def _until_gone(self, task: Callable[[], Awaitable[None]]) -> None:
-        try:
-            await task()
-        except TransportClosed:
-            self.outcome, self.close_reason = "client_gone", "client went away"
-            self._nursery.cancel_scope.cancel()
+    def start_tasks(self, nursery: trio.Nursery) -> None:
+        nursery.start_soon(self._until_gone, self._receiver)
+        nursery.start_soon(self._clock)
+        nursery.start_soon(self._submitter)
+        nursery.start_soon(self._collector)
 
-    async def _close_transport(self, code: int, reason: str) -> None:
-        try:
-            await self.transport.close(code, reason)
-        except TransportClosed:
-            pass
+    def connection_lost(self, outcome: SessionOutcome, reason: str) -> None:
+        if not self.close_reason:
+            self.outcome, self.close_reason = outcome, reason
+
+    def sending(self, now: float) -> None:
+        self.dialect.sending(now)
+
+    def sent(self, now: float) -> None:
+        self.dialect.sent(now)
+
+    def report(self) -> SessionReport:
+        return SessionReport(
+            session_id=self.session_id,
+            outcome=self.outcome,
+            duration=trio.current_time() - self._started,
+            frames=self._frames_sent,
+            step_seconds=tuple(self._step_seconds),
+            close_code=self.close_code,
+            close_reason=self.close_reason,
+        )
 
     # --- carrying the dialect's outputs ------------------------------------------------
 
@@ -178,12 +124,23 @@ class OpenAIConnection:
             if isinstance(out, dict):
                 if out["type"] == "error":
                     self.observer.error_sent(out["error"]["code"])
-                await self._out_send.send(ev.serialize(out))
+                await self.queue(ev.serialize(out))
             elif isinstance(out, (OpenModel, RunFrame)):
                 self._work_send.send_nowait(out)
             else:
-                await self._out_send.send(out)
+                self._closing(out)
+                if out.now:
+                    await self.close_now(out)
+                else:
+                    await self.queue(out)
         self._wake.set()
+
+    def _closing(self, close: Close) -> None:
+        self.close_reason = close.reason
+        if close.now:
+            self.outcome = "stalled_client"
+        else:
+            self.outcome = "error" if close.code == CLOSE_INTERNAL else "timeout"
 
     # --- tasks -----------------------------------------------------------------------------
 
@@ -191,18 +148,6 @@ class OpenAIConnection:
         while True:
             frame = await self.transport.receive()
             await self._apply(self.dialect.receive(frame, trio.current_time()))
-
-    async def _sender(self) -> None:
-        async for item in self._out_recv:
-            if isinstance(item, Close):
-                self.close_code = item.code
-                self.close_reason = item.reason
-                self.outcome = "error" if item.code == CLOSE_INTERNAL else "timeout"
-                self._release()
-                await self._close_transport(item.code, item.reason)
-                self._nursery.cancel_scope.cancel()
-                return
-            await self.transport.send(item)
 
     async def _clock(self) -> None:
         dialect = self.dialect

@@ -35,6 +35,7 @@ from typing import Any, Final
 import attrs
 import numpy as np
 
+from realtime.close_codes import CLOSE_INTERNAL, CLOSE_POLICY
 from realtime.limits import Limits
 from realtime.models.base import (
     FRAME_SAMPLES,
@@ -73,10 +74,6 @@ MAX_ENGINE_BACKLOG: Final = 2
 """Silence is only fed while the engine keeps up (at most this many frames queued)."""
 MAX_ITEMS: Final = 256
 """Items remembered for ``conversation.item.retrieve``."""
-
-CLOSE_NORMAL: Final = 1000
-CLOSE_POLICY: Final = 1008
-CLOSE_INTERNAL: Final = 1011
 
 _SESSION_KEYS: Final = frozenset(
     {
@@ -121,8 +118,12 @@ class RunFrame:
 
 @attrs.frozen(slots=True)
 class Close:
+    """Close with ``code`` after the queued events, or at once (``now``: the client
+    stopped reading)."""
+
     code: int
     reason: str
+    now: bool = False
 
 
 Output = ev.Event | OpenModel | RunFrame | Close
@@ -229,6 +230,7 @@ class Dialect:
         self._max_backlog = max(1, int(limits.max_pending_audio_seconds / FRAME_SECONDS))
         self.closed = False
         self._last_message = now
+        self._sending_since: float | None = None
         # model side
         self.turn_active = False
         self.muted = False
@@ -918,8 +920,20 @@ class Dialect:
 
     # --- time ---------------------------------------------------------------------------------
 
+    def sending(self, now: float) -> None:
+        """A socket write starts (the stalled-reader clock runs until ``sent``)."""
+        self._sending_since = now
+
+    def sent(self, now: float) -> None:
+        self._sending_since = None
+
     def tick(self, now: float) -> list[Output]:
-        """Silence to keep the model's clock running, and the idle timeout."""
+        """Silence to keep the model's clock running; the stalled-reader and idle
+        timeouts."""
+        since = self._sending_since
+        if since is not None and now - since >= self.limits.send_timeout:
+            self.closed = True
+            return [Close(CLOSE_POLICY, "client stopped reading", now=True)]
         if self.closed:
             return []
         if now - self._last_message >= self.limits.idle_timeout:
@@ -940,6 +954,8 @@ class Dialect:
     def next_tick(self, now: float) -> float:
         """When ``tick`` next has something to do (at the latest)."""
         idle = self._last_message + self.limits.idle_timeout
+        if self._sending_since is not None:
+            idle = min(idle, self._sending_since + self.limits.send_timeout)
         if self.model_state != "open" or self.clock_start is None:
             return idle
         frame = (

@@ -487,3 +487,15 @@ def test_any_sequence_yields_only_valid_ga_events(steps: list[Any]) -> None:
             elif "response_id" in event and event["type"] != "output_audio_buffer.cleared":
                 assert event["response_id"] == active
         assert not any(isinstance(o, Close) for o in out)
+
+
+def test_a_client_that_stops_reading_is_dropped_at_once() -> None:
+    d = Dialect("sess_test", "scripted", Limits(send_timeout=10.0), now=0.0)
+    d.sending(5.0)
+    assert d.next_tick(5.0) <= 15.0
+    assert not any(isinstance(o, Close) for o in d.tick(14.0))
+    assert d.tick(15.0) == [Close(1008, "client stopped reading", now=True)]
+    d2 = Dialect("sess_test", "scripted", Limits(send_timeout=10.0), now=0.0)
+    d2.sending(5.0)
+    d2.sent(5.5)
+    assert not any(isinstance(o, Close) for o in d2.tick(15.0))

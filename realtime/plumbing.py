@@ -1,0 +1,269 @@
+"""What every WebSocket session shares, whatever dialect it speaks.
+
+Both ``/v1/realtime`` (:mod:`realtime.connection`) and ``/openai/v1/realtime``
+(:mod:`realtime.openai.connection`) hold the one engine slot for their client,
+greet it, write every event through one sender task, watch for shutdown, and on
+every way out tell the engine to close the session and report how it ended.
+That lifetime lives here once; a dialect adds its own state machine and tasks.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Final, Literal, Protocol
+
+import attrs
+import trio
+
+from realtime.close_codes import CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_TRY_AGAIN
+from realtime.engine import Close as CloseCommand
+from realtime.engine import Engine, EngineError
+from realtime.limits import Limits
+from realtime.observe import Observer, SessionOutcome, SessionReport
+
+log = logging.getLogger("realtime.connection")
+
+PIPELINE_DEPTH: Final = 2
+"""Slices handed to the engine at once: one running, the next waiting in its queue.
+A submitter→collector channel holds ``PIPELINE_DEPTH - 2`` slices: one more is
+being awaited by the collector and one more waits in the submitter's send."""
+
+Refusal = Literal["server_busy", "engine_unavailable"]
+
+
+class TransportClosed(Exception):
+    """The peer has gone away."""
+
+
+class Transport(Protocol):
+    """What the plumbing needs from a WebSocket (the ASGI one, or an in-memory fake)."""
+
+    async def receive(self) -> str | bytes | None: ...
+
+    async def send(self, text: str) -> None: ...
+
+    async def close(self, code: int, reason: str) -> None: ...
+
+
+class CloseOrder(Protocol):
+    """A state machine's decision to close: after the queued events, or ``now`` (the
+    client stopped reading: release first, then close)."""
+
+    @property
+    def code(self) -> int: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    @property
+    def now(self) -> bool: ...
+
+
+@attrs.frozen(slots=True)
+class Audio:
+    """A frame's audio event, with when its input arrived (for the frame latency)."""
+
+    text: str
+    received_at: float
+
+
+Outgoing = str | Audio | CloseOrder
+
+
+class SessionPlumbing:
+    """One client's session over one WebSocket, in one nursery.
+
+    A dialect subclasses it and provides the greeting, the refusal event, its tasks
+    (``start_tasks``), how its state machine hears about socket writes and a lost
+    connection, and the figures of its report.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        engine: Engine,
+        limits: Limits,
+        *,
+        session_id: str,
+        shutdown: trio.Event | None = None,
+        observer: Observer | None = None,
+    ) -> None:
+        self.transport = transport
+        self.engine = engine
+        self.limits = limits
+        self.session_id = session_id
+        self.shutdown = shutdown if shutdown is not None else trio.Event()
+        self.observer = observer if observer is not None else Observer()
+        self.close_code: int | None = None
+        self._started = trio.current_time()
+        self._stop = threading.Event()
+        """Set on cancel or release: the engine skips this session's queued work."""
+        self._closed_on_engine: concurrent.futures.Future[None] | None = None
+        self._out_send, self._out_recv = trio.open_memory_channel[Outgoing](
+            limits.send_queue_events
+        )
+
+    # --- what a dialect provides ------------------------------------------------------
+
+    def created_event(self) -> str:
+        """The first event, sent once the slot is held."""
+        raise NotImplementedError
+
+    def refusal_event(self, code: Refusal, message: str) -> str:
+        """The error event a refused client gets before its close."""
+        raise NotImplementedError
+
+    def start_tasks(self, nursery: trio.Nursery) -> None:
+        """Start the dialect's tasks (receiver, model pipeline, clock)."""
+        raise NotImplementedError
+
+    def connection_lost(self, outcome: SessionOutcome, reason: str) -> None:
+        """The plumbing ended the connection itself (client gone, shutdown)."""
+
+    def sending(self, now: float) -> None:
+        """A socket write starts (the stalled-reader clock runs until ``sent``)."""
+
+    def sent(self, now: float) -> None:
+        """A socket write finished."""
+
+    def report(self) -> SessionReport:
+        raise NotImplementedError
+
+    # --- the lifetime ---------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve the client until the connection is over; the slot is released on
+        every way out."""
+        if not self.engine.alive:
+            self.observer.connection_refused("engine_unavailable")
+            message = f"the model engine has stopped: {self.engine.dead_reason}"
+            await self._refuse("engine_unavailable", message, CLOSE_INTERNAL)
+            return
+        if not self.engine.try_reserve(self.session_id):
+            self.observer.connection_refused("busy")
+            log.info("refused a connection: another session is active (1013)")
+            await self._refuse(
+                "server_busy",
+                "another session is active on this server; try again when it ends",
+                CLOSE_TRY_AGAIN,
+            )
+            return
+        self.observer.session_started(self.session_id)
+        log.info("session %s opened", self.session_id)
+        going_away = False
+        try:
+            await self.transport.send(self.created_event())
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._until_gone, self._sender)
+                self.start_tasks(nursery)
+                await self.shutdown.wait()
+                going_away = True
+                self.connection_lost("shutdown", "server shutting down")
+                nursery.cancel_scope.cancel()
+        except TransportClosed:
+            self.client_gone()
+        finally:
+            self.release()
+            if going_away and self.close_code is None:
+                self.close_code = CLOSE_GOING_AWAY
+                with trio.move_on_after(1.0):
+                    await self._close_transport(CLOSE_GOING_AWAY, "server shutting down")
+            self.observer.session_ended(self.report())
+            log.info("session %s closed (code %s)", self.session_id, self.close_code)
+
+    async def _refuse(self, code: Refusal, message: str, close_code: int) -> None:
+        self.close_code = close_code
+        try:
+            await self.transport.send(self.refusal_event(code, message))
+            await self.transport.close(close_code, message[:120])
+        except TransportClosed:
+            pass
+
+    def release(self) -> concurrent.futures.Future[None]:
+        """Tell the engine to close the session; synchronous so it runs even when
+        cancelled, and idempotent. The engine frees the slot once it has run it."""
+        if self._closed_on_engine is None:
+            self._stop.set()
+            self._closed_on_engine = self.engine.submit(CloseCommand(self.session_id))
+        return self._closed_on_engine
+
+    async def _release_and_wait(self) -> None:
+        """Release, and wait until the engine is really free: a client that connects
+        as soon as it sees this connection's close must find the slot free."""
+        try:
+            await Engine.result(self.release())
+        except EngineError:
+            pass  # a dead engine has freed the slot already
+
+    def client_gone(self) -> None:
+        log.info("session %s: client went away", self.session_id)
+        self.connection_lost("client_gone", "client went away")
+
+    def finish(self) -> None:
+        """End the connection: cancel every task of its nursery."""
+        self._nursery.cancel_scope.cancel()
+
+    async def _until_gone(self, task: Callable[[], Awaitable[None]]) -> None:
+        """Run a socket task; the peer going away ends the whole connection."""
+        try:
+            await task()
+        except TransportClosed:
+            self.client_gone()
+            self.finish()
+
+    async def _close_transport(self, code: int, reason: str) -> None:
+        try:
+            await self.transport.close(code, reason)
+        except TransportClosed:
+            pass
+
+    # --- writing ----------------------------------------------------------------------
+
+    async def queue(self, item: Outgoing) -> None:
+        """Hand an event (or a close after the events already queued) to the sender."""
+        await self._out_send.send(item)
+
+    async def close_now(self, close: CloseOrder) -> None:
+        """Drop a client that reads nothing while events wait for it.
+
+        Hypercorn shields socket writes, so a blocked write cannot be cancelled: the
+        session and the slot are released first, then the connection is told to
+        close, which completes once the write finishes or the TCP connection dies.
+        """
+        log.warning(
+            "session %s: client read nothing for %.1f s; dropping it",
+            self.session_id,
+            self.limits.send_timeout,
+        )
+        self.release()
+        self.close_code = close.code
+        self.finish()
+        # Shielded: the cancel above must not stop the close; bounded, so a client
+        # that never reads again cannot hold this task forever.
+        with trio.CancelScope(shield=True), trio.move_on_after(self.limits.send_timeout):
+            await self._close_transport(close.code, close.reason)
+
+    async def _sender(self) -> None:
+        observer = self.observer
+        async for item in self._out_recv:
+            if isinstance(item, str):
+                self.sending(trio.current_time())
+                await self.transport.send(item)
+            elif isinstance(item, Audio):
+                self.sending(trio.current_time())
+                observer.audio_send(True)
+                await self.transport.send(item.text)
+                observer.audio_send(False)
+                observer.frame_sent(time.perf_counter() - item.received_at)
+            else:
+                self.close_code = item.code
+                await self._release_and_wait()
+                await self._close_transport(item.code, item.reason)
+                self.finish()
+                return
+            self.sent(trio.current_time())
