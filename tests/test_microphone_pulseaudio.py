@@ -1,0 +1,276 @@
+"""The microphone client end to end through PortAudio on a virtual audio device.
+
+A private PulseAudio daemon runs a pipe source (the "microphone", fed with a WAV
+spoken by espeak-ng at real-time pace) and a null sink (the "speaker", recorded
+from its monitor with parec); PortAudio reaches both through the ALSA pulse plugin.
+Needs the Debian packages pulseaudio, libasound2-plugins, libportaudio2 and
+espeak-ng (``.ci/run`` installs them); skips with the reason when one is missing,
+unless ``REALTIME_REQUIRE_AUDIO=1``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from realtime.audio import load_input_wav
+from realtime.models.base import FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
+from tests.helpers import REPO, ServerProcess
+
+SCRIPT = REPO / "examples" / "voicechat_microphone.py"
+FRAME_BYTES = FRAME_SAMPLES * 2
+ALSA_PULSE = (
+    "/usr/lib/x86_64-linux-gnu/alsa-lib/libasound_module_pcm_pulse.so",
+    "/usr/lib/aarch64-linux-gnu/alsa-lib/libasound_module_pcm_pulse.so",
+)
+
+pytestmark = pytest.mark.slow
+
+
+def _missing() -> str | None:
+    for tool, package in (
+        ("pulseaudio", "pulseaudio"),
+        ("pactl", "pulseaudio-utils"),
+        ("parec", "pulseaudio-utils"),
+        ("espeak-ng", "espeak-ng"),
+    ):
+        if shutil.which(tool) is None:
+            return f"{tool} not found (apt-get install {package})"
+    if not any(Path(p).exists() for p in ALSA_PULSE):
+        return "the ALSA pulse plugin is missing (apt-get install libasound2-plugins)"
+    try:
+        import sounddevice  # noqa: F401
+    except (OSError, ImportError) as exc:
+        return f"PortAudio/sounddevice unavailable: {exc} (apt-get install libportaudio2)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def pulse(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A private PulseAudio daemon; yields the environment that reaches it."""
+    why = _missing()
+    if why is not None:
+        if os.environ.get("REALTIME_REQUIRE_AUDIO") == "1":
+            pytest.fail(f"REALTIME_REQUIRE_AUDIO=1 but {why}")
+        pytest.skip(why)
+    root = tmp_path_factory.mktemp("pulse")
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(root), "HOME": str(root)}
+    env["PULSE_SERVER"] = f"unix:{root}/native"
+    daemon = subprocess.Popen(
+        [
+            "pulseaudio",
+            "-n",
+            "--daemonize=no",
+            "--exit-idle-time=-1",
+            "--use-pid-file=no",
+            "-L",
+            f"module-native-protocol-unix socket={root}/native auth-anonymous=1",
+            "-L",
+            f"module-null-sink sink_name=speaker rate={OUTPUT_SAMPLE_RATE} channels=1",
+            "-L",
+            f"module-pipe-source source_name=mic file={root}/mic.fifo format=s16le "
+            f"rate={INPUT_SAMPLE_RATE} channels=1",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=(root / "pulseaudio.log").open("wb"),
+    )
+    try:
+        deadline = time.monotonic() + 15
+        while subprocess.run(["pactl", "info"], env=env, capture_output=True).returncode:
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                log = (root / "pulseaudio.log").read_text(errors="replace")
+                pytest.fail(f"PulseAudio did not start: {log[-2000:]}")
+            time.sleep(0.1)
+        for command in (["set-default-source", "mic"], ["set-default-sink", "speaker"]):
+            subprocess.run(["pactl", *command], env=env, check=True)
+        env["REALTIME_TEST_FIFO"] = str(root / "mic.fifo")
+        yield env
+    finally:
+        daemon.terminate()
+        daemon.wait(10)
+
+
+@pytest.fixture(scope="module")
+def spoken(tmp_path_factory: pytest.TempPathFactory, pulse: dict[str, str]) -> bytes:
+    """A spoken question as the 16 kHz PCM16 the pipe source plays."""
+    wav = tmp_path_factory.mktemp("speech") / "question.wav"
+    subprocess.run(
+        ["espeak-ng", "-w", str(wav), "Hello. What is the weather like today?"], check=True
+    )
+    return load_input_wav(wav).astype("<i2").tobytes()
+
+
+class Microphone:
+    """Writes into the pipe source at real-time pace: ``speech``, then silence until
+    stopped, or nothing at all after the speech when ``stall`` (a stalled device)."""
+
+    def __init__(
+        self, fifo: str, speech: bytes, start: threading.Event, *, stall: bool = False
+    ) -> None:
+        self.fifo, self.speech, self.stall, self.start = fifo, speech, stall, start
+        self.spoken = threading.Event()
+        self.stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Microphone:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        with open(self.fifo, "wb", buffering=0) as pipe:
+            while not self.start.wait(0.05):  # silence until the client listens
+                if self.stop.is_set():
+                    return
+                pipe.write(bytes(FRAME_BYTES // 2))
+            start = time.monotonic()
+            chunks = [self.speech[i : i + FRAME_BYTES] for i in range(0, len(self.speech), 2560)]
+            n = 0
+            while not self.stop.is_set():
+                if n < len(chunks):
+                    pipe.write(chunks[n])
+                elif not self.stall:
+                    pipe.write(bytes(FRAME_BYTES))
+                if n == len(chunks):
+                    self.spoken.set()
+                n += 1
+                time.sleep(max(0.0, start + n * 0.08 - time.monotonic()))
+
+
+class Speaker:
+    """Records the null sink's monitor (what the client played) as 22 050 Hz PCM16."""
+
+    def __init__(self, env: dict[str, str], path: Path) -> None:
+        self.path = path
+        self._proc = subprocess.Popen(
+            [
+                "parec",
+                "-d",
+                "speaker.monitor",
+                "--raw",
+                "--format=s16le",
+                f"--rate={OUTPUT_SAMPLE_RATE}",
+                "--channels=1",
+                str(path),
+            ],
+            env=env,
+        )
+
+    def stop(self) -> np.ndarray:
+        self._proc.terminate()
+        self._proc.wait(10)
+        return np.frombuffer(self.path.read_bytes(), dtype="<i2")
+
+
+class Client:
+    """The script, its stderr collected line by line as it comes."""
+
+    def __init__(self, url: str, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(SCRIPT),
+                url,
+                "--input-device",
+                "pulse",
+                "--output-device",
+                "pulse",
+                "--no-meter",
+            ],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self.listening = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            if "speak now" in line:
+                self.listening.set()
+
+    def says(self, text: str) -> bool:
+        return any(text in line for line in self.lines)
+
+    def finish(self, seconds: float) -> tuple[int, str]:
+        code = self.proc.wait(seconds)
+        self._reader.join(5)
+        return code, "".join(self.lines)
+
+
+def _wait_for(client: Client, ready: Callable[[], bool], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not ready():
+        assert client.proc.poll() is None, "".join(client.lines)
+        assert time.monotonic() < deadline, "timed out: " + "".join(client.lines)
+        time.sleep(0.05)
+
+
+def test_spoken_question_through_a_virtual_microphone(
+    pulse: dict[str, str], spoken: bytes, demo_server: ServerProcess, tmp_path: Path
+) -> None:
+    speaker = Speaker(pulse, tmp_path / "speaker.raw")
+    client = Client(demo_server.url, pulse)
+    with Microphone(pulse["REALTIME_TEST_FIFO"], spoken, client.listening) as mic:
+        _wait_for(client, mic.spoken.is_set, 60)
+        time.sleep(0.3)
+        client.proc.send_signal(signal.SIGINT)  # Ctrl-C: commit
+        code, err = client.finish(60)
+    recorded = speaker.stop()
+    assert code == 0, err
+    assert "committed" in err and "Traceback" not in err
+    summary = re.search(
+        r"summary: sent (\d+) frames; received (\d+) audio frames; (\d+) underruns", err
+    )
+    assert summary is not None, err
+    sent, received = int(summary.group(1)), int(summary.group(2))
+    assert sent == received and sent * 0.08 >= len(spoken) / 2 / INPUT_SAMPLE_RATE, err
+    assert "round-trip latency median" in err
+    # The model's audio was played: the recorded sound spans its length (what the
+    # jitter buffer skipped to catch up, if anything, aside).
+    caught = re.search(r"caught up (\d+) ms", err)
+    skipped = int(caught.group(1)) / 1000 if caught else 0.0
+    sound = np.flatnonzero(np.abs(recorded.astype(np.int32)) > 0)
+    assert sound.size, "nothing was played"
+    span = (sound[-1] - sound[0] + 1) / OUTPUT_SAMPLE_RATE
+    assert abs(span - (received * 0.08 - skipped)) < 0.4, (span, received, skipped, err)
+
+
+def test_stalled_microphone_ends_cleanly(
+    pulse: dict[str, str], spoken: bytes, demo_server: ServerProcess
+) -> None:
+    """The source stops delivering (a stalled device): the client says so, and Ctrl-C
+    commits and ends within a few seconds although the device never stops."""
+    client = Client(demo_server.url, pulse)
+    speech = spoken[: INPUT_SAMPLE_RATE * 2]
+    with Microphone(pulse["REALTIME_TEST_FIFO"], speech, client.listening, stall=True) as mic:
+        _wait_for(client, mic.spoken.is_set, 60)
+        _wait_for(client, lambda: client.says("delivered no audio"), 10)
+        started = time.monotonic()
+        client.proc.send_signal(signal.SIGINT)
+        code, err = client.finish(30)
+        took = time.monotonic() - started
+    assert code == 0, err
+    assert "committed" in err and "summary: sent" in err and "Traceback" not in err
+    assert took < 8.0, (took, err)
