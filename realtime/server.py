@@ -25,7 +25,7 @@ from hypercorn.trio import serve
 from hypercorn.typing import Framework
 
 from realtime.app import ServerState, create_app
-from realtime.engine import Engine, EngineLoadError
+from realtime.engine import Engine, EngineLoadError, watch_for_hung_calls
 from realtime.errors import UsageError
 from realtime.limits import Limits
 from realtime.logs import SessionLog
@@ -39,13 +39,14 @@ ABORT_GRACE_SECONDS = 2.0
 """After aborting the sockets of connections that did not close in time: how long
 their handlers get to finish (they end at once; this only bounds a surprise)."""
 
-READ_TIMEOUT_SECONDS = 30
+READ_TIMEOUT_SECONDS = 300
 """Hypercorn's ``read_timeout``: a connection that sends nothing for this long is
-closed. WebSocket clients are pinged every ``PING_INTERVAL_SECONDS`` and their pongs
-count, so only a peer that is gone (or reads nothing) is closed by it."""
-PING_INTERVAL_SECONDS = 5.0
-"""Also how long Hypercorn keeps a closed WebSocket's descriptor: its ping task holds
-the connection until it next wakes."""
+closed, whatever it is (a half-open TCP peer that is gone). Far above any quiet
+period of a live client (it streams audio; the app's own idle and stalled-reader
+clocks end a conversation long before). Hypercorn's WebSocket pings are left off:
+with them a refused upgrade's close reached a browser only seconds later."""
+EXIT_ENGINE_HUNG = 3
+"""Exit status of ``realtime serve`` after a model call hung (--max-step-seconds)."""
 KEEP_ALIVE_SECONDS = 5
 """An idle keep-alive HTTP connection is closed after this long (Hypercorn's default,
 stated here so ``realtime serve`` and the documented ``hypercorn`` flags agree)."""
@@ -61,7 +62,6 @@ def hypercorn_config(host: str, port: int, limits: Limits) -> Config:
     # ours have closed (or been aborted) by then, see run_server.
     config.graceful_timeout = limits.shutdown_timeout + ABORT_GRACE_SECONDS
     config.read_timeout = READ_TIMEOUT_SECONDS
-    config.websocket_ping_interval = PING_INTERVAL_SECONDS
     config.keep_alive_timeout = KEEP_ALIVE_SECONDS
     config.accesslog = None
     # Hypercorn's own handler plus propagation to ours printed "Running on" twice:
@@ -204,6 +204,7 @@ async def run_server(
             stop.set()
 
         nursery.start_soon(watch)
+        nursery.start_soon(_stop_when_hung, state, stop)
         binds = await nursery.start(
             lambda task_status: serve(
                 cast("Framework", app),  # a plain ASGI callable; Hypercorn's types are narrower
@@ -234,6 +235,23 @@ async def close_connections(state: ServerState) -> None:
     )
     with trio.move_on_after(ABORT_GRACE_SECONDS):
         await state.idle.wait()
+
+
+async def _stop_when_hung(state: ServerState, stop: trio.Event) -> None:
+    """A model call that never returns cannot be cancelled (a Python thread cannot be
+    killed): once the engine is declared hung, close the open connections and stop
+    serving, so the process exits non-zero (``EXIT_ENGINE_HUNG``) for its supervisor
+    to restart it."""
+
+    async def on_hung(reason: str) -> None:
+        # A bounded grace first, in which /health answers 503 with the reason and new
+        # clients get inference_error at once (waiting ones already have).
+        await trio.sleep(state.limits.shutdown_timeout)
+        state.shutdown.set()
+        await close_connections(state)
+        stop.set()
+
+    await watch_for_hung_calls(state.engine, state.limits.max_step_seconds, on_hung)
 
 
 async def drain(state: ServerState, seconds: float) -> None:
@@ -319,7 +337,12 @@ def serve_command(args: argparse.Namespace, limits: Limits) -> int:
             f"cannot listen on {args.host}:{args.port}: {os_error.strerror or os_error}"
         ) from None
     finally:
-        engine.shutdown()
+        engine.shutdown(timeout=1.0 if engine.hung else 10.0)
+    if engine.hung:
+        log.critical(
+            "stopped: the engine is hung (%s); exiting %d", engine.dead_reason, EXIT_ENGINE_HUNG
+        )
+        _exit_skipping_native_teardown(EXIT_ENGINE_HUNG)
     log.info("stopped")
     _exit_skipping_native_teardown(0)
     return 0

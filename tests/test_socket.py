@@ -16,6 +16,7 @@ from realtime.engine import Engine
 from realtime.limits import Limits
 from tests.fakes import FakeModel, FakeOptions
 from tests.helpers import Client, append_msg, connect, noise, running_server
+from tests.test_app import ahttp
 
 
 def started(model: FakeModel) -> Engine:
@@ -278,18 +279,19 @@ async def test_stalled_client_is_closed_and_releases(engine: Engine, fake_model:
         assert fake_model.frames_run < 237
 
 
-async def test_context_limit_is_inference_error_and_commit_still_done(engine: Engine) -> None:
+async def test_context_limit_is_one_error_then_done_and_close(engine: Engine) -> None:
     async with running_server(engine) as server, connect(server.url) as client:
         await client.configure(max_streaming_seconds=0.16)
         await client.send(append_msg(noise(1280 * 3)))
+        await client.send(append_msg(noise(1280)))  # past the bound: no second error
         events = await client.recv_until("error")
         assert events[-1]["error"]["code"] == "inference_error"
         assert "context limit" in events[-1]["error"]["message"]
-        await client.send(append_msg(noise(1280)))
-        assert (await client.recv())["error"]["code"] == "inference_error"
-        await client.send({"type": "input_audio_buffer.commit"})
-        assert (await client.recv_until("response.done"))[-1]["frame_index"] == 2
+        assert sum(e["type"] == "response.audio.delta" for e in events) == 2
+        done = await client.recv()
+        assert done["type"] == "response.done" and done["frame_index"] == 2
         assert await client.closed_code() == 1000
+        await wait_released(engine)
 
 
 async def test_engine_death_is_reported_and_closes() -> None:
@@ -331,3 +333,28 @@ async def test_many_sequential_sessions_leave_the_slot_free(engine: Engine) -> N
                     await client.recv_until("response.audio.delta")
             await wait_released(engine)
     assert not engine.is_reserved()
+
+
+async def test_a_hung_model_call_is_reported_and_the_server_stops(
+    fake_model: FakeModel,
+) -> None:
+    fake_model.options.hang_on_frame = 1
+    engine = started(fake_model)
+    limits = Limits(max_step_seconds=0.3, shutdown_timeout=1.0)
+    try:
+        async with running_server(engine, limits=limits) as server:
+            async with connect(server.url) as client:
+                await client.configure()
+                await client.send(append_msg(noise(1280 * 3)))
+                events = await client.recv_until("error", timeout=10)
+                assert events[-1]["error"]["code"] == "inference_error"
+                assert "no progress" in events[-1]["error"]["message"]
+                assert await client.closed_code() == 1011
+            status, health = await ahttp("GET", server.http + "/health")
+            assert status == 503 and "hung" in health["reason"]
+            async with connect(server.url) as client:
+                err = await client.recv()
+                assert err["error"]["code"] == "inference_error"
+    finally:
+        fake_model.unhang.set()
+        engine.shutdown()
