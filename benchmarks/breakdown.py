@@ -225,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m benchmarks.breakdown", description=__doc__)
     parser.add_argument("--model", type=Path, help="checkpoint (default: the demo checkpoint)")
+    parser.add_argument(
+        "--size", choices=["tiny", "medium"], default="tiny", help="demo checkpoint preset"
+    )
     parser.add_argument("--null", action="store_true", help="the zero-cost model instead")
     parser.add_argument("--peer", action="store_true", help="mlx-vlm's server instead of ours")
     parser.add_argument("--frames", type=int, default=100)
@@ -232,9 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model: Path | None = None
     if not args.null:
-        from realtime.demo_checkpoint import ensure_demo_checkpoint
+        from realtime.demo_checkpoint import SIZES, ensure_demo_checkpoint
 
-        model = (args.model or ensure_demo_checkpoint()).resolve()
+        model = (args.model or ensure_demo_checkpoint(size=SIZES[args.size])).resolve()
     elif args.peer:
         parser.error("--null is this server's zero-cost model; mlx-vlm cannot serve it")
     result = breakdown(model, args.frames + SKIP, paced=not args.unpaced, peer=args.peer)

@@ -82,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="VoiceChat checkpoint folder for rows 1, 3-5, 7 (default: the demo checkpoint)",
     )
     parser.add_argument(
+        "--size",
+        choices=["tiny", "medium"],
+        default="tiny",
+        help="without --model: the demo checkpoint preset (medium: a step is mostly native "
+        "compute, as on a real checkpoint; default %(default)s)",
+    )
+    parser.add_argument(
         "--frames",
         type=_positive,
         default=125,
@@ -305,9 +312,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         check_model_path(str(args.model))
         path = args.model.resolve()
     elif rows - {2}:
-        from realtime.demo_checkpoint import ensure_demo_checkpoint
+        from realtime.demo_checkpoint import SIZES, ensure_demo_checkpoint
 
-        path = ensure_demo_checkpoint()
+        path = ensure_demo_checkpoint(size=SIZES[args.size])
     else:
         path = None
     frames: int = args.frames

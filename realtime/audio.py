@@ -16,17 +16,31 @@ from realtime.models.base import INPUT_SAMPLE_RATE, Samples
 
 PCM16 = npt.NDArray[np.int16]
 
+_ONE = np.float32(1.0)
+_MINUS_ONE = np.float32(-1.0)
+_PCM_SCALE = np.float32(32767.0)
+_INV_32768 = np.float32(1.0 / 32768.0)
+"""2**-15: multiplying by it is exact, so it equals dividing by 32768."""
+
 
 def float_to_pcm16(samples: npt.ArrayLike) -> PCM16:
-    """``round(clip(x, -1, 1) * 32767)`` as int16: the wire's float-to-PCM rule."""
-    x = np.clip(np.asarray(samples, dtype=np.float32), -1.0, 1.0)
-    pcm: PCM16 = np.rint(x * np.float32(32767.0)).astype(np.int16)
+    """``round(clip(x, -1, 1) * 32767)`` as int16: the wire's float-to-PCM rule.
+
+    The clip is ``minimum(maximum(x, -1), 1)`` (what ``np.clip`` computes, NaN
+    included) in place on one scratch array: this runs for every output frame.
+    """
+    x = np.maximum(np.asarray(samples, dtype=np.float32), _MINUS_ONE)
+    np.minimum(x, _ONE, out=x)
+    np.multiply(x, _PCM_SCALE, out=x)
+    np.rint(x, out=x)
+    pcm: PCM16 = x.astype(np.int16)
     return pcm
 
 
 def pcm16_to_float(pcm: PCM16) -> Samples:
-    """int16 / 32768 as float32, so values lie in [-1, 1)."""
-    samples: Samples = np.asarray(pcm, dtype=np.int16).astype(np.float32) / np.float32(32768.0)
+    """int16 / 32768 as float32, so values lie in [-1, 1) (one multiply by 2**-15,
+    straight from int16: this runs for every input frame)."""
+    samples: Samples = np.multiply(pcm, _INV_32768, dtype=np.float32)
     return samples
 
 

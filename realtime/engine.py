@@ -25,6 +25,7 @@ import attrs
 import trio
 
 from realtime.models.base import (
+    ContextLimitReached,
     InferenceError,
     ModelEvent,
     ModelSession,
@@ -39,9 +40,10 @@ log = logging.getLogger("realtime.engine")
 
 T = TypeVar("T")
 
-FailureKind = Literal["open_failed", "step_failed", "session_lost", "engine_dead"]
+FailureKind = Literal["open_failed", "step_failed", "context_limit", "session_lost", "engine_dead"]
 """``open_failed``: nothing was opened, the client may try again. ``step_failed``: the
-model refused this input but the session goes on (context limit, bad rate).
+model refused this input but the session goes on (bad rate). ``context_limit``: the
+session reached its ``max_streaming_seconds`` and takes no more audio.
 ``session_lost``: the session is gone. ``engine_dead``: the engine thread has stopped."""
 
 
@@ -414,6 +416,8 @@ class Engine:
             result = self._dispatch(command)
         except EngineError as exc:
             _settle(item.future, exception=exc)
+        except ContextLimitReached as exc:
+            _settle(item.future, exception=EngineError("context_limit", str(exc), during=kind))
         except InferenceError as exc:
             # The model reports a condition it survives (context limit, bad rate).
             _settle(item.future, exception=EngineError("step_failed", str(exc), during=kind))

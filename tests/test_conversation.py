@@ -52,7 +52,7 @@ def append(samples: int, rate: int = 16000) -> str:
     return msg("input_audio_buffer.append", audio=audio, sample_rate=rate)
 
 
-def errors(outputs: list[Output]) -> list[tuple[str, str]]:
+def errors(outputs: typing.Sequence[Output]) -> list[tuple[str, str]]:
     return [
         (o["error"]["code"], o["error"]["message"])
         for o in outputs
@@ -264,6 +264,24 @@ def test_a_failed_append_errors_once_and_stops_submitting() -> None:
     assert isinstance(run2, RunAudio) and c.keep_submitting(run2.append_id)
 
 
+def test_the_context_limit_ends_the_response_once() -> None:
+    c = conv()
+    ready(c)
+    (run,) = c.receive(append(FRAME * 3), 0.0)
+    assert isinstance(run, RunAudio)
+    c.begin_audio(run)
+    c.slice_submitted(FRAME)
+    c.slice_submitted(FRAME)
+    c.slice_done(run.append_id, audio_events(0), 0.01, 0.0)
+    stop, err, done, close = c.slice_failed(run.append_id, "context_limit", "context limit", 0.0)
+    assert isinstance(stop, StopModel)
+    assert isinstance(err, dict) and err["error"]["code"] == "inference_error"
+    assert isinstance(done, dict) and done["type"] == "response.done" and done["frame_index"] == 1
+    assert close == Close(1000, "context limit reached") and c.outcome == "done"
+    assert not c.keep_submitting(run.append_id)
+    assert c.slice_failed(run.append_id, "context_limit", "context limit", 0.0) == []
+
+
 @pytest.mark.parametrize("kind", ["session_lost", "engine_dead"])
 def test_a_lost_session_closes_1011(kind: Any) -> None:
     c = conv()
@@ -449,7 +467,9 @@ frames = st.one_of(
         ]
     ),
 )
-engine_outcomes = st.sampled_from(["ok", "open_failed", "step_failed", "session_lost", "dead"])
+engine_outcomes = st.sampled_from(
+    ["ok", "open_failed", "step_failed", "context_limit", "session_lost", "dead"]
+)
 
 
 @hypothesis.settings(max_examples=300, deadline=None)

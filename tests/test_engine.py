@@ -143,12 +143,12 @@ async def test_failing_command_keeps_engine_serving(fake_model: FakeModel) -> No
         engine.shutdown()
 
 
-async def test_inference_error_keeps_the_session(engine: Engine) -> None:
+async def test_context_limit_keeps_the_session(engine: Engine) -> None:
     await engine.run(open_("sess_a", max_streaming_seconds=0.08))
     await engine.run(push("sess_a"))
     with pytest.raises(EngineError, match="context limit") as info:
         await engine.run(push("sess_a"))
-    assert info.value.kind == "step_failed" and not info.value.session_lost
+    assert info.value.kind == "context_limit" and not info.value.session_lost
     assert isinstance((await engine.run(Flush("sess_a", True)))[-1], Done)
 
 

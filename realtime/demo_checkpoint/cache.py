@@ -6,7 +6,7 @@ import logging
 import os
 from pathlib import Path
 
-from realtime.demo_checkpoint.config import demo_name
+from realtime.demo_checkpoint.config import SMALL, DemoSize, demo_name
 from realtime.demo_checkpoint.files import (
     BUILDER_VERSION,
     demo_checkpoint_is_complete,
@@ -27,8 +27,8 @@ def cache_root() -> Path:
     return Path(platformdirs.user_cache_dir("realtime"))
 
 
-def ensure_demo_checkpoint(quantize: int | None = None) -> Path:
-    """The cached demo checkpoint, built once (atomically) when missing or stale.
+def ensure_demo_checkpoint(quantize: int | None = None, size: DemoSize = SMALL) -> Path:
+    """The cached demo checkpoint of ``size``, built once (atomically) when missing or stale.
 
     A lock file serialises builders across processes (a server and a test run
     may both start on an empty cache); the loser finds the winner's copy.
@@ -36,13 +36,13 @@ def ensure_demo_checkpoint(quantize: int | None = None) -> Path:
     from filelock import FileLock
 
     root = cache_root() / "demo-models" / f"v{BUILDER_VERSION}"
-    target = root / demo_name(quantize)
-    if demo_checkpoint_is_complete(target, quantize):
+    target = root / demo_name(quantize, size)
+    if demo_checkpoint_is_complete(target, quantize, size):
         return target
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(root / ".lock"):
-        if demo_checkpoint_is_complete(target, quantize):
+        if demo_checkpoint_is_complete(target, quantize, size):
             return target
-        log.info("building the demo checkpoint into %s", target)
-        install_atomically(target, lambda staging: write_demo_checkpoint(staging, quantize))
+        log.info("building the %s demo checkpoint into %s", size.name, target)
+        install_atomically(target, lambda staging: write_demo_checkpoint(staging, quantize, size))
     return target

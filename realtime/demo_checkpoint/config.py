@@ -7,7 +7,7 @@ the calming biases are built around them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -66,6 +66,8 @@ class DemoSize:
     mog_layers: int
     codec_channels: int
     codec_multipliers: tuple[int, ...]
+    name: str = "tiny"
+    """The preset's name (``--size``); every preset but ``tiny`` adds it to the folder name."""
 
 
 SMALL = DemoSize(
@@ -104,12 +106,58 @@ SMALL = DemoSize(
     codec_channels=8,
     codec_multipliers=(1, 2, 4),
 )
-"""The preset every build uses today (about 3 MB)."""
+"""``tiny``: the served demo and the tests' checkpoint (about 3 MB)."""
+
+MEDIUM = attrs.evolve(
+    SMALL,
+    name="medium",
+    llm_hidden=768,
+    llm_intermediate=2304,
+    llm_pattern="M-M*M-",
+    llm_heads=8,
+    llm_kv_heads=2,
+    llm_head_dim=96,
+    mamba_heads=24,
+    mamba_head_dim=64,
+    ssm_state=64,
+    encoder_layers=2,
+    encoder_width=256,
+    encoder_heads=4,
+    encoder_ff_factor=4,
+    subsampling_channels=32,
+    predictor_hidden=320,
+    joint_hidden=288,
+    tts_hidden=320,
+    tts_intermediate=896,
+    tts_layers=3,
+    tts_heads=5,
+    tts_kv_heads=1,
+    tts_head_dim=64,
+    latent=48,
+    char_intermediate=512,
+    char_layers=1,
+    char_heads=4,
+    char_kv_heads=2,
+    char_head_dim=48,
+    mog_intermediate=384,
+    mog_low_rank=12,
+    mog_layers=2,
+    codec_channels=16,
+)
+"""``medium``: for benchmarks only (about 125 MB, 31 M parameters). Sized so that a
+frame step takes roughly 60-100 ms on a 2-core CPU and is mostly MLX evaluation (large
+matrix-vector products that release the GIL), like a real checkpoint's step and unlike
+the tiny one's, which is mostly Python graph building."""
+
+SIZES: Final = {size.name: size for size in (SMALL, MEDIUM)}
+"""The presets by name, as ``realtime demo-model --size`` and ``--size`` of the
+benchmarks spell them."""
 
 
-def demo_name(quantize: int | None) -> str:
+def demo_name(quantize: int | None, size: DemoSize = SMALL) -> str:
     """Folder name (and so model id) of the demo checkpoint variant."""
-    return DEMO_NAME if quantize is None else f"{DEMO_NAME}-{quantize}bit"
+    name = DEMO_NAME if size.name == SMALL.name else f"{DEMO_NAME}-{size.name}"
+    return name if quantize is None else f"{name}-{quantize}bit"
 
 
 def word_list(text: str) -> list[str]:

@@ -96,17 +96,20 @@ def write_demo_checkpoint(
     files += [INDEX_FILE, *texts]
     for name in files:
         (path / name).chmod(0o644)
-    marker = {
+    marker: dict[str, Any] = {
         "builder_version": BUILDER_VERSION,
         "description": "realtime demo checkpoint: random weights, speaks noise",
         "files": {name: _sha256(path / name) for name in sorted(files)},
         "quantize": quantize,
     }
+    if size.name != SMALL.name:
+        marker["size"] = size.name  # the tiny preset's marker stays as it always was
     (path / MARKER_FILE).write_text(_json_text(marker), encoding="utf-8")
     (path / MARKER_FILE).chmod(0o644)
     path.chmod(0o755)
     log.info(
-        "wrote demo checkpoint %s (%s) in %.2f s",
+        "wrote the %s demo checkpoint %s (%s) in %.2f s",
+        size.name,
         path,
         "float32" if quantize is None else f"{quantize}-bit LLM",
         time.perf_counter() - started,
@@ -119,12 +122,17 @@ def is_demo_checkpoint(directory: str | Path) -> bool:
     return (Path(directory) / MARKER_FILE).is_file()
 
 
-def demo_checkpoint_is_complete(directory: str | Path, quantize: int | None = None) -> bool:
-    """Whether ``directory`` holds an intact demo checkpoint from this builder version."""
+def demo_checkpoint_is_complete(
+    directory: str | Path, quantize: int | None = None, size: DemoSize = SMALL
+) -> bool:
+    """Whether ``directory`` holds an intact demo checkpoint of ``size`` from this
+    builder version."""
     path = Path(directory)
     try:
         marker = json.loads((path / MARKER_FILE).read_text(encoding="utf-8"))
         if marker.get("builder_version") != BUILDER_VERSION or marker.get("quantize") != quantize:
+            return False
+        if marker.get("size", SMALL.name) != size.name:
             return False
         files: dict[str, str] = marker["files"]
         return bool(all(_sha256(path / name) == digest for name, digest in files.items()))

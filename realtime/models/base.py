@@ -111,6 +111,11 @@ class InferenceError(Exception):
     ``inference_error`` on the wire."""
 
 
+class ContextLimitReached(InferenceError):
+    """The session reached its ``max_streaming_seconds`` bound: it takes no more audio
+    (the server says so once, ends the response and closes normally)."""
+
+
 class ModelSession(Protocol):
     """One streaming timeline. Every method runs on the engine thread."""
 

@@ -25,6 +25,7 @@ from realtime.models.base import (
     AssistantTextDelta,
     AudioDelta,
     Cancelled,
+    ContextLimitReached,
     Done,
     FunctionDelta,
     InferenceError,
@@ -120,7 +121,7 @@ class FakeSession:
     def _frame(self, frame: Samples) -> list[ModelEvent]:
         opts = self.model.options
         if self.max_frames is not None and self.frame_index >= self.max_frames:
-            raise InferenceError(f"context limit of {self.max_frames} frames reached")
+            raise ContextLimitReached(f"context limit of {self.max_frames} frames reached")
         if opts.frame_delay:
             time.sleep(opts.frame_delay)
         if opts.fail_on_frame == self.frame_index:

@@ -26,6 +26,7 @@ from realtime.models.base import (
     AssistantTextDelta,
     AudioDelta,
     Cancelled,
+    ContextLimitReached,
     Done,
     FunctionDelta,
     InferenceError,
@@ -107,6 +108,7 @@ class VoiceChatSession:
     def __init__(self, inner: Any) -> None:
         self._inner = inner
         self._failed: str | None = None
+        self._at_limit = False
 
     @property
     def frame_index(self) -> int:
@@ -116,7 +118,7 @@ class VoiceChatSession:
         from mlx_vlm.models.nemotron_voicechat import VoiceChatContextLimitError
 
         if self._failed is not None:
-            raise InferenceError(self._failed)
+            raise (ContextLimitReached if self._at_limit else InferenceError)(self._failed)
         if self._inner.closed:
             raise InferenceError("the session is closed")
         chunk = np.asarray(samples, dtype=np.float32)
@@ -125,11 +127,12 @@ class VoiceChatSession:
         try:
             events = self._inner.push_audio(chunk, sample_rate=sample_rate)
         except VoiceChatContextLimitError as exc:
+            self._at_limit = True
             self._failed = (
                 "the session's context limit (max_streaming_seconds) was reached; "
                 f"no more audio is accepted ({one_line(str(exc))})"
             )
-            raise InferenceError(self._failed) from exc
+            raise ContextLimitReached(self._failed) from exc
         except ValueError as exc:  # wrong sample rate or shape: the session is intact
             raise InferenceError(one_line(str(exc))) from exc
         except Exception as exc:
