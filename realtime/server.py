@@ -204,7 +204,13 @@ async def run_server(
             stop.set()
 
         nursery.start_soon(watch)
-        nursery.start_soon(_stop_when_hung, state, stop)
+        watcher = trio.CancelScope()
+
+        async def watch_hung() -> None:
+            with watcher:
+                await _stop_when_hung(state, stop)
+
+        nursery.start_soon(watch_hung)
         binds = await nursery.start(
             lambda task_status: serve(
                 cast("Framework", app),  # a plain ASGI callable; Hypercorn's types are narrower
@@ -215,6 +221,7 @@ async def run_server(
         )
         task_status.started(binds)
         await stop.wait()
+        watcher.cancel()  # it watches while the engine lives, which outlasts serving
 
 
 async def close_connections(state: ServerState) -> None:
