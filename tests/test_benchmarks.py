@@ -92,9 +92,45 @@ def test_every_row_runs_and_is_written(demo_cache_dir: Path, tmp_path: Path) -> 
     assert "7 vs mlx-vlm" in printed
 
 
+@pytest.mark.slow
+def test_long_start_and_evalshare_scripts_run(demo_cache_dir: Path, tmp_path: Path) -> None:
+    """The long-session, session-start and eval-share scripts, cut to a few frames."""
+    runs = {
+        "long": ["--minutes", "0.02", "--bound", "0.4", "--wire-bound", "0.4"],
+        "start": ["--tokens", "0,6", "--rounds", "1", "--repeats", "1", "--no-peer"],
+        "evalshare": ["--size", "tiny", "--frames", "3"],
+    }
+    results: dict[str, Any] = {}
+    for name, args in runs.items():
+        out = tmp_path / f"{name}.json"
+        cmd = [sys.executable, "-m", f"benchmarks.{name}", *args, "--json", str(out)]
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-4000:]
+        results[name] = json.loads(out.read_text())
+
+    unbounded, bounded = results["long"]["runs"]
+    assert unbounded["bound_seconds"] is None and unbounded["renewals"] == 0
+    assert unbounded["frames"] == 15 and _positive(unbounded["minutes"][-1]["step_ms_p50"])
+    # A 0.4 s bound is 5 frames: mlx-vlm stops there, the script opens a new session.
+    assert bounded["renewals"] == 2 and bounded["stops"][0]["session_frames"] == 5
+    assert "context limit" in bounded["stops"][0]["error"]
+    wire = results["long"]["wire"]
+    assert wire["audio_deltas"] == 5 and wire["errors"] == 1
+    assert wire["ended_with"] == "response.done"
+
+    start = results["start"]["ours"]["open_ms_p50"]
+    assert set(start) == {"0", "6"} and all(_positive(v) for v in start.values())
+    share = results["evalshare"]
+    assert _positive(share["step_ms_p50"]) and 0 < share["eval_share"] <= 1
+
+
 def test_row_selection_is_validated() -> None:
     parser = build_parser()
     assert parser.parse_args(["--rows", "3,1"]).rows == (1, 3)
+    assert parser.parse_args([]).size == "tiny"
+    assert parser.parse_args(["--size", "medium"]).size == "medium"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--size", "huge"])
     with pytest.raises(SystemExit):
         parser.parse_args(["--rows", "8"])
     with pytest.raises(SystemExit):

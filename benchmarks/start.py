@@ -1,0 +1,162 @@
+"""``python -m benchmarks.start``: session start, ``session.update`` to ``session.updated``.
+
+For system prompts of 0, 50, 200 and the most tokens this server accepts
+(``--max-system-prompt-tokens``, default 512; counted as the model counts them:
+its tokens plus BOS and EOS), on this server and on mlx-vlm's, alternating the
+two servers round by round, each prompt ``--repeats`` times per round; medians.
+Opening a session seeds, warms the TTS voice prompt, then prefills the prompt
+one full model step per token, so the slope is the per-token cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import trio
+
+from benchmarks import servers
+from benchmarks.wire import CANCEL, connect
+
+DEFAULT_TOKENS: Final = (0, 50, 200, 512)
+WORDS: Final = tuple(
+    [
+        "please",
+        "answer",
+        "briefly",
+        "and",
+        "kindly",
+        "while",
+        "we",
+        "talk",
+        "about",
+        "the",
+        "weather",
+        "today",
+    ]
+)
+
+
+def prompt_of(path: Path, tokens: int) -> str:
+    """A prompt that the model counts as exactly ``tokens`` prefill steps (0: none)."""
+    if tokens == 0:
+        return ""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+
+    def count(text: str) -> int:  # as VoiceChatModel.count_tokens: ids + BOS + EOS
+        return len(tokenizer.encode(text, add_special_tokens=False)) + 2
+
+    words: list[str] = []
+    while count(" ".join(words)) < tokens:
+        words.append(WORDS[len(words) % len(WORDS)])
+    while words and count(" ".join(words)) > tokens:
+        words.pop()
+    text = " ".join(words)
+    filler = "abcdefghijklmnopqrstuvwxyz"
+    i = 0
+    while count(text) < tokens:  # top up one character at a time
+        text += filler[i % len(filler)]
+        i += 1
+    if count(text) != tokens:
+        raise ValueError(f"cannot build a prompt of exactly {tokens} tokens")
+    return text
+
+
+async def _open_times(
+    url: str, model: str | None, prompts: dict[int, str], repeats: int
+) -> dict[int, list[float]]:
+    from realtime.client import session_update_message
+
+    out: dict[int, list[float]] = {n: [] for n in prompts}
+    for _ in range(repeats):
+        for n, prompt in prompts.items():
+            async with connect(url, model) as client:
+                message = session_update_message(model=model, system_prompt=prompt or None)
+                sent = await client.send(message)
+                with trio.fail_after(600):
+                    while True:
+                        at, event = await client.recv()
+                        if event.get("type") == "session.updated":
+                            out[n].append((at - sent) * 1e3)
+                            break
+                        if event.get("type") == "error":
+                            raise RuntimeError(f"{url}: {event}")
+                await client.send(CANCEL)
+                await client.drain_until("response.cancelled", 60)
+    return out
+
+
+def run(path: Path, tokens: Sequence[int], rounds: int, repeats: int, peer: bool) -> dict[str, Any]:
+    prompts = {n: prompt_of(path, n) for n in tokens}
+    sides = ["ours", "peer"] if peer else ["ours"]
+    times: dict[str, dict[int, list[float]]] = {s: {n: [] for n in tokens} for s in sides}
+    for round_ in range(rounds):
+        for side in sides:
+            print(f"start: round {round_ + 1}/{rounds}, {side}", file=sys.stderr, flush=True)
+            launch = servers.ours(path) if side == "ours" else servers.peer(path)
+            model = None if side == "ours" else str(path)
+            with launch as server:
+                # One warm session first (mlx-vlm loads the model on the first update).
+                trio.run(_open_times, server.url, model, {0: ""}, 1)
+                got = trio.run(_open_times, server.url, model, prompts, repeats)
+            for n, values in got.items():
+                times[side][n] += values
+    result: dict[str, Any] = {"tokens": list(tokens), "rounds": rounds, "repeats": repeats}
+    for side in sides:
+        medians = {n: statistics.median(v) for n, v in times[side].items()}
+        result[side] = {"open_ms_p50": medians, "open_ms_all": times[side]}
+        big, small = max(tokens), min(tokens)
+        if big > small:
+            result[side]["per_token_ms"] = (medians[big] - medians[small]) / (big - small)
+    return result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.start", description=__doc__)
+    parser.add_argument("--model", type=Path, help="checkpoint folder (default: the demo one)")
+    parser.add_argument("--size", choices=["tiny", "medium"], default="tiny")
+    parser.add_argument(
+        "--tokens",
+        type=lambda t: tuple(int(x) for x in t.split(",")),
+        default=DEFAULT_TOKENS,
+        help="prompt lengths in prefill tokens (default 0,50,200,512)",
+    )
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--json", type=Path)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.model is not None:
+        path = Path(args.model).resolve()
+    else:
+        from realtime.demo_checkpoint import SIZES, ensure_demo_checkpoint
+
+        path = ensure_demo_checkpoint(size=SIZES[args.size])
+    started = time.perf_counter()
+    result = run(path, args.tokens, args.rounds, args.repeats, not args.no_peer)
+    result["model"] = str(path)
+    result["seconds"] = time.perf_counter() - started
+    for side in ("ours", "peer"):
+        if side in result:
+            figures = ", ".join(f"{n}: {v:.0f}" for n, v in result[side]["open_ms_p50"].items())
+            slope = result[side].get("per_token_ms")
+            print(f"{side}: open ms p50 by prompt tokens {figures}; per token {slope:.2f} ms")
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
