@@ -614,6 +614,13 @@ def pick_rate(
     return int(default), None
 
 
+def _close_stream(stream: Any) -> None:
+    """Stop and close a PortAudio stream; blocks (see :func:`device_call`)."""
+    if stream is not None:
+        stream.stop()
+        stream.close()
+
+
 class SoundDeviceInput:
     """A PortAudio input stream delivering ~80 ms mono float32 blocks."""
 
@@ -654,9 +661,7 @@ class SoundDeviceInput:
         """Blocks until PortAudio has stopped the stream (forever on some stalled
         devices): the client calls it through :func:`device_call`."""
         stream, self._stream = self._stream, None
-        if stream is not None:
-            stream.stop()
-            stream.close()
+        _close_stream(stream)
 
 
 class BufferedOutput:
@@ -728,9 +733,7 @@ class SoundDeviceOutput(BufferedOutput):
 
     def stop(self) -> None:
         stream, self._stream = self._stream, None
-        if stream is not None:
-            stream.stop()
-            stream.close()
+        _close_stream(stream)
 
 
 def _device_arg(text: str | None) -> str | int | None:
