@@ -144,7 +144,7 @@ MEDIUM = attrs.evolve(
     mog_layers=2,
     codec_channels=16,
 )
-"""``medium``: for benchmarks only (about 125 MB, 31 M parameters). Sized so that a
+"""``medium``: for benchmarks only (about 131 MB, 33 M parameters). Sized so that a
 frame step takes roughly 60-100 ms on a 2-core CPU and is mostly MLX evaluation (large
 matrix-vector products that release the GIL), like a real checkpoint's step and unlike
 the tiny one's, which is mostly Python graph building."""
