@@ -8,8 +8,8 @@ import pytest
 
 from realtime.demo_checkpoint import ensure_demo_checkpoint, write_demo_checkpoint
 from realtime.engine import Engine
+from realtime.models.fake import FakeModel
 from realtime.models.voicechat import VoiceChatModel
-from tests.fakes import FakeModel
 from tests.helpers import ServerProcess, start_realtime_server
 
 

@@ -19,7 +19,7 @@ import trio
 from trio_websocket import ConnectionRejected
 
 from realtime.engine import Engine
-from tests.fakes import FakeModel, FakeOptions
+from realtime.models.fake import FakeModel, FakeOptions
 from tests.helpers import (
     ServerProcess,
     append_msg,

@@ -17,7 +17,7 @@ import trio_websocket
 from realtime.audio import load_input_wav, write_wav_pcm16
 from realtime.engine import Engine
 from realtime.models.base import FRAME_SAMPLES, OUTPUT_FRAME_SAMPLES, OUTPUT_SAMPLE_RATE
-from tests.fakes import FakeModel, FakeOptions
+from realtime.models.fake import FakeModel, FakeOptions
 from tests.helpers import REPO, ServerProcess, connect, running_server
 
 sys.path.insert(0, str(REPO / "examples"))

@@ -19,7 +19,7 @@ import trio
 from realtime.audio import resample
 from realtime.engine import Engine
 from realtime.models.base import FRAME_SAMPLES, OUTPUT_FRAME_SAMPLES, OUTPUT_SAMPLE_RATE, Samples
-from tests.fakes import FakeModel, FakeOptions
+from realtime.models.fake import FakeModel, FakeOptions
 from tests.helpers import REPO, ServerProcess, running_server
 
 sys.path.insert(0, str(REPO / "examples"))

@@ -22,8 +22,8 @@ from realtime.engine import (
     watch_for_hung_calls,
 )
 from realtime.models.base import AudioDelta, Cancelled, Done
+from realtime.models.fake import FakeModel, FakeOptions
 from realtime.observe import CommandKind, Observer
-from tests.fakes import FakeModel, FakeOptions
 
 FRAME = np.zeros(1280, dtype=np.float32)
 

@@ -15,8 +15,8 @@ import trio.testing
 from realtime.connection import Connection
 from realtime.engine import Engine
 from realtime.limits import Limits
+from realtime.models.fake import FakeModel
 from realtime.plumbing import TransportClosed
-from tests.fakes import FakeModel
 
 
 class MemoryTransport:

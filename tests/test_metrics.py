@@ -20,9 +20,9 @@ from realtime.engine import Engine
 from realtime.limits import Limits
 from realtime.logs import JsonFormatter, SessionLog, TextFormatter, setup_logging
 from realtime.metrics import PrometheusObserver
+from realtime.models.fake import FakeModel
 from realtime.observe import Observers, SessionReport
 from realtime.server import hypercorn_config, run_server
-from tests.fakes import FakeModel
 from tests.helpers import append_msg, connect, noise
 from tests.test_app import ahttp
 

@@ -17,8 +17,8 @@ from trio_websocket import ConnectionRejected
 from realtime.app import ServerState
 from realtime.engine import Engine
 from realtime.limits import Limits
+from realtime.models.fake import FakeModel
 from realtime.server import hypercorn_config, run_server
-from tests.fakes import FakeModel
 from tests.helpers import REPO, append_msg, connect, noise, start_realtime_server
 from tests.test_app import ahttp, http
 

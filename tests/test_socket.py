@@ -14,7 +14,7 @@ from trio_websocket import open_websocket_url
 
 from realtime.engine import Engine
 from realtime.limits import Limits
-from tests.fakes import FakeModel, FakeOptions
+from realtime.models.fake import FakeModel, FakeOptions
 from tests.helpers import Client, append_msg, connect, noise, running_server
 from tests.test_app import ahttp
 
@@ -85,7 +85,7 @@ async def test_append_streams_events_per_1280_sample_slice(
     transcript = [
         e for e in events if e["type"] == "conversation.item.input_audio_transcription.delta"
     ]
-    assert transcript[0]["transcript"] == "transcript to 0"
+    assert transcript[0]["transcript"] == "u0 "
 
 
 async def test_many_small_appends_stream_in_order(engine: Engine, fake_model: FakeModel) -> None:

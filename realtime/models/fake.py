@@ -2,7 +2,11 @@
 
 :class:`FakeModel` buffers audio like the real adapter and emits scriptable
 per-frame text, transcript and function deltas, with injectable delays and
-failures and a record of every call (which thread made it). :class:`NullModel`
+failures and a record of every call (which thread made it). A :class:`Scene`
+scripts a whole session frame by frame from what it hears; :func:`partner` is
+one: a conversation partner that transcribes voiced input and answers when the
+user goes quiet, speaking a tone (point an OpenAI client at a server with no
+weights: ``Engine(lambda: FakeModel(partner([say("Hi!")])))``). :class:`NullModel`
 is the zero-cost one: it only counts samples, so a benchmark served through the
 real engine and socket measures the server and nothing else.
 """
@@ -11,8 +15,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any, Final, Protocol
 
 import attrs
 import numpy as np
@@ -22,6 +27,7 @@ from realtime.models.base import (
     FRAME_SAMPLES,
     INPUT_SAMPLE_RATE,
     OUTPUT_FRAME_SAMPLES,
+    OUTPUT_SAMPLE_RATE,
     AssistantTextDelta,
     AudioDelta,
     Cancelled,
@@ -40,6 +46,30 @@ FRAME_SECONDS = FRAME_SAMPLES / INPUT_SAMPLE_RATE
 
 Script = Callable[[int], str | None]
 """Frame index -> the delta a channel emits on that frame (None or "": nothing)."""
+
+AudioScript = Callable[[int, Samples], Samples]
+"""(frame index, the 1280 input samples heard) -> the frame's output samples at 22.05 kHz."""
+
+
+@attrs.frozen(slots=True)
+class Cue:
+    """What a session says on one frame (``None`` or ``""``: nothing on that channel)."""
+
+    text: str | None = None
+    transcript: str | None = None
+    function: str | None = None
+    end_of_turn: bool = False
+    """The text channel's end token (``AudioDelta.end_of_turn``)."""
+
+
+QUIET: Final = Cue()
+"""A frame with nothing on any channel (pad tokens)."""
+
+
+class Scene(Protocol):
+    """One session's script: sees each input frame, says what the frame carries."""
+
+    def __call__(self, index: int, heard: Samples) -> Cue: ...
 
 
 def _text(i: int) -> str:
@@ -79,6 +109,24 @@ class FakeOptions:
     text: Script = _text
     transcript: Script = _transcript
     function: Script = _no_function
+    scene: Callable[[], Scene] | None = None
+    """Makes each session's :class:`Scene`; when set it says what every frame carries
+    (``text``, ``transcript``, ``function`` and ``text_every`` are not used)."""
+    audio: AudioScript | None = None
+    """The output samples of each frame (None: ``audio_samples`` samples at a level
+    that follows the input's)."""
+
+
+def tone(hz: float, amplitude: float = 0.5) -> AudioScript:
+    """A continuous sine at ``hz``: each frame picks up the phase where the last ended."""
+    step = 2 * np.pi * hz / OUTPUT_SAMPLE_RATE
+    offsets = np.arange(OUTPUT_FRAME_SAMPLES, dtype=np.float64)
+
+    def audio(index: int, heard: Samples) -> Samples:
+        phase = (offsets + index * OUTPUT_FRAME_SAMPLES) * step
+        return (amplitude * np.sin(phase)).astype(np.float32)
+
+    return audio
 
 
 def _check_input(closed: bool, sample_rate: int) -> None:
@@ -95,6 +143,7 @@ class FakeSession:
         self.model = model
         self.seed = seed
         self.max_frames = max_frames
+        self.scene = model.options.scene() if model.options.scene is not None else None
         self.pending = np.zeros(0, dtype=np.float32)
         self.frame_index = 0
         self.closed = False
@@ -102,20 +151,25 @@ class FakeSession:
         self.transcript = ""
         self.function = ""
 
-    def _deltas(self, i: int) -> list[ModelEvent]:
+    def _cue(self, i: int, frame: Samples) -> Cue:
+        if self.scene is not None:
+            return self.scene(i, frame)
         opts = self.model.options
-        events: list[ModelEvent] = []
         if i % opts.text_every:
-            return events
-        if delta := opts.text(i):
-            self.text += delta
-            events.append(AssistantTextDelta(i, 100 + i, delta, self.text))
-        if delta := opts.transcript(i):
-            self.transcript += delta
-            events.append(UserTranscriptDelta(i, delta, f"transcript to {i}"))
-        if delta := opts.function(i):
-            self.function += delta
-            events.append(FunctionDelta(i, 200 + i, delta, self.function))
+            return QUIET
+        return Cue(opts.text(i), opts.transcript(i), opts.function(i))
+
+    def _deltas(self, i: int, cue: Cue) -> list[ModelEvent]:
+        events: list[ModelEvent] = []
+        if cue.text:
+            self.text += cue.text
+            events.append(AssistantTextDelta(i, 100 + i, cue.text, self.text))
+        if cue.transcript:
+            self.transcript += cue.transcript
+            events.append(UserTranscriptDelta(i, cue.transcript, self.transcript))
+        if cue.function:
+            self.function += cue.function
+            events.append(FunctionDelta(i, 200 + i, cue.function, self.function))
         return events
 
     def _frame(self, frame: Samples) -> list[ModelEvent]:
@@ -131,11 +185,15 @@ class FakeSession:
         if opts.hang_on_frame == self.frame_index:
             self.model.unhang.wait()
         i = self.frame_index
-        events = self._deltas(i)
-        level = float(np.abs(frame).mean()) if frame.size else 0.0
-        samples = np.full(opts.audio_samples, min(level + 0.001 * (i % 7), 0.99), np.float32)
+        cue = self._cue(i, frame)
+        events = self._deltas(i, cue)
+        if opts.audio is not None:
+            samples = opts.audio(i, frame)
+        else:
+            level = float(np.abs(frame).mean()) if frame.size else 0.0
+            samples = np.full(opts.audio_samples, min(level + 0.001 * (i % 7), 0.99), np.float32)
         codes = tuple((i + self.seed + k) % 1024 for k in range(AUDIO_CODEBOOKS))
-        events.append(AudioDelta(i, samples, codes))
+        events.append(AudioDelta(i, samples, codes, end_of_turn=cue.end_of_turn))
         self.model.frames_run += 1
         self.frame_index += 1
         return events
@@ -245,6 +303,74 @@ class FakeModel:
     def clear_cache(self) -> None:
         self.record("clear_cache", None)
         self.cache_clears += 1
+
+
+# --- a conversation partner ----------------------------------------------------------
+
+VOICED_RMS: Final = 0.01
+"""Input frames louder than this (RMS, float samples) are speech to :func:`partner`."""
+WORDS: Final = ("hello ", "there ", "model ", "how ", "are ", "you ")
+
+
+@attrs.frozen
+class Reply:
+    """One scripted model turn: a :class:`Cue` per frame."""
+
+    cues: tuple[Cue, ...]
+
+    @property
+    def text(self) -> str:
+        return "".join(c.text or "" for c in self.cues)
+
+
+def say(*tokens: str | None) -> Reply:
+    """A spoken reply: one text token per frame (``None``: a pad), the end token, then
+    pads (the model listens again)."""
+    return Reply((*(Cue(text=t) for t in tokens), Cue(end_of_turn=True), *[QUIET] * 4))
+
+
+class _Partner:
+    """Transcribes voiced frames (a word every other frame) and, once the user has been
+    quiet for ``reply_after`` frames, plays the next reply."""
+
+    def __init__(self, replies: list[Reply], reply_after: int, words: tuple[str, ...]) -> None:
+        self.replies = replies
+        self.reply_after = reply_after
+        self.words = words
+        self.said = 0
+        self.heard_voice = False
+        self.quiet = 0
+        self.playing: deque[Cue] = deque()
+
+    def __call__(self, index: int, heard: Samples) -> Cue:
+        word: str | None = None
+        if float(np.sqrt(np.mean(np.square(heard, dtype=np.float64)))) > VOICED_RMS:
+            self.heard_voice = True
+            self.quiet = 0
+            if index % 2 == 0:
+                word = self.words[self.said % len(self.words)]
+                self.said += 1
+        elif self.heard_voice:
+            self.quiet += 1
+            if self.quiet >= self.reply_after and self.replies:
+                self.heard_voice = False
+                self.playing.extend(self.replies.pop(0).cues)
+        cue = self.playing.popleft() if self.playing else QUIET
+        return attrs.evolve(cue, transcript=word) if word else cue
+
+
+def partner(
+    replies: Iterable[Reply] = (),
+    *,
+    reply_after: int = 3,
+    words: tuple[str, ...] = WORDS,
+    hz: float = 1000.0,
+) -> FakeOptions:
+    """Options for a conversation partner: it transcribes what it hears as ``words``,
+    answers each time the user goes quiet with the next of ``replies`` (shared by the
+    model's sessions, in order), and speaks a continuous tone at ``hz``."""
+    queue = list(replies)
+    return FakeOptions(scene=lambda: _Partner(queue, reply_after, words), audio=tone(hz))
 
 
 # --- zero cost ------------------------------------------------------------------------

@@ -8,16 +8,17 @@ from pathlib import Path
 import pytest
 
 from realtime.engine import Engine
-from tests.openai.scripted import ScriptedModel, say
+from realtime.models.fake import FakeModel, say
+from tests.openai.scripted import scripted as scripted_model
 
 
 @pytest.fixture
-def scripted() -> ScriptedModel:
-    return ScriptedModel([say("Hi ", "there", None, "!"), say("Bye", None, "!")])
+def scripted() -> FakeModel:
+    return scripted_model(say("Hi ", "there", None, "!"), say("Bye", None, "!"))
 
 
 @pytest.fixture
-def scripted_engine(scripted: ScriptedModel) -> Iterator[Engine]:
+def scripted_engine(scripted: FakeModel) -> Iterator[Engine]:
     eng = Engine(lambda: scripted)
     eng.start()
     yield eng

@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 from realtime.limits import Limits
 from realtime.models.base import (
     AUDIO_CODEBOOKS,
-    OUTPUT_FRAME_SAMPLES,
     AssistantTextDelta,
     AudioDelta,
     FunctionDelta,
     ModelEvent,
     UserTranscriptDelta,
 )
+from realtime.models.fake import tone
 from realtime.openai import events as ev
 from realtime.openai.dialect import (
     CREATE_TIMEOUT_FRAMES,
@@ -62,6 +62,7 @@ class Model:
 
     def __init__(self) -> None:
         self.index = 0
+        self.voice = tone(TONE)
 
     def frame(
         self,
@@ -80,8 +81,7 @@ class Model:
             out.append(AssistantTextDelta(i, 100, text, text))
         if function:
             out.append(FunctionDelta(i, 200, function, function))
-        t = (np.arange(OUTPUT_FRAME_SAMPLES) + i * OUTPUT_FRAME_SAMPLES) / 22050
-        samples = (0.5 * np.sin(2 * np.pi * TONE * t)).astype(np.float32)
+        samples = self.voice(i, np.zeros(0, np.float32))
         out.append(AudioDelta(i, samples, (0,) * AUDIO_CODEBOOKS, end_of_turn=end))
         return out
 

@@ -14,9 +14,10 @@ import trio
 from trio_websocket import ConnectionRejected, WebSocketConnection, open_websocket_url
 
 from realtime.engine import Engine
+from realtime.models.fake import say
 from realtime.models.voicechat import VoiceChatModel
 from tests.helpers import running_server
-from tests.openai.scripted import ScriptedModel, call_then_say, say
+from tests.openai.scripted import call_then_say, scripted
 from tests.openai.sdk_exchange import voice
 from tests.openai.validate import validate_ga
 
@@ -80,7 +81,7 @@ def engine_for(model: Any) -> Engine:
 
 
 async def test_browser_subprotocol_key_selects_realtime() -> None:
-    eng = engine_for(ScriptedModel())
+    eng = engine_for(scripted())
     try:
         protocols = ["realtime", "openai-insecure-api-key.sk-1"]
         async with peer(eng, api_key="sk-1", subprotocols=protocols) as p:
@@ -95,7 +96,7 @@ async def test_browser_subprotocol_key_selects_realtime() -> None:
 
 
 async def test_cancel_mid_turn_and_when_idle() -> None:
-    eng = engine_for(ScriptedModel([say(*["word "] * 20), say("again")]))
+    eng = engine_for(scripted(say(*["word "] * 20), say("again")))
     try:
         async with peer(eng) as p:
             await p.until("session.created")
@@ -119,7 +120,7 @@ async def test_cancel_mid_turn_and_when_idle() -> None:
 
 
 async def test_tool_call_over_the_socket() -> None:
-    model = ScriptedModel([call_then_say("Sunny.")])
+    model = scripted(call_then_say("Sunny."))
     eng = engine_for(model)
     try:
         async with peer(eng) as p:
@@ -147,13 +148,14 @@ async def test_tool_call_over_the_socket() -> None:
             while spoken["response"]["output"][0]["type"] != "message":
                 spoken = await p.until("response.done")
             assert spoken["response"]["output"][0]["content"][0]["transcript"] == "Sunny."
-        assert model.prompts and "<AVAILABLE_TOOLS>" in (model.prompts[0] or "")
+        ((prompt, _, _),) = model.calls_named("open")
+        assert "<AVAILABLE_TOOLS>" in (prompt or "")
     finally:
         eng.shutdown()
 
 
 async def test_native_path_is_unchanged() -> None:
-    eng = engine_for(ScriptedModel())
+    eng = engine_for(scripted())
     try:
         async with running_server(eng) as server, open_websocket_url(server.url) as ws:
             created = json.loads(await ws.get_message())

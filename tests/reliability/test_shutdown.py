@@ -21,9 +21,9 @@ import trio
 from realtime.app import ServerState
 from realtime.engine import Engine
 from realtime.limits import Limits
+from realtime.models.fake import FakeModel, FakeOptions
 from realtime.server import hypercorn_config, run_server
 from realtime.testing import start_server_process
-from tests.fakes import FakeModel, FakeOptions
 from tests.helpers import REPO, append_msg, noise
 from tests.reliability.rawws import RawClient, open_descriptors
 
