@@ -22,7 +22,7 @@ import attrs
 
 from realtime import protocol
 from realtime.close_codes import CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY
-from realtime.limits import Limits
+from realtime.limits import Limits, prompt_refusal
 from realtime.models.base import (
     INPUT_SAMPLE_RATE,
     AudioDelta,
@@ -39,10 +39,6 @@ if TYPE_CHECKING:
 
 MAX_QUEUED_MESSAGES: Final = 1024
 """Accepted messages waiting for the model; beyond it a client sends faster than it may."""
-
-_MAX_CHARS_PER_TOKEN: Final = 64
-"""No token of a real tokenizer spans more characters: a longer prompt is refused
-without tokenizing it (tokenizing megabytes would stall every connection)."""
 
 
 class Phase(enum.Enum):
@@ -259,36 +255,18 @@ class Conversation:
                     f"{self.model_id!r}"
                 )
             ]
-        refusal = self._prompt_refusal(update.system_prompt)
+        refusal = prompt_refusal(
+            update.system_prompt,
+            self.limits.max_system_prompt_tokens,
+            self._count_tokens,
+            field="session.system_prompt",
+        )
         if refusal is not None:
             return [LimitRefused("max_system_prompt_tokens"), self._refuse(refusal)]
         out = self._queue(OpenSession(update))
         if isinstance(out[0], OpenSession):
             self.update_in_flight = True
         return out
-
-    def _prompt_refusal(self, prompt: str | None) -> str | None:
-        """Why the system prompt is too long, decided before any model work."""
-        limit = self.limits.max_system_prompt_tokens
-        if prompt is None or len(prompt.encode("utf-8")) + 2 <= limit:
-            return None  # a token is at least one byte: it fits without counting
-        if len(prompt) > limit * _MAX_CHARS_PER_TOKEN:
-            return (
-                f"session.system_prompt of {len(prompt)} characters is far longer than the "
-                f"{limit}-token limit (--max-system-prompt-tokens); opening a session runs one "
-                "model step per prompt token"
-            )
-        try:
-            tokens = self._count_tokens(prompt)
-        except Exception as exc:  # the tokenizer refused the text
-            return f"session.system_prompt cannot be tokenized: {type(exc).__name__}: {exc}"
-        if tokens <= limit:
-            return None
-        return (
-            f"session.system_prompt is {tokens} tokens, over the {limit}-token limit "
-            "(--max-system-prompt-tokens); opening a session runs one model step per "
-            "prompt token"
-        )
 
     def _append(self, append: protocol.AudioAppend, now: float) -> list[Output]:
         if append.sample_rate != INPUT_SAMPLE_RATE:

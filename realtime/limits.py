@@ -9,12 +9,16 @@ made from those fields, so a new limit is one field here and nowhere else.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any, cast
+from collections.abc import Callable, Mapping
+from typing import Any, Final, cast
 
 import attrs
 
 _SETTING = "realtime.setting"
+
+MAX_CHARS_PER_TOKEN: Final = 64
+"""No token of a real tokenizer spans more characters: a longer prompt is refused
+without tokenizing it (tokenizing megabytes would stall every connection)."""
 
 
 @attrs.frozen(slots=True)
@@ -108,10 +112,14 @@ class Limits:
     send_queue_events: int = _limit(int, 256, "outgoing events buffered per connection")
     """Outgoing events buffered per connection before the model waits for the client."""
     max_system_prompt_tokens: int = _limit(
-        int, 512, "longest session.system_prompt accepted, in the model's tokens"
+        int,
+        512,
+        "longest system prompt accepted (session.system_prompt; on the OpenAI endpoint "
+        "the instructions with the declared tools), in the model's tokens",
     )
     """Opening a session prefills the prompt one model step per token, so its length is
-    session-open time: longer prompts get ``invalid_request`` before any model work."""
+    session-open time: longer prompts are refused before any model work
+    (:func:`prompt_refusal`)."""
     max_step_seconds: float = _limit(
         float,
         30.0,
@@ -136,6 +144,33 @@ class Limits:
     """After the drain: connections are told to close (1001); any still open after this
     many seconds (a client that reads nothing) has its TCP connection aborted, so the
     process always exits within about this bound."""
+
+
+def prompt_refusal(
+    prompt: str | None, limit: int, count_tokens: Callable[[str], int], *, field: str
+) -> str | None:
+    """Why a system prompt is over ``limit`` tokens of ``count_tokens`` (the model's
+    tokenizer), or ``None`` when it fits; ``field`` names it in the message. Decided
+    before any model work, and cheaply: a prompt of few bytes is not tokenized, nor
+    one too long for any tokenizer to bring within the limit."""
+    if prompt is None or len(prompt.encode("utf-8")) + 2 <= limit:
+        return None  # a token is at least one byte: it fits without counting
+    why = "opening a session runs one model step per prompt token"
+    if len(prompt) > limit * MAX_CHARS_PER_TOKEN:
+        return (
+            f"{field} of {len(prompt)} characters is far longer than the {limit}-token "
+            f"limit (--max-system-prompt-tokens); {why}"
+        )
+    try:
+        tokens = count_tokens(prompt)
+    except Exception as exc:  # the tokenizer refused the text
+        return f"{field} cannot be tokenized: {type(exc).__name__}: {exc}"
+    if tokens <= limit:
+        return None
+    return (
+        f"{field} is {tokens} tokens, over the {limit}-token limit "
+        f"(--max-system-prompt-tokens); {why}"
+    )
 
 
 def setting(field: attrs.Attribute[Any]) -> Setting:

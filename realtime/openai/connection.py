@@ -70,7 +70,11 @@ class OpenAIConnection(SessionPlumbing):
             observer=observer,
         )
         self.dialect = Dialect(
-            self.session_id, engine.model.model_id, limits, now=trio.current_time()
+            self.session_id,
+            engine.model.model_id,
+            limits,
+            now=trio.current_time(),
+            count_tokens=engine.model.count_tokens,
         )
         self.outcome: SessionOutcome = "client_gone"
         self.close_reason = ""

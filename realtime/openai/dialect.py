@@ -36,7 +36,7 @@ import attrs
 import numpy as np
 
 from realtime.close_codes import CLOSE_INTERNAL, CLOSE_POLICY
-from realtime.limits import Limits
+from realtime.limits import Limits, prompt_refusal
 from realtime.models.base import (
     FRAME_SAMPLES,
     INPUT_SAMPLE_RATE,
@@ -213,9 +213,12 @@ class Dialect:
         *,
         now: float,
         new_id: Callable[[str], str] = ev.new_id,
+        count_tokens: Callable[[str], int] = len,
     ) -> None:
         self.session_id = session_id
         self.limits = limits
+        self._count_tokens = count_tokens
+        """The model's tokenizer: the system prompt's length is checked before it opens."""
         self.session = ev.default_session(session_id, model_id)
         self._new_id = new_id
         self._framer = InputFramer()
@@ -365,6 +368,22 @@ class Dialect:
                         client_event_id=cid,
                     )
                 ]
+        if any(merged.get(k) != self.session.get(k) for k in _FROZEN_KEYS):
+            refusal = prompt_refusal(
+                _system_prompt(merged),
+                self.limits.max_system_prompt_tokens,
+                self._count_tokens,
+                field="session.instructions" + (" with the tools" if merged["tools"] else ""),
+            )
+            if refusal is not None:
+                return [
+                    ev.error(
+                        f"{refusal}; this update was not applied",
+                        code="invalid_value",
+                        param="session.instructions",
+                        client_event_id=cid,
+                    )
+                ]
         self.session = merged
         return [ev.session_event("session.updated", self.session)]
 
@@ -405,12 +424,11 @@ class Dialect:
         if self.model_state != "closed":
             return []
         self.model_state = "opening"
-        tools = [t for t in self.session.get("tools") or [] if isinstance(t, dict)]
         self._applied = {
             "instructions": self.session.get("instructions"),
             "tools": self.session.get("tools"),
         }
-        return [OpenModel(render_prompt(self.session.get("instructions"), tools))]
+        return [OpenModel(_system_prompt(self.session))]
 
     def _on_input_audio_buffer_append(
         self, message: dict[str, Any], cid: str | None
@@ -977,6 +995,12 @@ class Dialect:
 
 
 _SILENCE: Final = np.zeros(FRAME_SAMPLES, np.float32)
+
+
+def _system_prompt(session: dict[str, Any]) -> str | None:
+    """What the model is opened with: the session's instructions and its tools."""
+    tools = [t for t in session.get("tools") or [] if isinstance(t, dict)]
+    return render_prompt(session.get("instructions"), tools)
 
 
 def _check_session(session: dict[str, Any]) -> tuple[str, str] | None:

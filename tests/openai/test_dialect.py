@@ -153,6 +153,54 @@ def test_instructions_after_the_model_started_are_refused_without_closing() -> N
     assert d.session["instructions"] == "A"
 
 
+def test_a_long_system_prompt_is_refused_before_any_model_work() -> None:
+    counted: list[str] = []
+
+    def words(text: str) -> int:  # a stand-in tokenizer
+        counted.append(text)
+        return len(text.split())
+
+    d = Dialect("sess_test", "m", Limits(max_system_prompt_tokens=10), now=0.0, count_tokens=words)
+    long = " ".join(["w"] * 11)
+    out = send(d, {"type": "session.update", "session": {"instructions": long}})
+    (error,) = events(out)
+    assert error["error"]["code"] == "invalid_value"
+    assert error["error"]["param"] == "session.instructions"
+    message = error["error"]["message"]
+    assert "session.instructions is 11 tokens, over the 10-token limit" in message
+    assert "--max-system-prompt-tokens" in message
+    assert not any(isinstance(o, Close) for o in out)
+    assert d.session.get("instructions") is None and d.model_state == "closed"
+    # The declared tools are part of the prompt: short instructions, long tool listing.
+    tool = {"type": "function", "name": "get_weather", "description": "Weather in a city."}
+    out = send(d, {"type": "session.update", "session": {"instructions": "Hi", "tools": [tool]}})
+    (error,) = events(out)
+    assert "session.instructions with the tools is" in error["error"]["message"]
+    # Short ones are not tokenized; a fitting prompt opens the model as usual.
+    counted.clear()
+    assert types(send(d, {"type": "session.update", "session": {"instructions": "Hi"}})) == [
+        "session.updated"
+    ]
+    assert counted == []
+    fits = " ".join(["w"] * 10)
+    assert types(send(d, {"type": "session.update", "session": {"instructions": fits}})) == [
+        "session.updated"
+    ]
+    assert counted == [fits]
+    # Updates that leave the prompt as it is do not count it again.
+    update = {"audio": {"input": {"turn_detection": None}}}
+    assert types(send(d, {"type": "session.update", "session": update})) == ["session.updated"]
+    assert counted == [fits]
+    assert OpenModel(fits) in send(d, {"type": "response.create"})
+    # A prompt no tokenizer could bring within the limit is refused without tokenizing.
+    d2 = Dialect("sess_test", "m", Limits(max_system_prompt_tokens=10), now=0.0, count_tokens=words)
+    counted.clear()
+    out = send(d2, {"type": "session.update", "session": {"instructions": "x" * 100_000}})
+    (error,) = events(out)
+    assert "100000 characters is far longer than the 10-token limit" in error["error"]["message"]
+    assert counted == []
+
+
 def test_only_24khz_pcm_is_accepted() -> None:
     d = dialect()
     for fmt in ({"type": "audio/pcmu"}, {"type": "audio/pcm", "rate": 16000}):

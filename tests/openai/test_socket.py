@@ -14,6 +14,7 @@ import trio
 from trio_websocket import ConnectionRejected, WebSocketConnection, open_websocket_url
 
 from realtime.engine import Engine
+from realtime.limits import Limits
 from realtime.models.fake import say
 from realtime.models.voicechat import VoiceChatModel
 from tests.helpers import running_server
@@ -53,7 +54,8 @@ class Peer:
 @asynccontextmanager
 async def peer(engine: Engine, **kwargs: Any) -> AsyncIterator[Peer]:
     api_key = kwargs.pop("api_key", None)
-    async with running_server(engine, api_key=api_key) as server:
+    limits = kwargs.pop("limits", None)
+    async with running_server(engine, api_key=api_key, limits=limits) as server:
         url = server.http.replace("http://", "ws://") + "/openai/v1/realtime?model=x"
         async with open_websocket_url(url, **kwargs) as ws:
             yield Peer(ws)
@@ -150,6 +152,23 @@ async def test_tool_call_over_the_socket() -> None:
             assert spoken["response"]["output"][0]["content"][0]["transcript"] == "Sunny."
         ((prompt, _, _),) = model.calls_named("open")
         assert "<AVAILABLE_TOOLS>" in (prompt or "")
+    finally:
+        eng.shutdown()
+
+
+async def test_long_instructions_are_refused_by_the_models_tokenizer() -> None:
+    model = scripted()  # one token per character
+    eng = engine_for(model)
+    try:
+        async with peer(eng, limits=Limits(max_system_prompt_tokens=8)) as p:
+            await p.until("session.created")
+            update = {"type": "realtime", "instructions": "Be brief!"}
+            await p.send({"type": "session.update", "session": update})
+            error = await p.until("error")
+            assert "is 9 tokens, over the 8-token limit" in error["error"]["message"]
+            await p.send({"type": "session.update", "session": {"instructions": "Be brief"}})
+            assert (await p.recv())["type"] == "session.updated"
+        assert model.calls_named("open") == []
     finally:
         eng.shutdown()
 
