@@ -7,6 +7,8 @@ model the very same samples and so produce the same bytes.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +36,24 @@ def float_to_pcm16(samples: npt.ArrayLike) -> PCM16:
     np.multiply(x, _PCM_SCALE, out=x)
     np.rint(x, out=x)
     pcm: PCM16 = x.astype(np.int16)
+    return pcm
+
+
+def pcm16_from_base64(data: object) -> PCM16:
+    """Strict base64 of little-endian PCM16 mono, as int16 (a view of the decoded
+    bytes). ValueError with a one-line reason for anything else; the protocols turn
+    it into their own error."""
+    if not isinstance(data, str):
+        raise ValueError("audio must be a base64 string")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"audio is not valid base64: {exc}") from None
+    if len(raw) % 2:
+        raise ValueError(
+            f"audio has an odd number of bytes ({len(raw)}); PCM16 needs 2 bytes per sample"
+        )
+    pcm: PCM16 = np.frombuffer(raw, dtype="<i2")
     return pcm
 
 

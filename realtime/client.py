@@ -13,7 +13,6 @@ benchmarks measure a zero-cost server through this client.
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -25,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import trio_websocket
 
-from realtime.audio import float_to_pcm16
+from realtime.audio import float_to_pcm16, pcm16_from_base64
 from realtime.close_codes import CLOSE_CODE_NAMES, CLOSE_TRY_AGAIN
 from realtime.models.base import INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
 
@@ -299,12 +298,9 @@ def encode_pcm16(pcm: npt.ArrayLike) -> str:
 def decode_pcm16(data: str) -> PCM16:
     """Inverse of :func:`encode_pcm16`; :class:`ProtocolViolation` on bad payloads."""
     try:
-        raw = base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise ProtocolViolation(f"server sent invalid base64 audio: {exc}") from None
-    if len(raw) % 2:
-        raise ProtocolViolation(f"server sent an odd audio byte count ({len(raw)})")
-    return np.frombuffer(raw, dtype="<i2").astype(np.int16)
+        return pcm16_from_base64(data).astype(np.int16)
+    except ValueError as exc:
+        raise ProtocolViolation(f"server sent bad audio: {exc}") from None
 
 
 def _dumps(message: Raw) -> str:

@@ -7,7 +7,6 @@ socket, no trio, no model here, so every rule is unit-testable on its own.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import json
 import math
@@ -18,8 +17,8 @@ from pathlib import PurePath
 from typing import Any, Final, Literal
 
 import attrs
-import numpy as np
 
+from realtime import audio
 from realtime.audio import float_to_pcm16, pcm16_to_float
 from realtime.models.base import (
     AUDIO_CODEBOOKS,
@@ -113,19 +112,12 @@ CLIENT_TYPES: Final = (
 )
 
 
-def pcm16_from_base64(data: str) -> Samples:
+def pcm16_from_base64(data: object) -> Samples:
     """Strict base64 of little-endian PCM16 mono to float32 ``/ 32768``."""
-    if not isinstance(data, str):
-        raise ProtocolError("audio must be a base64 string")
     try:
-        raw = base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise ProtocolError(f"audio is not valid base64: {exc}") from None
-    if len(raw) % 2:
-        raise ProtocolError(
-            f"audio has an odd number of bytes ({len(raw)}); PCM16 needs 2 bytes per sample"
-        )
-    return pcm16_to_float(np.frombuffer(raw, dtype="<i2"))
+        return pcm16_to_float(audio.pcm16_from_base64(data))
+    except ValueError as exc:
+        raise ProtocolError(str(exc)) from None
 
 
 def audio_to_base64(samples: Samples) -> str:

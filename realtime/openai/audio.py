@@ -9,13 +9,12 @@ fractional sample that keeps a tone's pitch right.
 from __future__ import annotations
 
 import base64
-import binascii
 from typing import Final
 
 import numpy as np
 import soxr
 
-from realtime.audio import float_to_pcm16, pcm16_to_float
+from realtime.audio import float_to_pcm16, pcm16_from_base64, pcm16_to_float
 from realtime.models.base import FRAME_SAMPLES, INPUT_SAMPLE_RATE, Samples
 
 WIRE_RATE: Final = 24_000
@@ -30,15 +29,10 @@ class AudioFormatError(ValueError):
 
 def decode_pcm16(data: object) -> Samples:
     """Strict base64 of little-endian PCM16 mono, as float32 in [-1, 1)."""
-    if not isinstance(data, str):
-        raise AudioFormatError("audio must be a base64 string")
     try:
-        raw = base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise AudioFormatError(f"audio is not valid base64: {exc}") from None
-    if len(raw) % 2:
-        raise AudioFormatError(f"PCM16 audio needs an even number of bytes, got {len(raw)}")
-    return pcm16_to_float(np.frombuffer(raw, dtype="<i2"))
+        return pcm16_to_float(pcm16_from_base64(data))
+    except ValueError as exc:
+        raise AudioFormatError(str(exc)) from None
 
 
 def encode_pcm16(samples: Samples) -> str:
