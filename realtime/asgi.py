@@ -19,14 +19,16 @@ import multiprocessing
 import os
 import signal
 import sys
+from functools import partial
 from typing import NoReturn
 
 import trio
 
 from realtime.app import RealtimeApp, ServerState, create_app
-from realtime.engine import Engine
+from realtime.engine import Engine, watch_for_hung_calls
 from realtime.errors import UsageError
 from realtime.limits import limits_from_env
+from realtime.logs import setup_logging
 
 log = logging.getLogger("realtime")
 
@@ -49,17 +51,39 @@ def _fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+async def _exit_hung(state: ServerState, reason: str) -> None:
+    """A hung model call cannot be cancelled and Hypercorn cannot be told to exit
+    non-zero from inside the app: after the grace in which /health answers 503, close
+    the open connections and end the process with ``EXIT_ENGINE_HUNG`` for its
+    supervisor to restart it."""
+    from realtime.server import EXIT_ENGINE_HUNG, close_connections
+
+    await trio.sleep(state.limits.shutdown_timeout)
+    state.shutdown.set()
+    await close_connections(state)
+    log.critical("exiting %d: %s", EXIT_ENGINE_HUNG, reason)
+    logging.shutdown()
+    os._exit(EXIT_ENGINE_HUNG)
+
+
 def create_app_from_env() -> RealtimeApp:
     from realtime.models import ModelPathError
     from realtime.server import model_loader
 
-    logging.basicConfig(level=os.environ.get("REALTIME_LOG_LEVEL", "INFO").upper())
     try:
+        level = os.environ.get("REALTIME_LOG_LEVEL", "info").lower()
+        fmt = os.environ.get("REALTIME_LOG_FORMAT", "text")
+        if level not in ("debug", "info", "warning", "error") or fmt not in ("text", "json"):
+            raise ValueError(
+                "REALTIME_LOG_LEVEL must be debug|info|warning|error and "
+                f"REALTIME_LOG_FORMAT text|json, got {level!r} and {fmt!r}"
+            )
+        setup_logging(level, "json" if fmt == "json" else "text")
+        limits = limits_from_env(os.environ)
         loader = model_loader(
             os.environ.get("REALTIME_MODEL") or None, None, model_option="REALTIME_MODEL"
         )
         engine = Engine(loader)
-        limits = limits_from_env(os.environ)
     except (UsageError, ModelPathError, ValueError) as exc:
         _fail(f"realtime: error: {exc}")
     origins = tuple(
@@ -79,6 +103,9 @@ def create_app_from_env() -> RealtimeApp:
     @app.http.before_serving
     async def load() -> None:
         await trio.to_thread.run_sync(engine.start)
+        app.http.nursery.start_soon(
+            watch_for_hung_calls, engine, limits.max_step_seconds, partial(_exit_hung, state)
+        )
 
     @app.http.after_serving
     async def stop() -> None:
