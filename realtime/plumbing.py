@@ -234,6 +234,9 @@ class SessionPlumbing:
         Hypercorn shields socket writes, so a blocked write cannot be cancelled: the
         session and the slot are released first, then the connection is told to
         close, which completes once the write finishes or the TCP connection dies.
+        If it has not within ``send_timeout``, the transport's TCP connection is
+        aborted (where it can be: ``abort()``), which ends the blocked write and
+        frees the descriptor.
         """
         log.warning(
             "session %s: client read nothing for %.1f s; dropping it",
@@ -245,8 +248,13 @@ class SessionPlumbing:
         self.finish()
         # Shielded: the cancel above must not stop the close; bounded, so a client
         # that never reads again cannot hold this task forever.
-        with trio.CancelScope(shield=True), trio.move_on_after(self.limits.send_timeout):
-            await self._close_transport(close.code, close.reason)
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(self.limits.send_timeout) as bounded:
+                await self._close_transport(close.code, close.reason)
+            abort: Callable[[], object] | None = getattr(self.transport, "abort", None)
+            if bounded.cancelled_caught and abort is not None:
+                log.warning("session %s: aborting its TCP connection", self.session_id)
+                abort()
 
     async def _sender(self) -> None:
         observer = self.observer

@@ -66,8 +66,10 @@ class RawClient:
         )
         with trio.fail_after(10):
             while True:
-                for event in await client._read():
+                events = await client._read()
+                for n, event in enumerate(events):
                     if isinstance(event, AcceptConnection):
+                        client.events.extend(events[n + 1 :])  # what came with the 101
                         return client
                     if isinstance(event, RejectConnection):
                         client.rejected_status = event.status_code
