@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
@@ -145,3 +147,27 @@ def start_realtime_server(
         *args, argv=argv, env=env, timeout=timeout, log_dir=log_dir, cwd=REPO
     ) as server:
         yield server
+
+
+# --- plain HTTP ---------------------------------------------------------------------
+
+
+def http(
+    method: str, url: str, headers: dict[str, str] | None = None, body: bytes | None = None
+) -> tuple[int, Any]:
+    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw
+
+
+async def ahttp(
+    method: str, url: str, headers: dict[str, str] | None = None, body: bytes | None = None
+) -> tuple[int, Any]:
+    return await trio.to_thread.run_sync(http, method, url, headers, body)

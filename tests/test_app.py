@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
@@ -22,33 +18,14 @@ from realtime.engine import Engine
 from realtime.models.fake import FakeModel, FakeOptions
 from tests.helpers import (
     ServerProcess,
+    ahttp,
     append_msg,
     connect,
+    http,
     noise,
     running_server,
     start_realtime_server,
 )
-
-
-def http(
-    method: str, url: str, headers: dict[str, str] | None = None, body: bytes | None = None
-) -> tuple[int, Any]:
-    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            status, raw = response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-    try:
-        return status, json.loads(raw)
-    except ValueError:
-        return status, raw
-
-
-async def ahttp(
-    method: str, url: str, headers: dict[str, str] | None = None, body: bytes | None = None
-) -> tuple[int, Any]:
-    return await trio.to_thread.run_sync(http, method, url, headers, body)
 
 
 async def test_chat_routes_answer_501(engine: Engine) -> None:

@@ -25,8 +25,16 @@ import trio
 from trio_websocket import ConnectionRejected
 
 from realtime.testing import ServerProcess
-from tests.helpers import REPO, Client, append_msg, connect, noise, start_realtime_server
-from tests.test_app import ahttp, http
+from tests.helpers import (
+    REPO,
+    Client,
+    ahttp,
+    append_msg,
+    connect,
+    http,
+    noise,
+    start_realtime_server,
+)
 
 pytestmark = pytest.mark.slow
 

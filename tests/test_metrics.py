@@ -23,8 +23,7 @@ from realtime.metrics import PrometheusObserver
 from realtime.models.fake import FakeModel
 from realtime.observe import Observers, SessionReport
 from realtime.server import hypercorn_config, run_server
-from tests.helpers import append_msg, connect, noise
-from tests.test_app import ahttp
+from tests.helpers import ahttp, append_msg, connect, noise
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

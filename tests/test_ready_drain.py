@@ -19,8 +19,7 @@ from realtime.engine import Engine
 from realtime.limits import Limits
 from realtime.models.fake import FakeModel
 from realtime.server import hypercorn_config, run_server
-from tests.helpers import REPO, append_msg, connect, noise, start_realtime_server
-from tests.test_app import ahttp, http
+from tests.helpers import REPO, ahttp, append_msg, connect, http, noise, start_realtime_server
 
 
 @asynccontextmanager

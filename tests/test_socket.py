@@ -15,8 +15,7 @@ from trio_websocket import open_websocket_url
 from realtime.engine import Engine
 from realtime.limits import Limits
 from realtime.models.fake import FakeModel, FakeOptions
-from tests.helpers import Client, append_msg, connect, noise, running_server
-from tests.test_app import ahttp
+from tests.helpers import Client, ahttp, append_msg, connect, noise, running_server
 
 
 def started(model: FakeModel) -> Engine:

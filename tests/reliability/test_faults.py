@@ -13,8 +13,7 @@ import trio
 
 from realtime.engine import Engine, watch_for_hung_calls
 from realtime.models.fake import FakeModel, FakeOptions
-from tests.helpers import append_msg, connect, noise, running_server
-from tests.test_app import ahttp
+from tests.helpers import ahttp, append_msg, connect, noise, running_server
 
 
 def started(model: FakeModel) -> Engine:

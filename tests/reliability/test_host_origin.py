@@ -9,9 +9,8 @@ import trio
 
 from realtime.app import ServerState, host_allowed, origin_allowed
 from realtime.engine import Engine
-from tests.helpers import running_server
+from tests.helpers import ahttp, running_server
 from tests.reliability.rawws import RawClient
-from tests.test_app import ahttp
 
 LOOPBACK = ("127.0.0.1",)
 

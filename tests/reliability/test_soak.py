@@ -23,9 +23,8 @@ import numpy as np
 import pytest
 import trio
 
-from tests.helpers import start_realtime_server
+from tests.helpers import ahttp, start_realtime_server
 from tests.reliability.rawws import RawClient
-from tests.test_app import ahttp
 
 pytestmark = pytest.mark.skipif(
     not Path("/proc/self/fd").is_dir(), reason="reads the server's descriptors from /proc"
