@@ -10,7 +10,9 @@ import argparse
 import logging
 
 from realtime.engine import Engine
+from realtime.metrics import PrometheusObserver
 from realtime.models.fake import NullModel
+from realtime.observe import Observer
 from realtime.testing import serve_engine
 
 
@@ -18,11 +20,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.null_server")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument(
+        "--no-metrics",
+        action="store_true",
+        help="no-op observer instead of the Prometheus metrics and session log "
+        "(to measure what updating them costs)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     engine = Engine(NullModel)
     engine.start()
-    serve_engine(engine, args.host, args.port)
+    if args.no_metrics:
+        serve_engine(
+            engine, args.host, args.port, metrics=PrometheusObserver(), observer=Observer()
+        )
+    else:
+        serve_engine(engine, args.host, args.port)
     return 0
 
 

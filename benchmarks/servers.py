@@ -112,9 +112,11 @@ def ours(model_path: Path) -> Iterator[ServerProcess]:
 
 
 @contextmanager
-def null_server() -> Iterator[ServerProcess]:
-    """This project's server on the zero-cost model."""
+def null_server(*, metrics: bool = True) -> Iterator[ServerProcess]:
+    """This project's server on the zero-cost model (``metrics=False``: a no-op observer)."""
     cmd = [sys.executable, "-m", "benchmarks.null_server", "--port", "0"]
+    if not metrics:
+        cmd.append("--no-metrics")
     yield from _started("null", cmd)
 
 
