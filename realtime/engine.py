@@ -194,6 +194,8 @@ class Engine:
         self._state_lock = threading.Lock()
         self._dead_reason: str | None = None
         self._reserved: str | None = None
+        self._releasing: concurrent.futures.Future[object] | None = None
+        """The queued Close of the session that holds the slot (its client has left)."""
         self._model: RealtimeModel | None = None
         self._active: _Active | None = None  # engine thread only
         self._running: _Queued | None = None
@@ -282,6 +284,7 @@ class Engine:
         with self._state_lock:
             if self._reserved == session_id:
                 self._reserved = None
+                self._releasing = None
 
     # --- commands -----------------------------------------------------------
 
@@ -304,7 +307,16 @@ class Engine:
                     self._reserved = None
             else:
                 self._queue.put(_Queued(command, future))
+                if isinstance(command, Close) and self._reserved == command.session_id:
+                    self._releasing = future
         return future
+
+    def release_pending(self) -> concurrent.futures.Future[object] | None:
+        """The queued Close of the session holding the slot, if its client has left:
+        the slot frees once that future completes."""
+        with self._state_lock:
+            future = self._releasing
+        return future if future is not None and not future.done() else None
 
     @staticmethod
     async def result(future: concurrent.futures.Future[T]) -> T:

@@ -32,6 +32,9 @@ PIPELINE_DEPTH: Final = 2
 A submitter→collector channel holds ``PIPELINE_DEPTH - 2`` slices: one more is
 being awaited by the collector and one more waits in the submitter's send."""
 
+RELEASE_GRACE: Final = 0.5
+"""How long a new client waits for a slot whose previous client has already left."""
+
 Refusal = Literal["server_busy", "engine_unavailable"]
 
 
@@ -143,7 +146,7 @@ class SessionPlumbing:
             message = f"the model engine has stopped: {self.engine.dead_reason}"
             await self._refuse("engine_unavailable", message, CLOSE_INTERNAL)
             return
-        if not self.engine.try_reserve(self.session_id):
+        if not await self._reserve():
             self.observer.connection_refused("busy")
             log.info("refused a connection: another session is active (1013)")
             await self._refuse(
@@ -175,6 +178,23 @@ class SessionPlumbing:
                     await self._close_transport(CLOSE_GOING_AWAY, "server shutting down")
             self.observer.session_ended(self.report())
             log.info("session %s closed (code %s)", self.session_id, self.close_code)
+
+    async def _reserve(self) -> bool:
+        """Take the slot. If its holder has already left and the engine is closing that
+        session, wait for it a little (``RELEASE_GRACE``): a client that arrives just
+        as another's connection drops (a balancer hands the replica on at once) is
+        served, not refused; a departed session's longer work still answers busy."""
+        if self.engine.try_reserve(self.session_id):
+            return True
+        pending = self.engine.release_pending()
+        if pending is None:
+            return False
+        with trio.move_on_after(RELEASE_GRACE):
+            try:
+                await Engine.result(pending)
+            except EngineError:
+                pass
+        return self.engine.try_reserve(self.session_id)
 
     async def _refuse(self, code: Refusal, message: str, close_code: int) -> None:
         self.close_code = close_code

@@ -199,7 +199,7 @@ async def test_disconnect_while_the_session_opens_stops_the_prefill(
 async def test_the_slot_stays_held_until_the_engine_finished_departed_work(
     engine: Engine, fake_model: FakeModel
 ) -> None:
-    fake_model.options.frame_delay = 0.5  # one slow frame: it cannot be interrupted
+    fake_model.options.frame_delay = 2.0  # one slow frame: it cannot be interrupted
     async with running_server(engine) as server:
         async with open_websocket_url(server.url) as ws:
             client = Client(ws)
@@ -209,14 +209,15 @@ async def test_the_slot_stays_held_until_the_engine_finished_departed_work(
                 while not fake_model.calls_named("push"):
                     await trio.sleep(0.005)
             await ws._stream.aclose()
-        # The engine still runs the departed client's frame: the next client is told
-        # the truth (busy) instead of waiting in silence behind the old work.
+        # The engine still runs the departed client's frame (longer than the short
+        # wait for a releasing slot): the next client is told the truth (busy)
+        # instead of waiting in silence behind the old work.
         async with connect(server.url) as client:
             err = await client.recv()
             assert err["type"] == "error" and err["error"]["code"] == "server_busy"
             assert await client.closed_code() == 1013
         assert engine.is_reserved()
-        await wait_released(engine, timeout=2.0)
+        await wait_released(engine, timeout=4.0)
         fake_model.options.frame_delay = 0
         async with connect(server.url) as client:
             await client.configure()
@@ -314,3 +315,24 @@ async def test_many_sequential_sessions_leave_the_slot_free(engine: Engine) -> N
                     await client.recv_until("response.audio.delta")
             await wait_released(engine)
     assert not engine.is_reserved()
+
+
+async def test_a_client_arriving_as_another_leaves_is_served_not_refused(
+    engine: Engine, fake_model: FakeModel
+) -> None:
+    """A balancer hands a replica on as soon as a client's connection drops; the
+    engine is then still closing that session for a moment. The new client waits
+    for it (briefly) instead of getting server_busy."""
+    fake_model.options.frame_delay = 0.2
+    async with running_server(engine) as server:
+        async with open_websocket_url(server.url) as ws:
+            client = Client(ws)
+            await client.configure()
+            await client.send(append_msg(noise(1280)))
+            with trio.fail_after(2):
+                while not fake_model.calls_named("push"):
+                    await trio.sleep(0.005)
+            await ws._stream.aclose()
+        async with connect(server.url) as client:
+            updated = await client.configure()
+            assert updated["type"] == "session.updated"
