@@ -424,26 +424,28 @@ class Engine:
         started = time.perf_counter()
         self._running = item
         self._last_beat = time.monotonic()
+        result: object = None
+        error: BaseException | None = None
         try:
             result = self._dispatch(command)
         except EngineError as exc:
-            _settle(item.future, exception=exc)
+            error = exc
         except ContextLimitReached as exc:
-            _settle(item.future, exception=EngineError("context_limit", str(exc), during=kind))
+            error = EngineError("context_limit", str(exc), during=kind)
         except InferenceError as exc:
-            # The model reports a condition it survives (context limit, bad rate).
-            _settle(item.future, exception=EngineError("step_failed", str(exc), during=kind))
+            # The model reports a condition it survives (a wrong rate).
+            error = EngineError("step_failed", str(exc), during=kind)
         except Exception as exc:
             log.exception("%s failed for %s; dropping the session", kind, command.session_id)
             self._drop_active()
             error = EngineError("session_lost", _describe(exc), during=kind)
-            _settle(item.future, exception=error)
-        else:
-            _settle(item.future, result=result)
         finally:
             self._last_beat = None
             self._running = None
+            # Before the result wakes trio: afterwards this thread goes straight back
+            # to its queue instead of holding the GIL the woken connection needs.
             self._observer.command_finished(kind, time.perf_counter() - started)
+        _settle(item.future, result=result, exception=error)
 
     def _dispatch(self, command: Command) -> Step | list[ModelEvent] | None:
         match command:

@@ -26,7 +26,12 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
@@ -103,11 +108,6 @@ class PrometheusObserver(Observer):
         )
         for code in ERROR_CODES:
             self.errors.labels(code)
-        self.frames = Counter(
-            "realtime_frames",
-            "Model frames (80 ms each) whose audio was handed to a client's socket.",
-            registry=r,
-        )
         self.model_step = Histogram(
             "realtime_model_step_seconds",
             "Engine-thread time of one audio slice (one 80 ms frame) through the model.",
@@ -127,16 +127,11 @@ class PrometheusObserver(Observer):
             buckets=OPEN_BUCKETS,
             registry=r,
         )
-        self.pending_audio_seconds = Gauge(
-            "realtime_pending_input_audio_seconds",
-            "Input audio accepted from the client and not yet run by the model.",
-            registry=r,
-        )
-        self.send_queue_events = Gauge(
-            "realtime_send_queue_events",
-            "Events queued for the client's socket.",
-            registry=r,
-        )
+        self._pending_audio = 0.0
+        self._send_queue = 0
+        self._frames = 0
+        """Per-frame figures kept as plain attributes (one store each, no lock: only the
+        trio thread writes them) and reported when Prometheus scrapes."""
         self.stalled_drops = Counter(
             "realtime_stalled_client_drops",
             "Sessions dropped because the client stopped reading (send timeout).",
@@ -180,8 +175,8 @@ class PrometheusObserver(Observer):
         if report.outcome == "stalled_client":
             self.stalled_drops.inc()
         # Nothing is pending or queued once the session is gone.
-        self.pending_audio_seconds.set(0)
-        self.send_queue_events.set(0)
+        self._pending_audio = 0.0
+        self._send_queue = 0
 
     def error_sent(self, code: str) -> None:
         self.errors.labels(code).inc()
@@ -190,14 +185,14 @@ class PrometheusObserver(Observer):
         self.limit_refusals.labels(limit).inc()
 
     def frame_sent(self, latency: float) -> None:
-        self.frames.inc()
+        self._frames += 1
         self.frame_latency.observe(latency)
 
     def pending_audio(self, seconds: float) -> None:
-        self.pending_audio_seconds.set(seconds)
+        self._pending_audio = seconds
 
     def send_queue(self, depth: int) -> None:
-        self.send_queue_events.set(depth)
+        self._send_queue = depth
 
 
 class _ScrapeTime(Collector):
@@ -225,6 +220,22 @@ class _ScrapeTime(Collector):
             "realtime_slot_reserved",
             "1 while a session holds the server's one conversation slot.",
             value=float(engine is not None and engine.is_reserved()),
+        )
+        owner = self._owner
+        yield CounterMetricFamily(
+            "realtime_frames",
+            "Model frames (80 ms each) whose audio was handed to a client's socket.",
+            value=owner._frames,
+        )
+        yield GaugeMetricFamily(
+            "realtime_pending_input_audio_seconds",
+            "Input audio accepted from the client and not yet run by the model.",
+            value=owner._pending_audio,
+        )
+        yield GaugeMetricFamily(
+            "realtime_send_queue_events",
+            "Events queued for the client's socket.",
+            value=owner._send_queue,
         )
         info = InfoMetricFamily("realtime_build", "Version, model and MLX build of this server.")
         info.add_metric([], self._build_info(engine))

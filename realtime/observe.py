@@ -10,8 +10,8 @@ never raise: they run on the per-frame path, some on the engine thread.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Literal
 
 import attrs
 
@@ -109,68 +109,35 @@ class Observer:
         """Events queued for the client's socket."""
 
 
+HOOKS: Final = tuple(
+    name for name, value in vars(Observer).items() if callable(value) and not name.startswith("_")
+)
+"""Every hook's name."""
+
+
+def _fan_out(calls: tuple[Callable[..., None], ...]) -> Callable[..., None]:
+    def call(*args: Any) -> None:
+        for one in calls:
+            one(*args)
+
+    return call
+
+
 class Observers(Observer):
-    """Several observers as one."""
+    """Several observers as one.
+
+    Built for the per-frame path: each hook is bound, at construction, to exactly the
+    observers that override it (a hook nobody overrides stays the base no-op, one
+    overriding observer is called directly, several through one loop), so an
+    observer that only cares about session ends costs nothing per frame.
+    """
 
     def __init__(self, observers: Sequence[Observer]) -> None:
         self._all = tuple(observers)
-
-    def command_started(self, kind: CommandKind) -> None:
-        for o in self._all:
-            o.command_started(kind)
-
-    def command_finished(self, kind: CommandKind, seconds: float) -> None:
-        for o in self._all:
-            o.command_finished(kind, seconds)
-
-    def connection_refused(self, reason: RefusalReason) -> None:
-        for o in self._all:
-            o.connection_refused(reason)
-
-    def session_started(self, session_id: str) -> None:
-        for o in self._all:
-            o.session_started(session_id)
-
-    def session_opened(self, seconds: float) -> None:
-        for o in self._all:
-            o.session_opened(seconds)
-
-    def session_ended(self, report: SessionReport) -> None:
-        for o in self._all:
-            o.session_ended(report)
-
-    def error_sent(self, code: str) -> None:
-        for o in self._all:
-            o.error_sent(code)
-
-    def limit_refused(self, limit: str) -> None:
-        for o in self._all:
-            o.limit_refused(limit)
-
-    def append_received(self, at: float) -> None:
-        for o in self._all:
-            o.append_received(at)
-
-    def slice_submitted(self) -> None:
-        for o in self._all:
-            o.slice_submitted()
-
-    def slice_collected(self) -> None:
-        for o in self._all:
-            o.slice_collected()
-
-    def frame_sent(self, latency: float) -> None:
-        for o in self._all:
-            o.frame_sent(latency)
-
-    def audio_send(self, started: bool) -> None:
-        for o in self._all:
-            o.audio_send(started)
-
-    def pending_audio(self, seconds: float) -> None:
-        for o in self._all:
-            o.pending_audio(seconds)
-
-    def send_queue(self, depth: int) -> None:
-        for o in self._all:
-            o.send_queue(depth)
+        for name in HOOKS:
+            base = getattr(Observer, name)
+            calls = tuple(getattr(o, name) for o in self._all if getattr(type(o), name) is not base)
+            if len(calls) == 1:
+                setattr(self, name, calls[0])
+            elif calls:
+                setattr(self, name, _fan_out(calls))
