@@ -196,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["tiny", "medium"],
         default="tiny",
         help="tiny: the served demo (about 3 MB); medium: for benchmarks, shaped so a "
-        "frame step is mostly native compute (about 131 MB) (default %(default)s)",
+        "frame step is mostly native compute (about 91 MB) (default %(default)s)",
     )
     return parser
 

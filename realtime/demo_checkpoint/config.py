@@ -111,26 +111,26 @@ SMALL = DemoSize(
 MEDIUM = attrs.evolve(
     SMALL,
     name="medium",
-    llm_hidden=768,
-    llm_intermediate=2304,
+    llm_hidden=640,
+    llm_intermediate=1920,
     llm_pattern="M-M*M-",
     llm_heads=8,
     llm_kv_heads=2,
     llm_head_dim=96,
-    mamba_heads=24,
+    mamba_heads=20,
     mamba_head_dim=64,
     ssm_state=64,
     encoder_layers=2,
-    encoder_width=256,
+    encoder_width=192,
     encoder_heads=4,
     encoder_ff_factor=4,
     subsampling_channels=32,
     predictor_hidden=320,
     joint_hidden=288,
-    tts_hidden=320,
-    tts_intermediate=896,
+    tts_hidden=256,
+    tts_intermediate=704,
     tts_layers=3,
-    tts_heads=5,
+    tts_heads=4,
     tts_kv_heads=1,
     tts_head_dim=64,
     latent=48,
@@ -144,7 +144,7 @@ MEDIUM = attrs.evolve(
     mog_layers=2,
     codec_channels=16,
 )
-"""``medium``: for benchmarks only (about 131 MB, 33 M parameters). Sized so that a
+"""``medium``: for benchmarks only (about 91 MB, 24 M parameters). Sized so that a
 frame step takes roughly 60-100 ms on a 2-core CPU and is mostly MLX evaluation (large
 matrix-vector products that release the GIL), like a real checkpoint's step and unlike
 the tiny one's, which is mostly Python graph building."""

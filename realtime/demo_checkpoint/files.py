@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from realtime.demo_checkpoint.config import SMALL, DemoSize, demo_config
 from realtime.demo_checkpoint.layout import contiguous, to_checkpoint_layout
 from realtime.demo_checkpoint.quantize import quantize as quantize_weights
@@ -103,7 +105,10 @@ def write_demo_checkpoint(
         "quantize": quantize,
     }
     if size.name != SMALL.name:
-        marker["size"] = size.name  # the tiny preset's marker stays as it always was
+        # The tiny preset's marker stays as it always was; another preset records its
+        # dimensions too, so a cached copy built from older dimensions is rebuilt.
+        marker["size"] = size.name
+        marker["dimensions"] = _dimensions(size)
     (path / MARKER_FILE).write_text(_json_text(marker), encoding="utf-8")
     (path / MARKER_FILE).chmod(0o644)
     path.chmod(0o755)
@@ -122,6 +127,11 @@ def is_demo_checkpoint(directory: str | Path) -> bool:
     return (Path(directory) / MARKER_FILE).is_file()
 
 
+def _dimensions(size: DemoSize) -> dict[str, Any]:
+    """The preset's dimensions as JSON values (tuples as lists), for the marker."""
+    return json.loads(json.dumps(attrs.asdict(size)))  # type: ignore[no-any-return]
+
+
 def demo_checkpoint_is_complete(
     directory: str | Path, quantize: int | None = None, size: DemoSize = SMALL
 ) -> bool:
@@ -133,6 +143,8 @@ def demo_checkpoint_is_complete(
         if marker.get("builder_version") != BUILDER_VERSION or marker.get("quantize") != quantize:
             return False
         if marker.get("size", SMALL.name) != size.name:
+            return False
+        if size.name != SMALL.name and marker.get("dimensions") != _dimensions(size):
             return False
         files: dict[str, str] = marker["files"]
         return bool(all(_sha256(path / name) == digest for name, digest in files.items()))
