@@ -236,7 +236,7 @@ class Connection(SessionPlumbing):
                 self.observer.pending_audio(conv.pending_samples / INPUT_SAMPLE_RATE)
                 await self._pipe_send.send(_Slice(future, work.append_id, work.received_at))
         finally:
-            conv.audio_done(work, total - offset)
+            conv.audio_done(total - offset)
 
     async def _collector(self) -> None:
         conv = self.conversation

@@ -325,7 +325,7 @@ class Conversation:
         (the append is dropped and its budget returned)."""
         if self.session_open and self.phase in (Phase.READY, Phase.COMMITTED):
             return None
-        self.audio_done(work, int(work.append.samples.shape[0]))
+        self.audio_done(int(work.append.samples.shape[0]))
         if self.phase in (Phase.CANCELLED, Phase.CLOSED):
             return []
         return [self._refuse("send session.update before audio")]
@@ -338,7 +338,7 @@ class Conversation:
         self.pending_samples -= samples
         self._inflight += 1
 
-    def audio_done(self, work: RunAudio, unsubmitted: int) -> None:
+    def audio_done(self, unsubmitted: int) -> None:
         """The submitter is done with an append (``unsubmitted`` samples were dropped)."""
         self.pending_samples -= unsubmitted
         self._queued -= 1

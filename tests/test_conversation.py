@@ -202,7 +202,7 @@ def test_budget_counts_accepted_audio_until_it_is_submitted() -> None:
     assert c.begin_audio(run) is None
     c.slice_submitted(FRAME)
     assert c.pending_samples == 12800 - FRAME
-    c.audio_done(run, 12800 - FRAME)  # the rest was dropped
+    c.audio_done(12800 - FRAME)  # the rest was dropped
     assert c.pending_samples == 0
 
 
@@ -240,7 +240,7 @@ def test_slices_give_audio_first_and_count_frames() -> None:
     assert isinstance(run, RunAudio)
     assert c.begin_audio(run) is None
     c.slice_submitted(FRAME)
-    c.audio_done(run, 0)
+    c.audio_done(0)
     events = c.slice_done(run.append_id, audio_events(0), 0.01, 0.0)
     assert [e["type"] for e in events] == ["response.audio.delta", "response.text.delta"]
     assert c.frames == 1 and c.step_seconds == [0.01]
@@ -383,7 +383,7 @@ def test_idle_clock_only_runs_while_nothing_is_owed() -> None:
     c.begin_audio(run)
     c.slice_submitted(FRAME)
     c.slice_submitted(FRAME)
-    c.audio_done(run, 0)
+    c.audio_done(0)
     assert c.next_deadline() is None  # slices are running
     for i in range(2):
         for _ in c.slice_done(run.append_id, audio_events(i), 0.01, 20.0):
@@ -530,7 +530,7 @@ def _run(c: Conversation, work: Output, outcome: str, now: float) -> list[Output
         n = int(work.append.samples.shape[0])
         out: list[Output] = []
         c.slice_submitted(n)
-        c.audio_done(work, 0)
+        c.audio_done(0)
         if failure is None or outcome == "open_failed":
             out += c.slice_done(work.append_id, audio_events(c.frames), 0.01, now)
         else:
