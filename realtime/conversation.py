@@ -355,17 +355,7 @@ class Conversation:
         self.step_seconds.append(seconds)
         if append_id == self._failed_append:
             return []
-        if len(events) == 1:
-            first = events[0]
-            if isinstance(first, AudioDelta):
-                self.frames += 1
-            return [protocol.wire_event(first)]
-        out = []
-        for event in sorted(events, key=_audio_first):
-            if isinstance(event, AudioDelta):
-                self.frames += 1
-            out.append(protocol.wire_event(event))
-        return out
+        return self._model_events(events)
 
     def slice_failed(
         self, append_id: int, kind: FailureKind, message: str, now: float
@@ -449,6 +439,7 @@ class Conversation:
         return out
 
     def _model_events(self, events: Sequence[ModelEvent]) -> list[protocol.Event]:
+        """Wire events of model events, a frame's audio first; counts the frames."""
         out = []
         for event in sorted(events, key=_audio_first):
             if isinstance(event, AudioDelta):
