@@ -182,6 +182,7 @@ def test_browser_page_streams_in_headless_chromium(
     assert page.text_content("#update-preview") == '{"type":"session.update","session":{"seed":0}}'
     page.screenshot(path=str(artifacts / "browser-idle.png"), full_page=True)
 
+    idle_in, idle_out = _meters(page)  # the meters' floor, before any audio
     page.fill("#system-prompt", "Be concise.")
     page.fill("#seed", "5")
     assert '"system_prompt":"Be concise."' in page.text_content("#update-preview")
@@ -202,8 +203,9 @@ def test_browser_page_streams_in_headless_chromium(
     assert shown.strip()
     assert page.locator("#conversation li.turn").count() >= 1
 
-    # Level meters move: both channels above the floor, changing over time.
-    seen_in, seen_out = set(), set()
+    # Level meters move: both channels rise above their idle floor and show the live
+    # level (steady noise from the demo model may read the same dB for a second).
+    seen_in, seen_out = {idle_in}, {idle_out}
     for _ in range(8):
         level_in, level_out = _meters(page)
         seen_in.add(level_in)
