@@ -40,6 +40,7 @@ from prometheus_client.registry import Collector
 from realtime import __version__
 from realtime.engine import Engine
 from realtime.observe import CommandKind, Observer, RefusalReason, SessionOutcome, SessionReport
+from realtime.protocol import ErrorCode
 
 log = logging.getLogger("realtime.metrics")
 
@@ -47,12 +48,7 @@ __all__ = ["CONTENT_TYPE", "PrometheusObserver"]
 
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 
-ERROR_CODES: Final = (
-    "invalid_request",
-    "server_busy",
-    "session_initialization_failed",
-    "inference_error",
-)
+ERROR_CODES: Final = get_args(ErrorCode)
 """Pre-declared so each series exists (at 0) before the first error: rates need that."""
 
 # One frame is 80 ms of audio: the buckets are dense around that budget.
