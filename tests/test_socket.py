@@ -32,6 +32,19 @@ async def wait_released(engine: Engine, timeout: float = 2.0) -> float:
     return trio.current_time() - start
 
 
+async def leave_during_a_frame(url: str, fake_model: FakeModel) -> None:
+    """Configure, send one frame, and drop the TCP connection (no close handshake)
+    while the model runs it."""
+    async with open_websocket_url(url) as ws:
+        client = Client(ws)
+        await client.configure()
+        await client.send(append_msg(noise(1280)))
+        with trio.fail_after(2):
+            while not fake_model.calls_named("push"):
+                await trio.sleep(0.005)
+        await ws._stream.aclose()
+
+
 async def test_session_created_then_updated(engine: Engine) -> None:
     async with running_server(engine) as server, connect(server.url) as client:
         created = await client.recv()
@@ -201,14 +214,7 @@ async def test_the_slot_stays_held_until_the_engine_finished_departed_work(
 ) -> None:
     fake_model.options.frame_delay = 2.0  # one slow frame: it cannot be interrupted
     async with running_server(engine) as server:
-        async with open_websocket_url(server.url) as ws:
-            client = Client(ws)
-            await client.configure()
-            await client.send(append_msg(noise(1280)))
-            with trio.fail_after(2):
-                while not fake_model.calls_named("push"):
-                    await trio.sleep(0.005)
-            await ws._stream.aclose()
+        await leave_during_a_frame(server.url, fake_model)
         # The engine still runs the departed client's frame (longer than the short
         # wait for a releasing slot): the next client is told the truth (busy)
         # instead of waiting in silence behind the old work.
@@ -325,14 +331,7 @@ async def test_a_client_arriving_as_another_leaves_is_served_not_refused(
     for it (briefly) instead of getting server_busy."""
     fake_model.options.frame_delay = 0.2
     async with running_server(engine) as server:
-        async with open_websocket_url(server.url) as ws:
-            client = Client(ws)
-            await client.configure()
-            await client.send(append_msg(noise(1280)))
-            with trio.fail_after(2):
-                while not fake_model.calls_named("push"):
-                    await trio.sleep(0.005)
-            await ws._stream.aclose()
+        await leave_during_a_frame(server.url, fake_model)
         async with connect(server.url) as client:
             updated = await client.configure()
             assert updated["type"] == "session.updated"
