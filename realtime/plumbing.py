@@ -21,7 +21,7 @@ import trio
 
 from realtime.close_codes import CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_TRY_AGAIN
 from realtime.engine import Close as CloseCommand
-from realtime.engine import Engine, EngineError
+from realtime.engine import Engine, EngineError, Waker
 from realtime.limits import Limits
 from realtime.observe import Observer, SessionOutcome, SessionReport
 
@@ -106,6 +106,11 @@ class SessionPlumbing:
         self._stop = threading.Event()
         """Set on cancel or release: the engine skips this session's queued work."""
         self._closed_on_engine: concurrent.futures.Future[None] | None = None
+        self._writing = False
+        """A task other than the sender is writing a frame's event (``queue_frame``)."""
+        self._written = trio.lowlevel.ParkingLot()
+        self.waker = Waker()
+        """For the one task that awaits the model's output frame by frame."""
         self._out_send, self._out_recv = trio.open_memory_channel[Outgoing](
             limits.send_queue_events
         )
@@ -141,6 +146,12 @@ class SessionPlumbing:
     async def run(self) -> None:
         """Serve the client until the connection is over; the slot is released on
         every way out."""
+        try:
+            await self._serve()
+        finally:
+            self.waker.close()
+
+    async def _serve(self) -> None:
         if not self.engine.alive:
             self.observer.connection_refused("engine_unavailable")
             message = f"the model engine has stopped: {self.engine.dead_reason}"
@@ -245,8 +256,14 @@ class SessionPlumbing:
     # --- writing ----------------------------------------------------------------------
 
     async def queue(self, item: Outgoing) -> None:
-        """Hand an event (or a close after the events already queued) to the sender."""
-        await self._out_send.send(item)
+        """Hand an event (or a close after the events already queued) to the sender.
+
+        Without a yield while the queue has room: a frame queues two or three events,
+        and each yield would cost the collector a trip through trio's scheduler."""
+        try:
+            self._out_send.send_nowait(item)
+        except trio.WouldBlock:
+            await self._out_send.send(item)
 
     async def close_now(self, close: CloseOrder) -> None:
         """Drop a client that reads nothing while events wait for it.
@@ -276,22 +293,49 @@ class SessionPlumbing:
                 log.warning("session %s: aborting its TCP connection", self.session_id)
                 abort()
 
+    async def queue_frame(self, item: str | Audio) -> None:
+        """Hand one of a model frame's events to the client.
+
+        When the sender is idle with nothing queued, the calling task writes it itself:
+        a frame's audio then reaches the socket one trip through trio's scheduler
+        sooner (~80 µs of a frame's latency on a 2-core VM). Otherwise it is queued
+        behind what is already waiting. Only the task that collects the model's
+        frames calls this; the clock never writes, so it stays free to notice a client
+        that has stopped reading (``close_now``) even while such a write is stuck.
+        """
+        if self._writing or self._out_send.statistics().tasks_waiting_receive == 0:
+            await self.queue(item)
+            return
+        self._writing = True
+        try:
+            await self._write(item)
+        except TransportClosed:
+            self.client_gone()
+            self.finish()
+        finally:
+            self._writing = False
+            self._written.unpark_all()
+
+    async def _write(self, item: str | Audio) -> None:
+        self.sending(trio.current_time())
+        if isinstance(item, str):
+            await self.transport.send(item)
+        else:
+            self.observer.audio_send(True)
+            await self.transport.send(item.text)
+            self.observer.audio_send(False)
+            self.observer.frame_sent(time.perf_counter() - item.received_at)
+        self.sent(trio.current_time())
+
     async def _sender(self) -> None:
-        observer = self.observer
         async for item in self._out_recv:
-            if isinstance(item, str):
-                self.sending(trio.current_time())
-                await self.transport.send(item)
-            elif isinstance(item, Audio):
-                self.sending(trio.current_time())
-                observer.audio_send(True)
-                await self.transport.send(item.text)
-                observer.audio_send(False)
-                observer.frame_sent(time.perf_counter() - item.received_at)
+            while self._writing:  # a frame's event queued before this one goes first
+                await self._written.park()
+            if isinstance(item, (str, Audio)):
+                await self._write(item)
             else:
                 self.close_code = item.code
                 await self._release_and_wait()
                 await self._close_transport(item.code, item.reason)
                 self.finish()
                 return
-            self.sent(trio.current_time())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ from realtime.engine import (
     Open,
     Push,
     Step,
+    Waker,
     watch_for_hung_calls,
 )
 from realtime.models.base import AudioDelta, Cancelled, Done
@@ -325,3 +328,45 @@ async def test_a_long_prefill_that_makes_progress_is_not_hung(fake_model: FakeMo
         assert engine.alive
     finally:
         engine.shutdown()
+
+
+@contextmanager
+def engine_with_waker(model: FakeModel) -> Iterator[tuple[Engine, Waker]]:
+    engine = Engine(lambda: model)
+    engine.start()
+    waker = Waker()
+    try:
+        yield engine, waker
+    finally:
+        waker.close()
+        engine.shutdown()
+
+
+async def test_a_waker_wakes_its_task_for_each_result_from_the_engine_thread(
+    fake_model: FakeModel,
+) -> None:
+    with engine_with_waker(fake_model) as (engine, waker):
+        await engine.run(open_("sess_a"))
+        for _ in range(3):
+            step = await waker.result(engine.submit(push("sess_a")))
+            assert isinstance(step, Step)
+        done = engine.submit(push("sess_a"))
+        done.result(timeout=5)
+        again = await waker.result(done)  # already finished
+        assert isinstance(again, Step)
+        with pytest.raises(EngineError):
+            await waker.result(engine.submit(push("sess_gone")))
+
+
+async def test_a_waker_abandoned_mid_wait_then_closed_ignores_late_results(
+    fake_model: FakeModel,
+) -> None:
+    """A cancelled wait leaves a callback behind; once closed, it writes nowhere."""
+    fake_model.options.frame_delay = 0.05
+    with engine_with_waker(fake_model) as (engine, waker):
+        await engine.run(open_("sess_a"))
+        late = engine.submit(push("sess_a"))
+        with trio.move_on_after(0.01):
+            await waker.result(late)
+        waker.close()
+        assert isinstance(late.result(timeout=5), Step)  # its callback ran after close

@@ -121,3 +121,61 @@ async def test_idle_timeout_waits_until_nothing_is_owed(
     last_audio = max(i for i, t in enumerate(types) if t == "response.audio.delta")
     assert transport.sent_at[-1] - transport.sent_at[last_audio] == 3
     assert conn.close_code == 1008
+
+
+class GatedTransport(MemoryTransport):
+    """Holds every audio delta's write until ``gate`` is set; records which task wrote
+    each event and fails if two writes ever overlap."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = trio.Event()
+        self.writers: list[tuple[str, str]] = []
+        self.writing = False
+
+    async def send(self, text: str) -> None:
+        assert not self.writing, "two socket writes at once"
+        self.writing = True
+        try:
+            kind = json.loads(text)["type"]
+            self.writers.append((kind, trio.lowlevel.current_task().name))
+            if kind == "response.audio.delta":
+                await self.gate.wait()
+            await super().send(text)
+        finally:
+            self.writing = False
+
+
+async def test_a_frame_written_by_the_collector_keeps_its_place_before_later_events(
+    engine: Engine,
+) -> None:
+    """The collector writes a frame's events itself when the sender is idle; a pong
+    queued while that write is stuck waits for it, and the writes never overlap."""
+    transport = GatedTransport()
+    conn = Connection(transport, engine, Limits())
+
+    async def sent(kind: str) -> None:
+        while kind not in [e["type"] for e in transport.sent]:
+            await trio.sleep(0.001)
+
+    frame = base64.b64encode(np.zeros(1280, "<i2").tobytes()).decode()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conn.run)
+            await transport.inbox_send.send('{"type": "session.update"}')
+            await sent("session.updated")
+            await transport.inbox_send.send(
+                json.dumps({"type": "input_audio_buffer.append", "audio": frame})
+            )
+            while "response.audio.delta" not in [kind for kind, _ in transport.writers]:
+                await trio.sleep(0.001)
+            await transport.inbox_send.send('{"type": "session.ping"}')
+            await trio.sleep(0.05)
+            assert "session.pong" not in [e["type"] for e in transport.sent]
+            transport.gate.set()
+            await sent("session.pong")
+            await transport.inbox_send.aclose()
+    types = [e["type"] for e in transport.sent]
+    assert types.index("response.audio.delta") < types.index("session.pong")
+    writer = dict(transport.writers)["response.audio.delta"]
+    assert writer.endswith("_collector"), writer

@@ -123,12 +123,16 @@ class OpenAIConnection(SessionPlumbing):
 
     # --- carrying the dialect's outputs ------------------------------------------------
 
-    async def _apply(self, outputs: Iterable[Output]) -> None:
+    async def _apply(self, outputs: Iterable[Output], *, frame: bool = False) -> None:
+        """``frame``: a model frame's outputs, from the collector (see ``queue_frame``)."""
         for out in outputs:
             if isinstance(out, dict):
                 if out["type"] == "error":
                     self.observer.error_sent(out["error"]["code"])
-                await self.queue(ev.serialize(out))
+                if frame:
+                    await self.queue_frame(ev.serialize(out))
+                else:
+                    await self.queue(ev.serialize(out))
             elif isinstance(out, (OpenModel, RunFrame)):
                 self._work_send.send_nowait(out)
             else:
@@ -205,7 +209,7 @@ class OpenAIConnection(SessionPlumbing):
                 dialect.frame_dropped()
                 continue
             try:
-                step = await Engine.result(pending.future)
+                step = await self.waker.result(pending.future)
             except EngineError as exc:
                 dialect.frame_dropped()
                 await self._apply(dialect.failed(exc.message, lost=exc.session_lost))
@@ -221,4 +225,4 @@ class OpenAIConnection(SessionPlumbing):
             ):
                 self._frames_sent += 1
                 self.observer.frame_sent(time.perf_counter() - pending.submitted_at)
-            await self._apply(outputs)
+            await self._apply(outputs, frame=True)
