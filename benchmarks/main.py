@@ -390,6 +390,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     if 7 in rows:
         assert path is not None
+        # Every round runs both servers and (unless --no-breakdown) both instrumented
+        # copies, in the same order: the in-server overheads are compared as medians
+        # of alternating rounds like every other figure (round 1 of this server is
+        # row 3's run, which row 7 implies).
         ours_rounds = [ours]
         peer_rounds: list[dict[str, Any]] = []
         for round_ in range(args.rounds):
@@ -397,18 +401,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 _log(f"row 7: round {round_ + 1}/{args.rounds}, this server")
                 with servers.ours(path) as server:
                     ours_rounds.append(_server_suite(server, None, messages, big_append))
+                if not args.no_breakdown:
+                    _log(f"row 7: round {round_ + 1}/{args.rounds}, instrumented copy of it")
+                    ours_rounds[-1]["paced"]["breakdown"] = _breakdown(path, frames, peer=False)
             _log(f"row 7: round {round_ + 1}/{args.rounds}, mlx-vlm's server")
             with servers.peer(path) as server:
                 peer_rounds.append(_server_suite(server, str(path), messages, big_append))
+            if not args.no_breakdown:
+                _log(f"row 7: round {round_ + 1}/{args.rounds}, instrumented copy of mlx-vlm's")
+                peer_rounds[-1]["paced"]["breakdown"] = _breakdown(path, frames, peer=True)
         ours_median, peer = median_of(ours_rounds), median_of(peer_rounds)
         for suite in (ours_median, peer):
             suite["responsiveness"]["append_seconds"] = append_frames * FRAME_SAMPLES / SAMPLE_RATE
             _derive(suite, bare)
-        if "breakdown" in ours["paced"]:
-            ours_median["paced"]["breakdown"] = ours["paced"]["breakdown"]
-        if not args.no_breakdown:
-            _log("row 7: per-hop breakdown on an instrumented copy of mlx-vlm's server")
-            peer["paced"]["breakdown"] = _breakdown(path, frames, peer=True)
         peer["rounds"] = args.rounds
         peer["ours_median"] = ours_median
         peer["comparison"] = compare(ours_median, peer)
