@@ -259,6 +259,14 @@ def _dig_or_none(obj: dict[str, Any], path: Sequence[str]) -> Any:
     return value
 
 
+def _headline(suite: dict[str, Any]) -> dict[str, Any]:
+    """One round's compared figures, kept so a run's spread can be read, not only its medians."""
+    return {
+        ".".join((row, *path)): _dig_or_none(suite.get(row, {}), path)
+        for row, path, _, _ in COMPARISONS
+    }
+
+
 def median_of(suites: list[dict[str, Any]]) -> dict[str, Any]:
     """The element-wise median of several runs of the same suite (numbers only;
     anything else is taken from the first run)."""
@@ -415,6 +423,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             suite["responsiveness"]["append_seconds"] = append_frames * FRAME_SAMPLES / SAMPLE_RATE
             _derive(suite, bare)
         peer["rounds"] = args.rounds
+        peer["per_round"] = {
+            "ours": [_headline(suite) for suite in ours_rounds],
+            "peer": [_headline(suite) for suite in peer_rounds],
+        }
         peer["ours_median"] = ours_median
         peer["comparison"] = compare(ours_median, peer)
         peer["target_met"] = bool(peer["comparison"]) and all(

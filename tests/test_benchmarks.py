@@ -85,6 +85,9 @@ def test_every_row_runs_and_is_written(demo_cache_dir: Path, tmp_path: Path) -> 
     assert set(comparison) >= {"paced.latency_ms.p50", "unpaced.fps", "responsiveness.pong_ms"}
     for figure in comparison.values():
         assert isinstance(figure["at_least_as_good"], bool) and _positive(figure["peer"])
+    per_round = results["peer"]["per_round"]
+    assert len(per_round["ours"]) == len(per_round["peer"]) == 1
+    assert _positive(per_round["peer"][0]["paced.breakdown.overhead_us.p50"])
 
     printed = done.stdout
     for label in ("1 bare", "2 zero-cost", "3 paced", "4 unpaced", "5 responsive", "6 churn"):
