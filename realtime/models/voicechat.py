@@ -168,13 +168,31 @@ class VoiceChatSession:
         return summary
 
 
+def _float_samples(samples: Any) -> Samples:
+    """The model's output samples as 1-D float32 numpy.
+
+    A float32 MLX array is viewed, not copied (read-only; the view keeps the MLX
+    buffer alive, and MLX never writes an array it has returned): the copy cost
+    ~100 µs a frame right after the model step, on every frame's way to the client
+    (a fresh buffer, filled by MLX moments before, copied cold). Anything else
+    (another dtype, a list) is converted.
+    """
+    import mlx.core as mx
+
+    if isinstance(samples, mx.array) and samples.dtype == mx.float32:
+        view: Samples = np.asarray(samples).reshape(-1)
+        view.flags.writeable = False
+        return view
+    return np.array(samples, dtype=np.float32).reshape(-1)
+
+
 def _convert(event: Any) -> ModelEvent:
     """An mlx-vlm ``VoiceChatEvent`` as a project value (MLX arrays become numpy/ints)."""
     kind = event.kind
     frame = int(event.frame_index or 0)
     if kind == "audio":
-        samples = np.array(event.samples, dtype=np.float32).reshape(-1)
-        codes = tuple(int(c) for c in np.array(event.audio_codes).reshape(-1).tolist())
+        samples = _float_samples(event.samples)
+        codes = tuple(int(c) for c in np.asarray(event.audio_codes).reshape(-1).tolist())
         if samples.shape[0] != OUTPUT_FRAME_SAMPLES or len(codes) != AUDIO_CODEBOOKS:
             raise InferenceError(
                 f"unexpected audio frame: {samples.shape[0]} samples, {len(codes)} codes"
