@@ -130,10 +130,10 @@ class Connection(SessionPlumbing):
         return protocol.serialize(protocol.error_event(wire, message))
 
     def start_tasks(self, nursery: trio.Nursery) -> None:
-        nursery.start_soon(self._until_gone, self._receiver)
-        nursery.start_soon(self._submitter)
-        nursery.start_soon(self._collector)
-        nursery.start_soon(self._timer)
+        nursery.start_soon(self._until_gone, self._receiver, name=self.task_name("receiver"))
+        nursery.start_soon(self._submitter, name=self.task_name("submitter"))
+        nursery.start_soon(self._collector, name=self.task_name("collector"))
+        nursery.start_soon(self._timer, name=self.task_name("timer"))
 
     def connection_lost(self, outcome: SessionOutcome, reason: str) -> None:
         self.conversation.connection_lost(outcome, reason)
@@ -159,10 +159,14 @@ class Connection(SessionPlumbing):
 
     # --- carrying the conversation's outputs -----------------------------------------
 
-    async def _apply(self, outputs: Iterable[Output], received_at: float = 0.0) -> None:
+    async def _apply(
+        self, outputs: Iterable[Output], received_at: float = 0.0, *, direct: bool = False
+    ) -> None:
+        """``direct``: events may be written by this task (``send_or_queue``); only the
+        receiver and the collector pass it, never the timer."""
         for out in outputs:
             if isinstance(out, dict):
-                await self._send_event(out)
+                await self._send_event(out, direct)
             elif isinstance(out, RunAudio):
                 self.observer.append_received(received_at)
                 self.observer.pending_audio(self.conversation.pending_samples / INPUT_SAMPLE_RATE)
@@ -179,11 +183,12 @@ class Connection(SessionPlumbing):
             else:
                 await self.queue(out)
 
-    async def _send_event(self, event: protocol.Event) -> None:
+    async def _send_event(self, event: protocol.Event, direct: bool) -> None:
         if event["type"] == "error":
             self.observer.error_sent(event["error"]["code"])
         self.conversation.event_queued()
-        await self.queue(protocol.serialize(event))
+        text = protocol.serialize(event)
+        await (self.send_or_queue(text) if direct else self.queue(text))
 
     # --- tasks ---------------------------------------------------------------------
 
@@ -192,7 +197,7 @@ class Connection(SessionPlumbing):
         while True:
             frame = await self.transport.receive()
             received_at = time.perf_counter()
-            await self._apply(conv.receive(frame, trio.current_time()), received_at)
+            await self._apply(conv.receive(frame, trio.current_time()), received_at, direct=True)
 
     async def _timer(self) -> None:
         conv = self.conversation
@@ -296,9 +301,9 @@ class Connection(SessionPlumbing):
             conv.event_queued()
             text = protocol.serialize(event)
             if event["type"] == protocol.AUDIO_DELTA:
-                await self.queue_frame(Audio(text, received_at))
+                await self.send_or_queue(Audio(text, received_at))
             else:
-                await self.queue_frame(text)
+                await self.send_or_queue(text)
 
     async def _run_barrier(self, work: OpenSession | FlushSession | CancelSession) -> None:
         conv = self.conversation

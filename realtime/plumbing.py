@@ -107,7 +107,7 @@ class SessionPlumbing:
         """Set on cancel or release: the engine skips this session's queued work."""
         self._closed_on_engine: concurrent.futures.Future[None] | None = None
         self._writing = False
-        """A task other than the sender is writing a frame's event (``queue_frame``)."""
+        """A task other than the sender is writing an event (``send_or_queue``)."""
         self._written = trio.lowlevel.ParkingLot()
         self.waker = Waker()
         """For the one task that awaits the model's output frame by frame."""
@@ -141,6 +141,11 @@ class SessionPlumbing:
     def report(self) -> SessionReport:
         raise NotImplementedError
 
+    def task_name(self, role: str) -> str:
+        """``SESSION_ID:role``, as the connection's tasks are named (trio's task tree,
+        debuggers, tests that check which task wrote an event)."""
+        return f"{self.session_id}:{role}"
+
     # --- the lifetime ---------------------------------------------------------------
 
     async def run(self) -> None:
@@ -173,7 +178,7 @@ class SessionPlumbing:
             await self.transport.send(self.created_event())
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self._until_gone, self._sender)
+                nursery.start_soon(self._until_gone, self._sender, name=self.task_name("sender"))
                 self.start_tasks(nursery)
                 await self.shutdown.wait()
                 going_away = True
@@ -293,15 +298,15 @@ class SessionPlumbing:
                 log.warning("session %s: aborting its TCP connection", self.session_id)
                 abort()
 
-    async def queue_frame(self, item: str | Audio) -> None:
-        """Hand one of a model frame's events to the client.
+    async def send_or_queue(self, item: str | Audio) -> None:
+        """Hand an event to the client, written by the calling task itself when the
+        sender is idle with nothing queued, queued behind what waits otherwise.
 
-        When the sender is idle with nothing queued, the calling task writes it itself:
-        a frame's audio then reaches the socket one trip through trio's scheduler
-        sooner (~80 µs of a frame's latency on a 2-core VM). Otherwise it is queued
-        behind what is already waiting. Only the task that collects the model's
-        frames calls this; the clock never writes, so it stays free to notice a client
-        that has stopped reading (``close_now``) even while such a write is stuck.
+        Written at once, a frame's audio (or a pong) reaches the socket one trip
+        through trio's scheduler sooner (60 to 80 µs on a 2-core VM). The collector
+        (a model frame's events) and the receiver (answers to the client's own
+        messages) call this; the clock never does, so it stays free to notice a
+        client that has stopped reading (``close_now``) even while such a write is stuck.
         """
         if self._writing or self._out_send.statistics().tasks_waiting_receive == 0:
             await self.queue(item)

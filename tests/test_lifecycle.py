@@ -177,5 +177,22 @@ async def test_a_frame_written_by_the_collector_keeps_its_place_before_later_eve
             await transport.inbox_send.aclose()
     types = [e["type"] for e in transport.sent]
     assert types.index("response.audio.delta") < types.index("session.pong")
-    writer = dict(transport.writers)["response.audio.delta"]
-    assert writer.endswith("_collector"), writer
+    writers = dict(transport.writers)
+    assert writers["response.audio.delta"] == f"{conn.session_id}:collector"
+    # The pong was queued behind the stuck write, so the sender wrote it.
+    assert writers["session.pong"] == f"{conn.session_id}:sender"
+
+
+async def test_the_receiver_answers_a_ping_itself_when_the_sender_is_idle(
+    engine: Engine,
+) -> None:
+    transport = GatedTransport()
+    conn = Connection(transport, engine, Limits())
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conn.run)
+            await transport.inbox_send.send('{"type": "session.ping"}')
+            while "session.pong" not in [kind for kind, _ in transport.writers]:
+                await trio.sleep(0.001)
+            await transport.inbox_send.aclose()
+    assert dict(transport.writers)["session.pong"] == f"{conn.session_id}:receiver"

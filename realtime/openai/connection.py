@@ -95,10 +95,10 @@ class OpenAIConnection(SessionPlumbing):
         return ev.serialize(ev.error(message, code=code, type_="server_error"))
 
     def start_tasks(self, nursery: trio.Nursery) -> None:
-        nursery.start_soon(self._until_gone, self._receiver)
-        nursery.start_soon(self._clock)
-        nursery.start_soon(self._submitter)
-        nursery.start_soon(self._collector)
+        nursery.start_soon(self._until_gone, self._receiver, name=self.task_name("receiver"))
+        nursery.start_soon(self._clock, name=self.task_name("clock"))
+        nursery.start_soon(self._submitter, name=self.task_name("submitter"))
+        nursery.start_soon(self._collector, name=self.task_name("collector"))
 
     def connection_lost(self, outcome: SessionOutcome, reason: str) -> None:
         if not self.close_reason:
@@ -123,14 +123,15 @@ class OpenAIConnection(SessionPlumbing):
 
     # --- carrying the dialect's outputs ------------------------------------------------
 
-    async def _apply(self, outputs: Iterable[Output], *, frame: bool = False) -> None:
-        """``frame``: a model frame's outputs, from the collector (see ``queue_frame``)."""
+    async def _apply(self, outputs: Iterable[Output], *, direct: bool = False) -> None:
+        """``direct``: events may be written by this task (``send_or_queue``); only the
+        receiver and the collector pass it, never the clock."""
         for out in outputs:
             if isinstance(out, dict):
                 if out["type"] == "error":
                     self.observer.error_sent(out["error"]["code"])
-                if frame:
-                    await self.queue_frame(ev.serialize(out))
+                if direct:
+                    await self.send_or_queue(ev.serialize(out))
                 else:
                     await self.queue(ev.serialize(out))
             elif isinstance(out, (OpenModel, RunFrame)):
@@ -155,7 +156,7 @@ class OpenAIConnection(SessionPlumbing):
     async def _receiver(self) -> None:
         while True:
             frame = await self.transport.receive()
-            await self._apply(self.dialect.receive(frame, trio.current_time()))
+            await self._apply(self.dialect.receive(frame, trio.current_time()), direct=True)
 
     async def _clock(self) -> None:
         dialect = self.dialect
@@ -225,4 +226,4 @@ class OpenAIConnection(SessionPlumbing):
             ):
                 self._frames_sent += 1
                 self.observer.frame_sent(time.perf_counter() - pending.submitted_at)
-            await self._apply(outputs, frame=True)
+            await self._apply(outputs, direct=True)
