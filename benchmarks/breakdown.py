@@ -46,7 +46,8 @@ OURS_HOPS: Final = (
     ("audio sent -> client has it", "send1", "got"),
 )
 PEER_HOPS: Final = (
-    ("client send -> model step starts", "sent", "step0"),
+    ("client send -> server receive", "sent", "recv"),
+    ("receive -> model step starts (parse, threads)", "recv", "step0"),
     ("model step (mlx-vlm push_audio)", "step0", "step1"),
     ("model step end -> client has audio", "step1", "got"),
 )
@@ -78,6 +79,25 @@ def _time_mlx_vlm_step(marks: Marks) -> None:
             marks["step1"].append(clock())
 
     VoiceChatStreamingSession.push_audio = timed_push  # type: ignore[method-assign]
+
+
+def _mark_peer_receives(marks: Marks) -> None:
+    """A timestamp as each audio append reaches mlx-vlm's endpoint (Starlette's
+    ``WebSocket.receive``, before its JSON is decoded): the peer's counterpart of this
+    server's ``append_received``, so both servers' ways in split at the same point."""
+    from starlette.websockets import WebSocket
+
+    clock = time.perf_counter
+    receive: Callable[..., Any] = WebSocket.receive
+
+    async def timed_receive(self: Any) -> Any:
+        message = await receive(self)
+        text = message.get("text") if isinstance(message, dict) else None
+        if text and "input_audio_buffer.append" in text:
+            marks["recv"].append(clock())
+        return message
+
+    WebSocket.receive = timed_receive  # type: ignore[method-assign]
 
 
 class HopMarks(Observer):
@@ -146,8 +166,9 @@ def _serve(argv: list[str]) -> int:
     """The instrumented server: ``serve OUT (ours|peer) (null|PATH) [PORT]``."""
     out, which, what = Path(argv[0]), argv[1], argv[2]
     if which == "peer":
-        marks: Marks = {"step0": [], "step1": []}
+        marks: Marks = {"recv": [], "step0": [], "step1": []}
         _time_mlx_vlm_step(marks)
+        _mark_peer_receives(marks)
         atexit.register(_save, out, marks)
         peer_main: Callable[[], None] = importlib.import_module("mlx_vlm.server.cli").main
         sys.argv = ["mlx_vlm.server", "--host", "127.0.0.1", "--port", argv[3]]

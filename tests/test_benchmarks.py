@@ -60,6 +60,8 @@ def test_every_row_runs_and_is_written(demo_cache_dir: Path, tmp_path: Path) -> 
         hops = side["breakdown"]["hops_us"]
         assert all(_positive(h["p50"]) for name, h in hops.items() if name.startswith("model"))
         assert isinstance(side["breakdown"]["overhead_us"]["p50"], float)
+        # Both servers' ways in split where the append reaches the server.
+        assert _positive(hops["client send -> server receive"]["p50"])
     floor = results["ping_floor"]
     assert _summary_ok(floor["back_to_back_us"]) and _summary_ok(floor["paced_us"])
 
