@@ -132,7 +132,7 @@ class Connection(SessionPlumbing):
     def start_tasks(self, nursery: trio.Nursery) -> None:
         nursery.start_soon(self._until_gone, self._receiver, name=self.task_name("receiver"))
         nursery.start_soon(self._submitter, name=self.task_name("submitter"))
-        nursery.start_soon(self._collector, name=self.task_name("collector"))
+        nursery.start_soon(self._until_gone, self._collector, name=self.task_name("collector"))
         nursery.start_soon(self._timer, name=self.task_name("timer"))
 
     def connection_lost(self, outcome: SessionOutcome, reason: str) -> None:

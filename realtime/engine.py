@@ -4,8 +4,9 @@ MLX ties streams to the thread that created them, and trio's worker threads do
 not keep their identity, so the model is loaded on, and only ever touched by,
 the single thread started here. The async side submits typed commands
 (:class:`Open`, :class:`Push`, :class:`Flush`, :class:`Cancel`, :class:`Close`)
-and is woken through ``TrioToken.run_sync_soon`` when the reply is ready; it never
-runs model code and never parks a trio worker thread while the model computes.
+and is woken through ``TrioToken.run_sync_soon`` (or, on a connection's per-frame
+path, its :class:`Waker`) when the reply is ready; it never runs model code and never
+parks a trio worker thread while the model computes.
 
 The engine knows nothing of the wire protocol: its failures carry their own
 :class:`FailureKind`, which the connection maps to wire error codes.

@@ -245,7 +245,8 @@ class SessionPlumbing:
         self._nursery.cancel_scope.cancel()
 
     async def _until_gone(self, task: Callable[[], Awaitable[None]]) -> None:
-        """Run a socket task; the peer going away ends the whole connection."""
+        """Run a task that reads or writes the socket; the peer going away ends the
+        whole connection."""
         try:
             await task()
         except TransportClosed:
@@ -305,8 +306,9 @@ class SessionPlumbing:
         Written at once, a frame's audio (or a pong) reaches the socket one trip
         through trio's scheduler sooner (60 to 80 µs on a 2-core VM). The collector
         (a model frame's events) and the receiver (answers to the client's own
-        messages) call this; the clock never does, so it stays free to notice a
-        client that has stopped reading (``close_now``) even while such a write is stuck.
+        messages) call this, each run under ``_until_gone`` like the sender; the clock
+        never does, so it stays free to notice a client that has stopped reading
+        (``close_now``) even while such a write is stuck.
         """
         if self._writing or self._out_send.statistics().tasks_waiting_receive == 0:
             await self.queue(item)
@@ -314,9 +316,6 @@ class SessionPlumbing:
         self._writing = True
         try:
             await self._write(item)
-        except TransportClosed:
-            self.client_gone()
-            self.finish()
         finally:
             self._writing = False
             self._written.unpark_all()

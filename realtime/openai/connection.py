@@ -98,7 +98,7 @@ class OpenAIConnection(SessionPlumbing):
         nursery.start_soon(self._until_gone, self._receiver, name=self.task_name("receiver"))
         nursery.start_soon(self._clock, name=self.task_name("clock"))
         nursery.start_soon(self._submitter, name=self.task_name("submitter"))
-        nursery.start_soon(self._collector, name=self.task_name("collector"))
+        nursery.start_soon(self._until_gone, self._collector, name=self.task_name("collector"))
 
     def connection_lost(self, outcome: SessionOutcome, reason: str) -> None:
         if not self.close_reason:
