@@ -441,17 +441,7 @@ frames = st.one_of(
     json_values.map(json.dumps),
     st.builds(
         lambda t, body: json.dumps({"type": t, **body}),
-        st.sampled_from(
-            [
-                "session.update",
-                "input_audio_buffer.append",
-                "input_audio_buffer.commit",
-                "session.cancel",
-                "response.cancel",
-                "session.ping",
-                "nope",
-            ]
-        ),
+        st.sampled_from([*protocol.CLIENT_TYPES, "nope"]),
         st.dictionaries(st.sampled_from(["session", "audio", "sample_rate", "x"]), json_values),
     ),
     st.sampled_from(
