@@ -247,14 +247,20 @@ def test_slices_give_audio_first_and_count_frames() -> None:
     assert c.slice_done(run.append_id, None, 0.0, 0.0) == []  # a skipped slice
 
 
-def test_a_failed_append_errors_once_and_stops_submitting() -> None:
-    c = conv()
+def three_slices_two_in_flight(c: Conversation) -> RunAudio:
+    """A ready session's three-slice append, begun, with two slices with the engine."""
     ready(c)
     (run,) = c.receive(append(FRAME * 3), 0.0)
     assert isinstance(run, RunAudio)
     c.begin_audio(run)
     c.slice_submitted(FRAME)
     c.slice_submitted(FRAME)
+    return run
+
+
+def test_a_failed_append_errors_once_and_stops_submitting() -> None:
+    c = conv()
+    run = three_slices_two_in_flight(c)
     (err,) = c.slice_failed(run.append_id, "step_failed", "context limit reached", 0.0)
     assert isinstance(err, dict) and err["error"]["code"] == "inference_error"
     assert not c.keep_submitting(run.append_id)
@@ -266,12 +272,7 @@ def test_a_failed_append_errors_once_and_stops_submitting() -> None:
 
 def test_the_context_limit_ends_the_response_once() -> None:
     c = conv()
-    ready(c)
-    (run,) = c.receive(append(FRAME * 3), 0.0)
-    assert isinstance(run, RunAudio)
-    c.begin_audio(run)
-    c.slice_submitted(FRAME)
-    c.slice_submitted(FRAME)
+    run = three_slices_two_in_flight(c)
     c.slice_done(run.append_id, audio_events(0), 0.01, 0.0)
     stop, err, done, close = c.slice_failed(run.append_id, "context_limit", "context limit", 0.0)
     assert isinstance(stop, StopModel)
