@@ -11,23 +11,24 @@ import ipaddress
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Any, Final
 from urllib.parse import urlsplit
 
 import attrs
 import trio
-from quart import Response, jsonify, request
+from quart import Response, jsonify, request, send_file
 from quart_trio import QuartTrio
 
 from realtime import __version__
 from realtime.connection import Connection
 from realtime.engine import Engine
+from realtime.guard import ConnectionTable, absorb, install
 from realtime.limits import Limits
 from realtime.logs import SessionLog
 from realtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from realtime.metrics import PrometheusObserver
-from realtime.observe import Observer, Observers, RefusalReason
+from realtime.observe import HTTPRefusalReason, Observer, Observers, RefusalReason
 from realtime.openai.connection import OpenAIConnection
 from realtime.plumbing import TransportClosed
 from realtime.tcp import abort_connection
@@ -45,6 +46,7 @@ OPENAI_PATH: Final = "/openai/v1/realtime"
 OPENAI_KEY_SUBPROTOCOL_PREFIX: Final = "openai-insecure-api-key."
 PUBLIC_PATHS: Final = ("/", "/favicon.ico")
 PUBLIC_PREFIXES: Final = ("/static/",)
+STATIC_DIR: Final = Path(__file__).parent / "static"
 
 
 def _default_observer(state: ServerState) -> Observer:
@@ -78,11 +80,21 @@ class ServerState:
     """What connections and the engine report to: metrics and the session log.
     The engine takes the same object at construction (``Engine(..., observer=)``)."""
 
+    tcp: ConnectionTable = attrs.field(init=False)
+    """Every open TCP connection (HTTP too), for the connection bound, the write
+    bound and the shutdown bound (realtime.guard)."""
+
     def abort_connections(self) -> int:
         """Reset every open WebSocket's TCP connection; how many were found."""
         return sum(transport.abort() for transport in list(self.transports))
 
     def __attrs_post_init__(self) -> None:
+        self.tcp = ConnectionTable.for_process(
+            send_timeout=self.limits.send_timeout,
+            shutdown_timeout=self.limits.shutdown_timeout,
+            bound=self.limits.max_connections,
+            observer=self.observer,
+        )
         self.idle.set()
         self.metrics.watch(self.engine, draining=self.draining.is_set)
         # The engine thread reports model steps to the same observer as the connections.
@@ -175,10 +187,12 @@ def host_allowed(host: str | None, local: Sequence[str], allowed: Sequence[str])
     a web page whose name resolves to 127.0.0.1 (DNS rebinding) cannot reach it;
     ``allowed`` adds names (``name`` or ``name:port``; ``*`` accepts any). A server
     listening elsewhere accepts any name unless ``allowed`` lists some. No Host
-    header at all (HTTP/1.0, not a browser) passes.
+    header at all, or an empty one (HTTP/1.0: HAProxy's ``option httpchk``; servers
+    hand it on as ``''``), passes: a browser always sends one, so such a request is
+    no DNS-rebinding risk.
     """
-    if host is None:
-        return True
+    if not host:
+        return True  # absent (HTTP/1.0, a health checker): no browser sends that
     parsed = split_host(host)
     if parsed is None:
         return False
@@ -303,13 +317,31 @@ class RealtimeApp:
         self.state = state
         self.http = http
 
+    @property
+    def connection_table(self) -> ConnectionTable:
+        """What :class:`realtime.guard.GuardedTCPServer` looks for on the app it serves."""
+        return self.state.tcp
+
     async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
-        if scope["type"] == "websocket" and scope["path"] == REALTIME_PATH:
-            await self._realtime(scope, receive, send)
-        elif scope["type"] == "websocket" and scope["path"] == OPENAI_PATH:
-            await self._realtime(scope, receive, send, openai=True)
-        else:
-            await self.http(scope, receive, _finish_shielded(send))  # type: ignore[arg-type]
+        """Serve one request or WebSocket under the app's guard: an exception (a bug of
+        ours or of a library) is logged as one line and counted; Hypercorn then ends
+        that connection (500, or close 1011), and nothing else is touched."""
+        try:
+            if scope["type"] == "websocket" and scope["path"] == REALTIME_PATH:
+                await self._realtime(scope, receive, send)
+            elif scope["type"] == "websocket" and scope["path"] == OPENAI_PATH:
+                await self._realtime(scope, receive, send, openai=True)
+            else:
+                await self.http(scope, receive, _finish_shielded(send))  # type: ignore[arg-type]
+        except BaseException as error:
+            absorb(error, lambda exc: self._report(scope, exc))
+
+    def _report(self, scope: ASGIScope, exc: Exception) -> None:
+        client = scope.get("client") or ("?", 0)
+        where = f"{scope.get('type')} {client[0]}:{client[1]}"
+        self.state.observer.connection_error("app")
+        self.state.tcp.note("app-error", "%s ended by %s: %s", where, type(exc).__name__, exc)
+        log.debug("%s: the exception", where, exc_info=exc)
 
     async def _realtime(
         self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend, *, openai: bool = False
@@ -334,26 +366,45 @@ class RealtimeApp:
             self.state.observer.connection_refused(_REFUSAL_REASONS.get(refusal[1], "unauthorized"))
             await _refuse_upgrade(scope, send, *refusal)
             return
-        await send(
-            {
-                "type": "websocket.accept",
-                "subprotocol": SUBPROTOCOL if SUBPROTOCOL in offered else None,
-            }
-        )
         state = self.state
-        state.connections += 1
-        if state.idle.is_set():
-            state.idle = trio.Event()
         transport = ASGITransport(receive, send, scope)
-        state.transports.add(transport)
         try:
-            await (OpenAIConnection if openai else Connection)(
+            # Before the upgrade: a connection needs descriptors of its own (the
+            # engine's waker), and running out must refuse it with 503, not end it 1011.
+            connection = (OpenAIConnection if openai else Connection)(
                 transport,
                 state.engine,
                 state.limits,
                 shutdown=state.shutdown,
                 observer=state.observer,
-            ).run()
+            )
+        except OSError as exc:
+            state.observer.connection_refused("connection_limit")
+            state.tcp.note("no-descriptors", "refused an upgrade: %s", exc)
+            await _refuse_upgrade(
+                scope,
+                send,
+                503,
+                "connection_limit",
+                "no resources for another connection now; retry",
+            )
+            return
+        try:
+            await send(
+                {
+                    "type": "websocket.accept",
+                    "subprotocol": SUBPROTOCOL if SUBPROTOCOL in offered else None,
+                }
+            )
+        except BaseException:
+            connection.waker.close()
+            raise
+        state.connections += 1
+        if state.idle.is_set():
+            state.idle = trio.Event()
+        state.transports.add(transport)
+        try:
+            await connection.run()
         finally:
             state.transports.discard(transport)
             state.connections -= 1
@@ -411,21 +462,36 @@ async def _refuse_upgrade(
 
 
 def create_app(state: ServerState) -> RealtimeApp:
-    """The whole server as one ASGI app (WebSocket fast path + Quart-trio)."""
+    """The whole server as one ASGI app (WebSocket fast path + Quart-trio), with
+    Hypercorn's connections guarded (realtime.guard) wherever Hypercorn serves it."""
+    install()
     return RealtimeApp(state, create_http_app(state))
 
 
 def create_http_app(state: ServerState) -> QuartTrio:
-    app = QuartTrio(__name__, static_folder="static", static_url_path="/static")
+    # Quart's own static route is off: only the files shipped in realtime/static are
+    # served, by name, so any other path is a plain 404 (a name too long for the file
+    # system made Quart's route fail with a 500 and a logged traceback).
+    app = QuartTrio(__name__, static_folder=None)
+    shipped = {path.name: path for path in STATIC_DIR.iterdir() if path.is_file()}
 
     def public(path: str) -> bool:
         return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
+
+    def refuse_http(reason: HTTPRefusalReason, why: str) -> None:
+        """Count a refused request and say so in one rate-limited log line."""
+        state.observer.http_refused(reason)
+        client = request.scope.get("client") or ("?", 0)
+        state.tcp.note(
+            "http-" + reason, "refused %s from %s:%s: %s", request.method, *client[:2], why
+        )
 
     @app.before_request
     async def check_host() -> Response | None:
         refused = host_refusal(state, request.headers.get("Host"), request.scope.get("server"))
         if refused is None:
             return None
+        refuse_http("forbidden_host", refused[2])
         return _error(*refused)
 
     @app.before_request
@@ -434,6 +500,7 @@ def create_http_app(state: ServerState) -> QuartTrio:
             return None
         if _bearer_ok(request.headers.get("Authorization"), state.api_key):
             return None
+        refuse_http("unauthorized", "missing or wrong API key")
         return _error(
             401, "unauthorized", "missing or wrong API key: send 'Authorization: Bearer <key>'"
         )
@@ -531,6 +598,13 @@ def create_http_app(state: ServerState) -> QuartTrio:
 
     @app.get("/")
     async def index() -> Response:
-        return await app.send_static_file("index.html")
+        return await send_file(shipped["index.html"])
+
+    @app.get("/static/<path:name>")
+    async def static(name: str) -> Response:
+        path = shipped.get(name)
+        if path is None:
+            return _error(404, "not_found", "no such file")
+        return await send_file(path)
 
     return app

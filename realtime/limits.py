@@ -144,6 +144,16 @@ class Limits:
     """After the drain: connections are told to close (1001); any still open after this
     many seconds (a client that reads nothing) has its TCP connection aborted, so the
     process always exits within about this bound."""
+    max_connections: int = _limit(
+        int,
+        0,
+        "open TCP connections (HTTP and WebSocket) before new ones get HTTP 503; "
+        "0 sizes it from the process's descriptor limit (ulimit -n)",
+        zero_allowed=True,
+    )
+    """Past this many open connections a new one is answered 503 and closed before any
+    request is read, so descriptors never run out under a live session (0: a third of
+    the descriptors left free at start, less a reserve; see realtime.guard)."""
 
 
 def prompt_refusal(

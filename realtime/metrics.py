@@ -39,7 +39,15 @@ from prometheus_client.registry import Collector
 
 from realtime import __version__
 from realtime.engine import Engine
-from realtime.observe import CommandKind, Observer, RefusalReason, SessionOutcome, SessionReport
+from realtime.observe import (
+    CommandKind,
+    ErrorPlace,
+    HTTPRefusalReason,
+    Observer,
+    RefusalReason,
+    SessionOutcome,
+    SessionReport,
+)
 from realtime.protocol import ErrorCode
 
 log = logging.getLogger("realtime.metrics")
@@ -93,6 +101,23 @@ class PrometheusObserver(Observer):
         )
         for reason in get_args(RefusalReason):
             self.refusals.labels(reason)
+        self.http_refusals = Counter(
+            "realtime_http_requests_refused",
+            "Plain HTTP requests refused before any route ran (401 key, 403 Host).",
+            ["reason"],
+            registry=r,
+        )
+        for http_reason in get_args(HTTPRefusalReason):
+            self.http_refusals.labels(http_reason)
+        self.connection_errors = Counter(
+            "realtime_connection_errors",
+            "Connections ended by an exception (logged once each; no other connection "
+            "is touched): in Hypercorn's tasks for the connection, or in the app.",
+            ["where"],
+            registry=r,
+        )
+        for where in get_args(ErrorPlace):
+            self.connection_errors.labels(where)
         self.limit_refusals = Counter(
             "realtime_limit_refusals",
             "Client messages refused by a per-connection limit.",
@@ -158,6 +183,12 @@ class PrometheusObserver(Observer):
 
     def connection_refused(self, reason: RefusalReason) -> None:
         self.refusals.labels(reason).inc()
+
+    def http_refused(self, reason: HTTPRefusalReason) -> None:
+        self.http_refusals.labels(reason).inc()
+
+    def connection_error(self, where: ErrorPlace) -> None:
+        self.connection_errors.labels(where).inc()
 
     def session_started(self, session_id: str) -> None:
         self.active_sessions.inc()

@@ -18,9 +18,23 @@ import attrs
 CommandKind = Literal["open", "push", "flush", "cancel", "close", "call"]
 
 RefusalReason = Literal[
-    "busy", "unauthorized", "forbidden_origin", "forbidden_host", "draining", "engine_unavailable"
+    "busy",
+    "unauthorized",
+    "forbidden_origin",
+    "forbidden_host",
+    "draining",
+    "engine_unavailable",
+    "connection_limit",
 ]
-"""Why a connection got no session: a busy slot (1013), a refused upgrade (401/403/503)."""
+"""Why a connection got no session: a busy slot (1013), a refused upgrade (401/403/503),
+too many open connections (503 before any request is read)."""
+
+HTTPRefusalReason = Literal["unauthorized", "forbidden_host"]
+"""Why a plain HTTP request was refused (401, 403)."""
+
+ErrorPlace = Literal["server", "app"]
+"""Where an exception ended one connection: Hypercorn's own tasks for it (``server``)
+or the ASGI app (``app``); either way only that connection ended."""
 
 SessionOutcome = Literal[
     "done", "cancelled", "client_gone", "error", "timeout", "stalled_client", "shutdown"
@@ -71,6 +85,12 @@ class Observer:
 
     def connection_refused(self, reason: RefusalReason) -> None:
         """A client got no session (busy slot or refused upgrade)."""
+
+    def http_refused(self, reason: HTTPRefusalReason) -> None:
+        """A plain HTTP request was refused (missing key, a Host that is not ours)."""
+
+    def connection_error(self, where: ErrorPlace) -> None:
+        """An exception ended one connection (logged once; the server goes on)."""
 
     def session_started(self, session_id: str) -> None:
         """A connection holds the slot and was sent ``session.created``."""

@@ -171,3 +171,57 @@ async def ahttp(
     method: str, url: str, headers: dict[str, str] | None = None, body: bytes | None = None
 ) -> tuple[int, Any]:
     return await trio.to_thread.run_sync(http, method, url, headers, body)
+
+
+@contextmanager
+def start_hypercorn_cli(
+    env: dict[str, str], log_dir: Path, timeout: float = 180.0
+) -> Iterator[ServerProcess]:
+    """``hypercorn -k trio realtime.asgi:app`` on a free port, once ``/health`` answers
+    (with ``REALTIME_API_KEY`` from ``env`` if set). SIGINT on the way out."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = [sys.executable, "-m", "hypercorn", "-k", "trio", "--bind", f"127.0.0.1:{port}"]
+    log = log_dir / "hypercorn.log"
+    headers = (
+        {"Authorization": f"Bearer {env['REALTIME_API_KEY']}"} if "REALTIME_API_KEY" in env else {}
+    )
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            [*argv, "realtime.asgi:app"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            cwd=REPO,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                status, _ = http("GET", base + "/health", headers=headers)
+                if status == 200:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(log.read_text(errors="replace"))
+            time.sleep(0.1)
+        url = f"ws://127.0.0.1:{port}/v1/realtime"
+        yield ServerProcess(proc=proc, url=url, http=base, log=log, name="hypercorn")
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

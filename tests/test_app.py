@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ from tests.helpers import (
     http,
     noise,
     running_server,
+    start_hypercorn_cli,
     start_realtime_server,
 )
 
@@ -157,49 +156,14 @@ async def _hold_session_then_signal(server: ServerProcess) -> int | None:
 
 @pytest.mark.slow
 def test_hypercorn_cli_launch_serves_health(demo_cache_dir: Path, tmp_path: Path) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    argv = [
-        sys.executable,
-        "-m",
-        "hypercorn",
-        "-k",
-        "trio",
-        "--bind",
-        f"127.0.0.1:{port}",
-        "realtime.asgi:app",
-    ]
     env = {
         "REALTIME_API_KEY": "k",
         "REALTIME_IDLE_TIMEOUT": "60",
         "REALTIME_CACHE_DIR": os.environ["REALTIME_CACHE_DIR"],
     }
-    log = tmp_path / "hypercorn.log"
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(
-            argv, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, **env}
-        )
-    try:
-        for _ in range(1800):  # up to ~3 minutes: the first run builds the demo checkpoint
-            try:
-                status, body = http(
-                    "GET", f"http://127.0.0.1:{port}/health", headers={"Authorization": "Bearer k"}
-                )
-            except OSError:
-                if proc.poll() is not None:
-                    raise AssertionError(log.read_text()) from None
-                time.sleep(0.1)
-                continue
-            break
+    with start_hypercorn_cli(env, tmp_path) as server:
+        status, body = http("GET", server.http + "/health", headers={"Authorization": "Bearer k"})
         assert status == 200, body
         assert body["engine_alive"] is True and body["model"].startswith("realtime-demo")
-        status, _ = http("GET", f"http://127.0.0.1:{port}/health")
+        status, _ = http("GET", server.http + "/health")
         assert status == 401
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

@@ -48,6 +48,7 @@ class RawClient:
         headers: dict[str, str] | None = None,
         receive_buffer: int | None = None,
         host_header: str | None = None,
+        path: str = "/v1/realtime",
     ) -> RawClient:
         sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_STREAM)
         if receive_buffer is not None:
@@ -59,7 +60,7 @@ class RawClient:
         await client._send(
             Request(
                 host=host_header or f"{host}:{port}",
-                target="/v1/realtime",
+                target=path,
                 extra_headers=extra,
                 subprotocols=["realtime"],
             )

@@ -17,7 +17,17 @@ LOOPBACK = ("127.0.0.1",)
 
 @pytest.mark.parametrize(
     "host",
-    ["localhost", "localhost:8080", "127.0.0.1:9", "127.3.4.5", "[::1]:8080", "LOCALHOST", None],
+    # None and "": no Host header (HTTP/1.0 health checks); servers hand it on as "".
+    [
+        "localhost",
+        "localhost:8080",
+        "127.0.0.1:9",
+        "127.3.4.5",
+        "[::1]:8080",
+        "LOCALHOST",
+        None,
+        "",
+    ],
 )
 def test_a_loopback_server_answers_loopback_names(host: str | None) -> None:
     assert host_allowed(host, LOOPBACK, ())
@@ -26,7 +36,7 @@ def test_a_loopback_server_answers_loopback_names(host: str | None) -> None:
 
 @pytest.mark.parametrize(
     "host",
-    ["evil.example", "evil.example:8080", "10.0.0.1:8080", "", "a b", "x@127.0.0.1", "[::2]"],
+    ["evil.example", "evil.example:8080", "10.0.0.1:8080", " ", "a b", "x@127.0.0.1", "[::2]"],
 )
 def test_a_loopback_server_refuses_other_names(host: str) -> None:
     assert not host_allowed(host, LOOPBACK, ())
