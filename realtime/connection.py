@@ -67,6 +67,7 @@ class _Slice:
     future: concurrent.futures.Future[Step | None]
     append_id: int
     received_at: float
+    """Trio time as its append arrived (``RunAudio.received_at``), for the frame latency."""
 
 
 @attrs.frozen(slots=True, eq=False)
@@ -160,15 +161,18 @@ class Connection(SessionPlumbing):
     # --- carrying the conversation's outputs -----------------------------------------
 
     async def _apply(
-        self, outputs: Iterable[Output], received_at: float = 0.0, *, direct: bool = False
+        self, outputs: Iterable[Output], arrived: float = 0.0, *, direct: bool = False
     ) -> None:
         """``direct``: events may be written by this task (``send_or_queue``); only the
-        receiver and the collector pass it, never the timer."""
+        receiver and the collector pass it, never the timer. ``arrived``: the frame's
+        ``perf_counter()``, for the ``append_received`` hook only (a benchmark lines it
+        up with its client's clock); the frame latency runs on trio's clock instead
+        (``RunAudio.received_at``), like everything the conversation times."""
         for out in outputs:
             if isinstance(out, dict):
                 await self._send_event(out, direct)
             elif isinstance(out, RunAudio):
-                self.observer.append_received(received_at)
+                self.observer.append_received(arrived)
                 self.observer.pending_audio(self.conversation.pending_samples / INPUT_SAMPLE_RATE)
                 if not self._submit_now(out):
                     self._work_send.send_nowait(out)
@@ -196,8 +200,8 @@ class Connection(SessionPlumbing):
         conv = self.conversation
         while True:
             frame = await self.transport.receive()
-            received_at = time.perf_counter()
-            await self._apply(conv.receive(frame, trio.current_time()), received_at, direct=True)
+            arrived = time.perf_counter()
+            await self._apply(conv.receive(frame, trio.current_time()), arrived, direct=True)
 
     async def _timer(self) -> None:
         conv = self.conversation

@@ -102,7 +102,8 @@ class StopModel:
 @attrs.frozen(slots=True)
 class Close:
     """Close the WebSocket with ``code`` after every event already queued, or at once
-    (``now``: the client stopped reading; release first, then close)."""
+    (``now``: the client stopped reading; release first, then close). A close ``now``
+    may follow one already decided: the client read nothing while it waited."""
 
     code: int
     reason: str
@@ -177,6 +178,8 @@ class Conversation:
         self._unsent = 0
         """Events queued for the socket and not yet written."""
         self._sending_since: float | None = None
+        self._ended = False
+        """A drop was decided or the plumbing ended the connection: no deadline remains."""
         self._next_append = 0
         self._failed_append = -1
         """The append whose remaining slices are dropped after a model error."""
@@ -495,8 +498,14 @@ class Conversation:
     # --- time -----------------------------------------------------------------------------
 
     def next_deadline(self) -> Timeout | None:
-        """The earliest deadline now in force, if any."""
-        if self.phase is Phase.CLOSED:
+        """The earliest deadline now in force, if any.
+
+        The stalled-reader deadline holds in every phase, closing included: once a
+        close is decided, the last events (and the close after them) still wait on a
+        client that may read nothing, and it must not hold the slot by not reading.
+        Only the configure and idle clocks stop once the client has said its piece.
+        """
+        if self._ended:
             return None
         best: Timeout | None = None
         if self._sending_since is not None:
@@ -518,6 +527,8 @@ class Conversation:
         if deadline is None or now < deadline.at:
             return []
         if deadline.what == "send":
+            # Even after a normal close was decided: the client never read its end.
+            self._ended = True
             return [self._close(CLOSE_POLICY, "client stopped reading", "stalled_client", now=True)]
         if deadline.what == "idle":
             message = f"no message for {self.limits.idle_timeout:g} s; closing"
@@ -543,6 +554,7 @@ class Conversation:
             self.outcome = outcome
             self.close_reason = reason
         self.phase = Phase.CLOSED
+        self._ended = True
 
 
 def _utf8_size(frame: str | bytes, limit: int) -> int:

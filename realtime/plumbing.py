@@ -12,7 +12,6 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from typing import Final, Literal, Protocol
 
@@ -72,6 +71,8 @@ class Audio:
 
     text: str
     received_at: float
+    """``trio.current_time()`` as the append arrived: the clock the state machine
+    runs on, and the one ``_write`` reads when the event is handed to the socket."""
 
 
 Outgoing = str | Audio | CloseOrder
@@ -259,6 +260,29 @@ class SessionPlumbing:
         except TransportClosed:
             pass
 
+    async def _close_within(self, code: int, reason: str, seconds: float) -> None:
+        """Close the WebSocket, and abort its TCP connection if the close has not gone
+        out within ``seconds``: a client that reads nothing must not hold the
+        connection open by not reading its close (or a write still ahead of it).
+
+        Hypercorn shields socket writes, so a timeout around the close cannot end a
+        write that is stuck; a second task aborts the connection instead, which makes
+        the stuck write fail at once (it then cancels the close, for a transport that
+        cannot abort but whose close is cancellable).
+        """
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._abort_after, seconds, nursery.cancel_scope)
+            await self._close_transport(code, reason)
+            nursery.cancel_scope.cancel()
+
+    async def _abort_after(self, seconds: float, close: trio.CancelScope) -> None:
+        await trio.sleep(seconds)
+        abort: Callable[[], object] | None = getattr(self.transport, "abort", None)
+        if abort is not None:
+            log.warning("session %s: aborting its TCP connection", self.session_id)
+            abort()
+        close.cancel()
+
     # --- writing ----------------------------------------------------------------------
 
     async def queue(self, item: Outgoing) -> None:
@@ -278,8 +302,8 @@ class SessionPlumbing:
         session and the slot are released first, then the connection is told to
         close, which completes once the write finishes or the TCP connection dies.
         If it has not within ``send_timeout``, the transport's TCP connection is
-        aborted (where it can be: ``abort()``), which ends the blocked write and
-        frees the descriptor.
+        aborted (``_close_within``), which ends the blocked write and frees the
+        descriptor.
         """
         log.warning(
             "session %s: client read nothing for %.1f s; dropping it",
@@ -292,12 +316,7 @@ class SessionPlumbing:
         # Shielded: the cancel above must not stop the close; bounded, so a client
         # that never reads again cannot hold this task forever.
         with trio.CancelScope(shield=True):
-            with trio.move_on_after(self.limits.send_timeout) as bounded:
-                await self._close_transport(close.code, close.reason)
-            abort: Callable[[], object] | None = getattr(self.transport, "abort", None)
-            if bounded.cancelled_caught and abort is not None:
-                log.warning("session %s: aborting its TCP connection", self.session_id)
-                abort()
+            await self._close_within(close.code, close.reason, self.limits.send_timeout)
 
     async def send_or_queue(self, item: str | Audio) -> None:
         """Hand an event to the client, written by the calling task itself when the
@@ -324,12 +343,15 @@ class SessionPlumbing:
         self.sending(trio.current_time())
         if isinstance(item, str):
             await self.transport.send(item)
-        else:
-            self.observer.audio_send(True)
-            await self.transport.send(item.text)
-            self.observer.audio_send(False)
-            self.observer.frame_sent(time.perf_counter() - item.received_at)
-        self.sent(trio.current_time())
+            self.sent(trio.current_time())
+            return
+        self.observer.audio_send(True)
+        await self.transport.send(item.text)
+        self.observer.audio_send(False)
+        now = trio.current_time()
+        # Trio's clock, like ``received_at``: the frame latency is one clock's difference.
+        self.observer.frame_sent(now - item.received_at)
+        self.sent(now)
 
     async def _sender(self) -> None:
         async for item in self._out_recv:
@@ -340,6 +362,7 @@ class SessionPlumbing:
             else:
                 self.close_code = item.code
                 await self._release_and_wait()
-                await self._close_transport(item.code, item.reason)
+                # Bounded like a stalled write: the client may read nothing more.
+                await self._close_within(item.code, item.reason, self.limits.send_timeout)
                 self.finish()
                 return

@@ -409,6 +409,82 @@ def test_a_client_that_stops_reading_is_dropped_at_once() -> None:
     assert c.outcome == "stalled_client"
 
 
+def _close_by_commit(c: Conversation) -> list[Output]:
+    c.receive(append(FRAME * 4 + FRAME // 2), 1.0)
+    c.receive(msg("input_audio_buffer.commit"), 1.0)
+    return c.flushed([*audio_events(0), Done(1)], 2.0)
+
+
+def _close_by_cancel(c: Conversation) -> list[Output]:
+    c.receive(msg("session.cancel"), 1.0)
+    return c.cancelled([Cancelled(0)], 2.0)
+
+
+def _close_by_idle_timeout(c: Conversation) -> list[Output]:
+    return c.check_timeouts(2.0)  # idle_timeout=1: nothing owed since 0
+
+
+def _close_by_lost_session(c: Conversation) -> list[Output]:
+    (run,) = c.receive(append(FRAME), 1.0)
+    assert isinstance(run, RunAudio)
+    c.begin_audio(run)
+    c.slice_submitted(FRAME)
+    c.audio_done(0)
+    return c.slice_failed(run.append_id, "session_lost", "gone", 2.0)
+
+
+@pytest.mark.parametrize(
+    "decide",
+    [_close_by_commit, _close_by_cancel, _close_by_idle_timeout, _close_by_lost_session],
+)
+def test_a_client_that_stops_reading_after_the_close_is_decided_is_still_dropped(
+    decide: typing.Callable[[Conversation], list[Output]],
+) -> None:
+    """The red team's attack (commit, then read nothing): the stalled-reader deadline
+    holds in the closing phase too, or the last events' write holds the slot forever."""
+    c = conv(send_timeout=10.0, idle_timeout=1.0)
+    ready(c)
+    outputs = decide(c)
+    (close,) = [o for o in outputs if isinstance(o, Close)]
+    assert not close.now and c.phase is Phase.CLOSED
+    for _ in (o for o in outputs if isinstance(o, dict)):
+        c.event_queued()
+    assert c.next_deadline() is None  # nothing is being written: no clock runs
+    c.sending(100.0)  # the first of the last events: the client reads nothing
+    deadline = c.next_deadline()
+    assert deadline is not None and (deadline.at, deadline.what) == (110.0, "send")
+    assert c.check_timeouts(109.9) == []
+    assert c.check_timeouts(110.0) == [Close(1008, "client stopped reading", now=True)]
+    assert c.outcome == "stalled_client" and c.close_reason == "client stopped reading"
+    # Decided once: the drop is not repeated while the plumbing carries it out.
+    assert c.next_deadline() is None and c.check_timeouts(500.0) == []
+
+
+def test_the_closing_phase_keeps_only_the_stalled_reader_clock() -> None:
+    """Once the close is decided the configure and idle clocks stop (the client has
+    nothing more to say); a write that completes stops the stalled-reader one."""
+    c = conv(send_timeout=10.0, idle_timeout=1.0, configure_timeout=1.0)
+    ready(c)
+    outputs = _close_by_commit(c)
+    for _ in (o for o in outputs if isinstance(o, dict)):
+        c.event_queued()
+    for t in range(len(outputs) - 1):
+        c.sending(3.0 + t)
+        c.sent(3.5 + t)
+    assert c.next_deadline() is None and c.check_timeouts(1000.0) == []
+    assert c.outcome == "done"
+
+
+def test_no_deadline_once_the_plumbing_ended_the_connection() -> None:
+    c = conv(send_timeout=10.0)
+    ready(c)
+    c.event_queued()
+    c.sending(5.0)
+    c.connection_lost("shutdown", "server shutting down")
+    assert c.next_deadline() is None and c.check_timeouts(100.0) == []
+    assert c.outcome == "shutdown"
+
+
 def test_error_codes_of_engine_failures() -> None:
     assert error_code_for("open_failed", "open") == "session_initialization_failed"
     assert error_code_for("session_lost", "open") == "session_initialization_failed"

@@ -158,6 +158,24 @@ async def test_metrics_route_after_a_session() -> None:
     assert labels["mlx_backend"] in {"cpu", "metal", "cuda"}
 
 
+async def test_frame_latency_is_positive_and_plausible_on_a_real_server() -> None:
+    """One clock from append to socket: the sum was -6,108,403.96 s over 128 frames when
+    ``perf_counter()`` was subtracted from trio time."""
+    frames = 8
+    async with metered_server(FakeModel()) as (http, state):
+        async with connect(http.replace("http://", "ws://") + "/v1/realtime") as client:
+            await client.configure()
+            for _ in range(frames):
+                await client.send(append_msg(noise(1280)))
+            await client.send({"type": "input_audio_buffer.commit"})
+            await client.recv_until("response.done")
+        text = state.metrics.exposition().decode()
+    count = value(text, "realtime_frame_latency_seconds_count")
+    total = value(text, "realtime_frame_latency_seconds_sum")
+    assert count == frames
+    assert 0 < total < 2.0 * count  # a fake model answers in milliseconds
+
+
 async def test_metrics_need_the_api_key_and_count_refused_upgrades() -> None:
     async with metered_server(FakeModel(), api_key="sekret") as (http, _state):
         status, _ = await ahttp("GET", http + "/metrics")

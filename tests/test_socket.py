@@ -8,6 +8,9 @@ release, stalled readers, shutdown.
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import pytest
 import trio
 from trio_websocket import open_websocket_url
@@ -15,7 +18,8 @@ from trio_websocket import open_websocket_url
 from realtime.engine import Engine
 from realtime.limits import Limits
 from realtime.models.fake import FakeModel
-from tests.helpers import Client, append_msg, connect, noise, running_server
+from tests.helpers import Client, ahttp, append_msg, connect, noise, running_server
+from tests.reliability.rawws import RawClient
 
 
 def started(model: FakeModel) -> Engine:
@@ -283,6 +287,53 @@ async def test_stalled_client_is_closed_and_releases(engine: Engine, fake_model:
         assert await client.closed_code(timeout=10) == 1008
         # Frames stopped: not all 237 queued frames ran.
         assert fake_model.frames_run < 237
+
+
+def _small_then_huge(index: int, heard: Any) -> Any:
+    """Output audio: small frames while the client streams, then one too big for any
+    socket buffer (the commit's padded last frame), written after the close is decided."""
+    return np.zeros(2_000_000 if index >= 4 else 64, np.float32)
+
+
+async def test_a_client_that_stops_reading_after_its_commit_is_dropped(
+    engine: Engine, fake_model: FakeModel
+) -> None:
+    """The red team's attack: 4.5 frames, commit, then read nothing through a 4 KB
+    receive buffer. The close (1000 after response.done) is already decided while the
+    last events wait, so only the stalled-reader deadline can free the slot: it must,
+    within about send_timeout (well before any transport-level backstop, which the
+    connection guard puts at 3 x send_timeout), and the TCP connection is aborted
+    soon after."""
+    fake_model.options.audio = _small_then_huge
+    send_timeout = 1.0
+    limits = Limits(send_timeout=send_timeout)
+    async with running_server(engine, limits=limits) as server:
+        host, port = server.http.removeprefix("http://").rsplit(":", 1)
+        client = await RawClient.connect(host, int(port), receive_buffer=4096)
+        try:
+            created = await client.recv_json()
+            assert created is not None and created["type"] == "session.created"
+            await client.send_json({"type": "session.update", "session": {}})
+            updated = await client.recv_json()
+            assert updated is not None and updated["type"] == "session.updated"
+            await client.send_json(append_msg(noise(1280 * 4 + 640)))
+            await client.send_json({"type": "input_audio_buffer.commit"})
+            committed = trio.current_time()
+            with trio.fail_after(10):  # held for good before the fix
+                while engine.is_reserved():
+                    await trio.sleep(0.02)
+            held = trio.current_time() - committed
+            assert held < 2.5 * send_timeout, held
+            status, health = await ahttp("GET", server.http + "/health")
+            assert status == 200 and health["session_active"] is False
+            assert fake_model.calls_named("flush")  # the close was decided first
+            with trio.fail_after(5):  # the stuck write ended: the connection was aborted
+                while server.state.connections:
+                    await trio.sleep(0.02)
+            async with connect(server.url) as other:
+                await other.configure()
+        finally:
+            client.reset()
 
 
 async def test_context_limit_is_one_error_then_done_and_close(engine: Engine) -> None:
