@@ -196,7 +196,9 @@ class OpenAIConnection(SessionPlumbing):
         except EngineError as exc:
             failure = exc.message
             if exc.session_lost:
-                await self._apply(self.dialect.failed(exc.message, lost=True))
+                await self._apply(
+                    self.dialect.failed(exc.message, lost=True, now=trio.current_time())
+                )
                 return
         else:
             self._session_open = True
@@ -213,7 +215,9 @@ class OpenAIConnection(SessionPlumbing):
                 step = await self.waker.result(pending.future)
             except EngineError as exc:
                 dialect.frame_dropped()
-                await self._apply(dialect.failed(exc.message, lost=exc.session_lost))
+                await self._apply(
+                    dialect.failed(exc.message, lost=exc.session_lost, now=trio.current_time())
+                )
                 continue
             self.observer.slice_collected()
             if step is None:

@@ -28,8 +28,9 @@ import copy
 import json
 import math
 import re
+import reprlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import attrs
@@ -74,6 +75,17 @@ MAX_ENGINE_BACKLOG: Final = 2
 """Silence is only fed while the engine keeps up (at most this many frames queued)."""
 MAX_ITEMS: Final = 256
 """Items remembered for ``conversation.item.retrieve``."""
+MAX_ITEM_BYTES: Final = 256 * 1024
+"""Largest item a client may create (:func:`item_bytes`). Twice the text of a
+32k-token realtime context, and VoiceChat hears none of it (only audio): a bigger
+item is a mistake or an attack, refused rather than stored."""
+MAX_ITEMS_BYTES: Final = 4 * 1024 * 1024
+"""What all remembered items may weigh together (:func:`item_bytes`); past it the
+oldest are forgotten, as OpenAI truncates the oldest items out of a conversation.
+Without it 256 items of a 4 MiB message each were gigabytes of Python objects."""
+VALUE_BYTES: Final = 64
+"""What each JSON value of an item is charged on top of its text: CPython spends
+64 to 72 bytes on an empty object or array that is 3 bytes of JSON."""
 
 _SESSION_KEYS: Final = frozenset(
     {
@@ -91,6 +103,11 @@ _SESSION_KEYS: Final = frozenset(
         "prompt",
     }
 )
+_AUDIO_KEYS: Final = {
+    "input": frozenset({"format", "transcription", "noise_reduction", "turn_detection"}),
+    "output": frozenset({"format", "voice", "speed"}),
+}
+"""The GA ``session.audio`` settings; the dialect keeps no others."""
 _FROZEN_KEYS: Final = ("instructions", "tools")
 """Part of the system prompt, which is prefilled once when the model opens."""
 _CALL_START: Final = re.compile(r"<SPECIAL_20>|<TOOLCALL>")
@@ -130,6 +147,58 @@ Output = ev.Event | OpenModel | RunFrame | Close
 
 
 # --- state ---------------------------------------------------------------------------------
+
+
+def item_bytes(item: ev.Item) -> int:
+    """What an item weighs in memory, near enough: its UTF-8 JSON plus
+    ``VALUE_BYTES`` per value."""
+    return ev.utf8_size(ev.serialize(item)) + VALUE_BYTES * ev.shape(item).values
+
+
+class ItemStore:
+    """The conversation's items for ``conversation.item.retrieve``: the newest
+    ``MAX_ITEMS`` within ``MAX_ITEMS_BYTES``, the oldest forgotten first. The item
+    just stored is always kept (the dialect refuses client items over
+    ``MAX_ITEM_BYTES``, the model's own are small)."""
+
+    def __init__(self) -> None:
+        self._items: OrderedDict[str, tuple[ev.Item, int]] = OrderedDict()
+        self.bytes = 0
+        """What the stored items weigh together (:func:`item_bytes`)."""
+
+    def put(self, item: ev.Item, size: int | None = None) -> None:
+        """Store ``item`` as the newest (replacing one of the same id); ``size``: its
+        :func:`item_bytes`, when already known."""
+        item_id: str = item["id"]
+        old = self._items.pop(item_id, None)
+        if old is not None:
+            self.bytes -= old[1]
+            if old[0] is item:
+                size = old[1]
+        if size is None:
+            size = item_bytes(item)
+        self._items[item_id] = (item, size)
+        self.bytes += size
+        while len(self._items) > 1 and (
+            len(self._items) > MAX_ITEMS or self.bytes > MAX_ITEMS_BYTES
+        ):
+            _, (_, dropped) = self._items.popitem(last=False)
+            self.bytes -= dropped
+
+    def get(self, item_id: str) -> ev.Item | None:
+        found = self._items.get(item_id)
+        return found[0] if found is not None else None
+
+    def pop(self, item_id: str) -> None:
+        found = self._items.pop(item_id, None)
+        if found is not None:
+            self.bytes -= found[1]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
 
 
 @attrs.define(slots=True)
@@ -190,15 +259,15 @@ def parse_calls(text: str) -> list[tuple[str, str]] | None:
         return None
     try:
         parsed = json.loads(body)
-    except ValueError:
+        entries = parsed if isinstance(parsed, list) else [parsed]
+        calls = []
+        for entry in entries:
+            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                return None
+            args = entry.get("arguments", {})
+            calls.append((entry["name"], args if isinstance(args, str) else json.dumps(args)))
+    except (ValueError, RecursionError):  # RecursionError: nested too deep to parse or dump
         return None
-    entries = parsed if isinstance(parsed, list) else [parsed]
-    calls = []
-    for entry in entries:
-        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-            return None
-        args = entry.get("arguments", {})
-        calls.append((entry["name"], args if isinstance(args, str) else json.dumps(args)))
     return calls or None
 
 
@@ -234,6 +303,11 @@ class Dialect:
         self.closed = False
         self._last_message = now
         self._sending_since: float | None = None
+        self._last_sent = now
+        self._closing_since: float | None = None
+        """When the dialect decided to close: from then on the close is owed."""
+        self._dropped = False
+        """The client was dropped for not reading: nothing is left to time."""
         # model side
         self.turn_active = False
         self.muted = False
@@ -247,7 +321,7 @@ class Dialect:
         self._settling: _UserTurn | None = None
         self._appended = False
         self._last_item: str | None = None
-        self.items: OrderedDict[str, ev.Item] = OrderedDict()
+        self.items = ItemStore()
 
     # --- helpers ------------------------------------------------------------------------
 
@@ -261,13 +335,9 @@ class Dialect:
         modalities: object = self.session["output_modalities"]
         return modalities == ["text"]
 
-    def _remember(self, item: ev.Item) -> None:
-        self.items[item["id"]] = item
-        self.items.move_to_end(item["id"])
-        while len(self.items) > MAX_ITEMS:
-            self.items.popitem(last=False)
-
-    def _added(self, item: ev.Item, done: bool = False) -> ev.Event:
+    def _added(self, item: ev.Item, done: bool = False, *, size: int | None = None) -> ev.Event:
+        """``conversation.item.added`` (or ``.done``) for ``item``, which is stored;
+        ``size``: its :func:`item_bytes`, when already known."""
         event = ev.event(
             "conversation.item.done" if done else "conversation.item.added",
             item=copy.deepcopy(item),
@@ -276,7 +346,7 @@ class Dialect:
             if self._last_item is not None:
                 event["previous_item_id"] = self._last_item
             self._last_item = item["id"]
-        self._remember(item)
+        self.items.put(item, size)
         return event
 
     # --- client messages -------------------------------------------------------------------
@@ -285,21 +355,9 @@ class Dialect:
         self._last_message = now
         if self.closed:
             return []
-        if not isinstance(frame, str):
-            return [ev.error("send JSON text messages", code="invalid_json")]
-        if len(frame) > self.limits.max_message_bytes:
-            return [
-                ev.error(
-                    f"message exceeds the {self.limits.max_message_bytes}-byte limit",
-                    code="message_too_large",
-                )
-            ]
-        try:
-            message = json.loads(frame)
-        except ValueError as exc:
-            return [ev.error(f"message is not JSON: {exc}", code="invalid_json")]
-        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
-            return [ev.error("a client event is an object with a 'type'", code="invalid_event")]
+        message = ev.parse_client_event(frame, max_bytes=self.limits.max_message_bytes)
+        if isinstance(message, ev.Invalid):
+            return [ev.error(message.message, code=message.code)]
         kind: str = message["type"]
         client_id = message.get("event_id") if isinstance(message.get("event_id"), str) else None
         if kind not in ev.CLIENT_TYPES:
@@ -403,7 +461,7 @@ class Dialect:
                         return (
                             f"session.audio.{side}.format",
                             f"only {{'type': 'audio/pcm', 'rate': 24000}} is served; got "
-                            f"{setting!r}",
+                            f"{reprlib.repr(setting)}",
                         )
                     audio[side]["format"] = dict(ev.PCM_FORMAT)
                 elif key == "turn_detection" and side == "input":
@@ -416,8 +474,10 @@ class Dialect:
                             "turn_detection must be null, server_vad or semantic_vad",
                         )
                     audio["input"]["turn_detection"] = setting
-                else:
+                elif key in _AUDIO_KEYS[side]:
                     audio[side][key] = setting
+                # Other keys are ignored, as unknown session keys are: were they kept,
+                # each update could add one more to the session and every session.updated.
         return None
 
     def _ensure_open(self) -> list[Output]:
@@ -502,15 +562,35 @@ class Dialect:
                     client_event_id=cid,
                 )
             ]
-        stored = copy.deepcopy(item)
+        if "id" in item and (not isinstance(item["id"], str) or not item["id"]):
+            return [
+                ev.error(
+                    "an item's id is a non-empty string",
+                    code="invalid_value",
+                    param="item.id",
+                    client_event_id=cid,
+                )
+            ]
+        stored = item  # parsed for this message alone: nothing else holds it
         stored.setdefault("id", self._new_id("item"))
         stored.setdefault("object", "realtime.item")
         stored.setdefault("status", "completed")
         if stored["type"] == "message":
             stored.setdefault("content", [])
+        size = item_bytes(stored)
+        if size > MAX_ITEM_BYTES:
+            return [
+                ev.error(
+                    f"the item weighs {size} bytes (its JSON, plus {VALUE_BYTES} per value), "
+                    f"over the {MAX_ITEM_BYTES}-byte limit for one item; it was not added",
+                    code="invalid_value",
+                    param="item",
+                    client_event_id=cid,
+                )
+            ]
         # The model hears audio only: a text message or a tool result is kept in
         # the conversation (and acknowledged) but does not reach it yet.
-        return [self._added(stored), self._added(stored, done=True)]
+        return [self._added(stored, size=size), self._added(stored, done=True)]
 
     def _on_conversation_item_retrieve(
         self, message: dict[str, Any], cid: str | None
@@ -546,7 +626,7 @@ class Dialect:
         self, message: dict[str, Any], cid: str | None
     ) -> list[Output]:
         item_id = str(message.get("item_id", ""))
-        self.items.pop(item_id, None)
+        self.items.pop(item_id)
         return [ev.event("conversation.item.deleted", item_id=item_id)]
 
     def _on_response_create(self, message: dict[str, Any], cid: str | None) -> list[Output]:
@@ -944,18 +1024,44 @@ class Dialect:
 
     def sent(self, now: float) -> None:
         self._sending_since = None
+        self._last_sent = now
+
+    def _close(self, now: float) -> None:
+        """Stop serving the client: from ``now`` on only the close is owed it."""
+        self.closed = True
+        if self._closing_since is None:
+            self._closing_since = now
+
+    def stall_deadline(self) -> float | None:
+        """When a client that reads nothing is dropped (``None``: nothing is owed it).
+
+        ``send_timeout`` after the write under way began, in every phase; and once
+        closing, after the later of the close decision and the last write done: the
+        close (and what is queued ahead of it) is owed then, even while no write is
+        reported under way (the plumbing does not report a close frame's).
+        """
+        if self._dropped:
+            return None
+        timeout = self.limits.send_timeout
+        deadlines = []
+        if self._sending_since is not None:
+            deadlines.append(self._sending_since + timeout)
+        if self._closing_since is not None:
+            deadlines.append(max(self._closing_since, self._last_sent) + timeout)
+        return min(deadlines, default=None)
 
     def tick(self, now: float) -> list[Output]:
         """Silence to keep the model's clock running; the stalled-reader and idle
         timeouts."""
-        since = self._sending_since
-        if since is not None and now - since >= self.limits.send_timeout:
-            self.closed = True
+        stall = self.stall_deadline()
+        if stall is not None and now >= stall:
+            self._close(now)
+            self._dropped = True
             return [Close(CLOSE_POLICY, "client stopped reading", now=True)]
         if self.closed:
             return []
         if now - self._last_message >= self.limits.idle_timeout:
-            self.closed = True
+            self._close(now)
             message = f"no client event for {self.limits.idle_timeout:g} s; closing"
             return [ev.error(message, code="idle_timeout"), Close(CLOSE_POLICY, message)]
         if self.model_state != "open" or self.clock_start is None:
@@ -970,10 +1076,15 @@ class Dialect:
         return out
 
     def next_tick(self, now: float) -> float:
-        """When ``tick`` next has something to do (at the latest)."""
+        """When ``tick`` next has something to do (at the latest). Once closing only
+        the stalled-reader deadline is left: the idle one has passed or no longer
+        applies, and a time already past would spin the clock."""
+        stall = self.stall_deadline()
+        if self.closed:
+            return stall if stall is not None else math.inf
         idle = self._last_message + self.limits.idle_timeout
-        if self._sending_since is not None:
-            idle = min(idle, self._sending_since + self.limits.send_timeout)
+        if stall is not None:
+            idle = min(idle, stall)
         if self.model_state != "open" or self.clock_start is None:
             return idle
         frame = (
@@ -981,7 +1092,7 @@ class Dialect:
         )
         return min(idle, max(frame, now + FRAME_SECONDS / 4))
 
-    def failed(self, message: str, *, lost: bool) -> list[Output]:
+    def failed(self, message: str, *, lost: bool, now: float) -> list[Output]:
         """The engine failed a frame; a lost session ends the connection."""
         out: list[Output] = [
             ev.error(f"the model failed: {message}", code="inference_error", type_="server_error")
@@ -989,7 +1100,7 @@ class Dialect:
         if lost:
             if self.response is not None:
                 out += self._finish_response("failed")
-            self.closed = True
+            self._close(now)
             out.append(Close(CLOSE_INTERNAL, message[:120]))
         return out
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -171,6 +172,40 @@ async def test_long_instructions_are_refused_by_the_models_tokenizer() -> None:
         assert model.calls_named("open") == []
     finally:
         eng.shutdown()
+
+
+async def test_absurd_client_json_gets_errors_and_the_session_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each of these ended the session with 1011 and a logged traceback (RecursionError,
+    a lone surrogate failing the echo's write, a list as a dict key), or cost seconds
+    and about 100 MB (1.3 M ``{}``). Now each is one error and the socket stays open."""
+    deep = "[" * 3000 + "]" * 3000
+    frames = {
+        '{"type":"response.create","response":{"metadata":' + deep + "}}": "invalid_json",
+        '{"type":"conversation.item.create","item":{"type":"message","content":'
+        '[{"type":"input_text","text":"\\ud800"}]}}': "invalid_json",
+        '{"type":"conversation.item.create","item":{"type":"message","id":[1]}}': ("invalid_value"),
+        '{"type":"conversation.item.create","item":{"type":"message","content":['
+        + ",".join(["{}"] * 1_300_000)
+        + "]}}": "message_too_large",
+    }
+    eng = engine_for(scripted())
+    try:
+        with trio.fail_after(30):
+            async with peer(eng) as p:
+                await p.until("session.created")
+                for frame, code in frames.items():
+                    await p.ws.send_message(frame)
+                    error = await p.recv()
+                    assert error["type"] == "error", error
+                    assert error["error"]["type"] == "invalid_request_error"
+                    assert error["error"]["code"] == code
+                await p.send({"type": "output_audio_buffer.clear"})
+                assert (await p.recv())["type"] == "output_audio_buffer.cleared"
+    finally:
+        eng.shutdown()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
 
 
 async def test_native_path_is_unchanged() -> None:
