@@ -259,13 +259,29 @@ class Engine:
     # --- lifecycle ----------------------------------------------------------
 
     def start(self) -> RealtimeModel:
-        """Start the thread, load the model on it, and block until it is ready."""
-        self._thread.start()
+        """Start the thread, load the model on it, and block until it is ready.
+
+        A failed load raises :class:`EngineLoadError`. Anything raised in the waiting
+        thread itself (``KeyboardInterrupt`` on Ctrl-C) is re-raised at once, without
+        waiting for the load: it cannot be cancelled, so the engine is abandoned
+        instead (see :meth:`_abandon`) and the caller decides how to exit.
+        """
         try:
-            return self._loaded.result()
+            self._thread.start()
+            error = self._loaded.exception()  # waits for the load; raises only if interrupted
         except BaseException as exc:
-            self._thread.join()
-            raise EngineLoadError(str(exc) or type(exc).__name__) from exc
+            self._abandon(f"interrupted while the model was loading ({type(exc).__name__})")
+            raise
+        if error is not None:
+            self._thread.join()  # the loader has returned: the thread is ending
+            raise EngineLoadError(str(error) or type(error).__name__) from error
+        return self._loaded.result()
+
+    def _abandon(self, reason: str) -> None:
+        """Give up on a load still running: report dead now and let the (daemon) thread
+        end on its own once the load returns, instead of waiting for commands."""
+        self._die(reason)
+        self._queue.put(_STOP)
 
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Stop after the queued commands (an open session is cancelled) and join."""

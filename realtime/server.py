@@ -129,12 +129,30 @@ def model_loader(
 
 
 def start_engine(loader: Callable[[], RealtimeModel], observer: Observer | None = None) -> Engine:
+    """Load the model on a new engine thread; the engine once it is ready.
+
+    A failed load is a usage error (exit 2). Ctrl-C during the load ends the process
+    here, at once, with status 130 (a shell's 128 + SIGINT) and one line: the load
+    cannot be cancelled, and waiting for it made one SIGINT hang the process. The
+    exit skips the interpreter's teardown, which could abort in MLX code still running
+    on the loading thread (ml-explore/mlx#3126). SIGTERM has no handler before
+    serving, so its default action ends a loading process as it always has.
+    """
     engine = Engine(loader, observer=observer)
     started = time.perf_counter()
     try:
         model = engine.start()
     except EngineLoadError as exc:
         raise UsageError(f"could not load the model: {exc}") from None
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C: no traceback
+        print(
+            "realtime: interrupted (SIGINT) while the model was loading; exiting",
+            file=sys.stderr,
+            flush=True,
+        )
+        _exit_skipping_native_teardown(128 + signal.SIGINT)
+        raise  # not reached: the process has ended
     log.info("serving model %s (loaded in %.1f s)", model.model_id, time.perf_counter() - started)
     return engine
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -218,6 +219,57 @@ def test_load_failure_is_reported() -> None:
     with pytest.raises(EngineError, match="model failed to load") as info:
         engine.submit(open_("sess_a")).result(timeout=1)
     assert info.value.kind == "engine_dead"
+
+
+class Interrupted(BaseException):
+    """Stands for KeyboardInterrupt: raised in the main thread by a signal handler."""
+
+
+def test_an_interrupt_during_the_load_is_raised_at_once_and_the_thread_ends_later() -> None:
+    """Ctrl-C while the model loads must not wait for the load (it cannot be
+    cancelled): start() re-raises it at once, the engine reports dead, and its thread
+    ends once the load returns instead of waiting for commands forever."""
+    loading, finish = threading.Event(), threading.Event()
+    threads: list[threading.Thread] = []
+
+    def load() -> FakeModel:
+        threads.append(threading.current_thread())
+        loading.set()
+        if not finish.wait(3):  # bounds the test when start() waits for the load
+            raise TimeoutError("nobody ended the load")
+        return FakeModel()
+
+    def raise_interrupted(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    main = threading.get_ident()
+
+    def interrupt() -> None:
+        loading.wait(5)
+        time.sleep(0.05)  # the main thread is waiting for the load by now
+        signal.pthread_kill(main, signal.SIGUSR1)
+
+    engine = Engine(load)
+    previous = signal.signal(signal.SIGUSR1, raise_interrupted)
+    sender = threading.Thread(target=interrupt)
+    started = time.monotonic()
+    try:
+        sender.start()
+        with pytest.raises(Interrupted):
+            engine.start()
+        waited = time.monotonic() - started
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        sender.join()
+    assert waited < 1.0
+    assert not engine.alive
+    assert "interrupted while the model was loading" in (engine.dead_reason or "")
+    with pytest.raises(EngineError) as info:
+        engine.submit(open_("sess_a")).result(timeout=1)
+    assert info.value.kind == "engine_dead"
+    finish.set()
+    threads[0].join(2)
+    assert not threads[0].is_alive()
 
 
 async def test_dead_engine_fails_fast_and_frees_the_slot(fake_model: FakeModel) -> None:
