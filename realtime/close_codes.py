@@ -1,4 +1,5 @@
-"""The WebSocket close codes the server uses, and what each one means to a client.
+"""The WebSocket close codes the server uses, what each one means to a client, and
+the close decision both dialects' state machines hand the plumbing.
 
 One table for both dialects' state machines, the plumbing and the client library.
 """
@@ -6,6 +7,20 @@ One table for both dialects' state machines, the plumbing and the client library
 from __future__ import annotations
 
 from typing import Final
+
+import attrs
+
+
+@attrs.frozen(slots=True)
+class Close:
+    """Close the WebSocket with ``code`` after every event already queued, or at once
+    (``now``: the client stopped reading; release first, then close). A close ``now``
+    may follow one already decided: the client read nothing while it waited."""
+
+    code: int
+    reason: str
+    now: bool = False
+
 
 CLOSE_NORMAL: Final = 1000
 """The session ended as asked: committed and answered, or cancelled."""

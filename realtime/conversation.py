@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Final
 import attrs
 
 from realtime import protocol
-from realtime.close_codes import CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY
+from realtime.close_codes import CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY, Close
 from realtime.limits import Limits, prompt_refusal
 from realtime.models.base import (
     INPUT_SAMPLE_RATE,
@@ -97,17 +97,6 @@ class LimitRefused:
 @attrs.frozen(slots=True)
 class StopModel:
     """Set the stop signal now: queued slices (and a queued open) must not run."""
-
-
-@attrs.frozen(slots=True)
-class Close:
-    """Close the WebSocket with ``code`` after every event already queued, or at once
-    (``now``: the client stopped reading; release first, then close). A close ``now``
-    may follow one already decided: the client read nothing while it waited."""
-
-    code: int
-    reason: str
-    now: bool = False
 
 
 Output = protocol.Event | Work | StopModel | Close | LimitRefused

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from realtime import protocol
+from realtime.close_codes import Close
 from realtime.conversation import (
     MAX_QUEUED_MESSAGES,
     CancelSession,
-    Close,
     Conversation,
     FlushSession,
     LimitRefused,

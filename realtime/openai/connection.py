@@ -26,7 +26,7 @@ from collections.abc import Iterable
 import attrs
 import trio
 
-from realtime.close_codes import CLOSE_INTERNAL
+from realtime.close_codes import CLOSE_INTERNAL, Close
 from realtime.engine import Engine, EngineError, Step
 from realtime.engine import Open as OpenCommand
 from realtime.engine import Push as PushCommand
@@ -34,7 +34,7 @@ from realtime.limits import Limits
 from realtime.models.base import INPUT_SAMPLE_RATE
 from realtime.observe import Observer, SessionOutcome, SessionReport
 from realtime.openai import events as ev
-from realtime.openai.dialect import Close, Dialect, OpenModel, Output, RunFrame
+from realtime.openai.dialect import Dialect, OpenModel, Output, RunFrame
 from realtime.plumbing import PIPELINE_DEPTH, Refusal, SessionPlumbing, Transport
 
 log = logging.getLogger("realtime.openai")

@@ -36,7 +36,7 @@ from typing import Any, Final
 import attrs
 import numpy as np
 
-from realtime.close_codes import CLOSE_INTERNAL, CLOSE_POLICY
+from realtime.close_codes import CLOSE_INTERNAL, CLOSE_POLICY, Close
 from realtime.limits import Limits, prompt_refusal
 from realtime.models.base import (
     FRAME_SAMPLES,
@@ -131,16 +131,6 @@ class RunFrame:
 
     samples: Samples
     silence: bool
-
-
-@attrs.frozen(slots=True)
-class Close:
-    """Close with ``code`` after the queued events, or at once (``now``: the client
-    stopped reading)."""
-
-    code: int
-    reason: str
-    now: bool = False
 
 
 Output = ev.Event | OpenModel | RunFrame | Close

@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from realtime.close_codes import Close
 from realtime.limits import Limits
 from realtime.openai import events as ev
 from realtime.openai.dialect import (
     MAX_ITEM_BYTES,
     MAX_ITEMS_BYTES,
     VALUE_BYTES,
-    Close,
     Dialect,
     Output,
     item_bytes,

@@ -10,6 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from realtime.close_codes import Close
 from realtime.limits import Limits
 from realtime.models.base import (
     AUDIO_CODEBOOKS,
@@ -25,7 +26,6 @@ from realtime.openai.dialect import (
     CREATE_TIMEOUT_FRAMES,
     END_TAIL_FRAMES,
     USER_QUIET_FRAMES,
-    Close,
     Dialect,
     OpenModel,
     Output,
