@@ -535,7 +535,7 @@ def create_http_app(state: ServerState) -> QuartTrio:
             reason = "engine_unavailable" if engine.loaded_model is not None else "loading"
         elif state.draining.is_set() or state.shutdown.is_set():
             reason = "draining"
-        elif engine.is_reserved() and request.args.get("allow_busy") not in ("1", "true"):
+        elif engine.is_full() and request.args.get("allow_busy") not in ("1", "true"):
             reason = "busy"
         body: dict[str, Any] = {
             "status": "ready" if reason is None else "not_ready",

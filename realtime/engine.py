@@ -226,11 +226,13 @@ class Waker:
 
 
 class Engine:
-    """Owns the model thread and the single-session reservation.
+    """Owns the model thread, the sessions open on it (by id) and the reservations.
 
-    The reservation is taken by a connection (``try_reserve``) and freed by the
-    engine thread once it has run that session's :class:`Close`: the slot is only
-    free when the engine really is, so ``/health`` and the next client see the truth.
+    ``capacity`` sessions may hold a reservation at once (1: the seed's rule, one
+    conversation per process). A reservation is taken by a connection
+    (``try_reserve``) and freed by the engine thread once it has run that session's
+    :class:`Close`: a slot is only free when the engine really is, so ``/health`` and
+    the next client see the truth.
     """
 
     def __init__(
@@ -238,7 +240,11 @@ class Engine:
         loader: Callable[[], RealtimeModel],
         *,
         observer: Observer | None = None,
+        capacity: int = 1,
     ) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self.capacity = capacity
         self._loader = loader
         self._observer = observer if observer is not None else Observer()
         self._queue: queue.SimpleQueue[_Queued | object] = queue.SimpleQueue()
@@ -246,11 +252,11 @@ class Engine:
         self._loaded: concurrent.futures.Future[RealtimeModel] = concurrent.futures.Future()
         self._state_lock = threading.Lock()
         self._dead_reason: str | None = None
-        self._reserved: str | None = None
-        self._releasing: concurrent.futures.Future[object] | None = None
-        """The queued Close of the session that holds the slot (its client has left)."""
+        self._reserved: set[str] = set()
+        self._releasing: dict[str, concurrent.futures.Future[object]] = {}
+        """The queued Close of each reserved session whose client has left."""
         self._model: RealtimeModel | None = None
-        self._active: _Active | None = None  # engine thread only
+        self._sessions: dict[str, _Active] = {}  # engine thread only
         self._running: _Queued | None = None
         self._last_beat: float | None = None
         """``time.monotonic()`` of the running command's start or last step (None: idle)."""
@@ -340,20 +346,30 @@ class Engine:
     # --- reservation --------------------------------------------------------
 
     def try_reserve(self, session_id: str) -> bool:
+        """Take one of the ``capacity`` slots for ``session_id``; False when all are held."""
         with self._state_lock:
-            if self._reserved is None:
-                self._reserved = session_id
+            if len(self._reserved) < self.capacity and self._dead_reason is None:
+                self._reserved.add(session_id)
                 return True
             return False
 
     def is_reserved(self) -> bool:
-        return self._reserved is not None
+        """Whether any session holds a slot."""
+        return bool(self._reserved)
+
+    @property
+    def reserved(self) -> int:
+        """How many slots are held now."""
+        return len(self._reserved)
+
+    def is_full(self) -> bool:
+        """Whether every slot is held (a new conversation would be refused)."""
+        return len(self._reserved) >= self.capacity
 
     def _release(self, session_id: str) -> None:
         with self._state_lock:
-            if self._reserved == session_id:
-                self._reserved = None
-                self._releasing = None
+            self._reserved.discard(session_id)
+            self._releasing.pop(session_id, None)
 
     # --- commands -----------------------------------------------------------
 
@@ -372,20 +388,20 @@ class Engine:
         with self._state_lock:
             if self._dead_reason is not None or not self._thread.is_alive():
                 future.set_exception(self._dead_error(command, self._dead_reason))
-                if isinstance(command, Close) and self._reserved == command.session_id:
-                    self._reserved = None
+                if isinstance(command, Close):
+                    self._reserved.discard(command.session_id)
             else:
                 self._queue.put(_Queued(command, future))
-                if isinstance(command, Close) and self._reserved == command.session_id:
-                    self._releasing = future
+                if isinstance(command, Close) and command.session_id in self._reserved:
+                    self._releasing[command.session_id] = future
         return future
 
     def release_pending(self) -> concurrent.futures.Future[object] | None:
-        """The queued Close of the session holding the slot, if its client has left:
-        the slot frees once that future completes."""
+        """When every slot is held: the queued Close of a session whose client has
+        left, if any (the first queued); a slot frees once that future completes."""
         with self._state_lock:
-            future = self._releasing
-        return future if future is not None and not future.done() else None
+            pending = [f for f in self._releasing.values() if not f.done()]
+        return pending[0] if pending else None
 
     @staticmethod
     async def result(future: concurrent.futures.Future[T]) -> T:
@@ -458,9 +474,10 @@ class Engine:
             if item is not None and not item.future.done():
                 item.future.set_exception(self._dead_error(item.command, reason))
         finally:
-            self._drop_active()
+            for session_id in list(self._sessions):
+                self._drop(session_id)
             with self._state_lock:
-                self._reserved = None
+                self._reserved.clear()
 
     def _dead_error(self, command: Command, reason: str | None) -> EngineError:
         return EngineError(
@@ -481,7 +498,7 @@ class Engine:
                     break
                 if isinstance(got, _Queued) and got.future.set_running_or_notify_cancel():
                     got.future.set_exception(self._dead_error(got.command, self._dead_reason))
-            self._reserved = None
+            self._reserved.clear()
 
     def _beat(self) -> None:
         self._last_beat = time.monotonic()
@@ -506,7 +523,7 @@ class Engine:
             error = EngineError("step_failed", str(exc), during=kind)
         except Exception as exc:
             log.exception("%s failed for %s; dropping the session", kind, command.session_id)
-            self._drop_active()
+            self._drop(command.session_id)
             error = EngineError("session_lost", _describe(exc), during=kind)
         finally:
             self._last_beat = None
@@ -537,14 +554,13 @@ class Engine:
                 active.finished = True
                 return active.session.cancel()
             case Close(session_id):
-                if self._active is not None and self._active.session_id == session_id:
-                    self._drop_active()
+                self._drop(session_id)
                 self._release(session_id)
                 return None
 
     def _active_session(self, session_id: str, kind: CommandKind) -> _Active:
-        active = self._active
-        if active is None or active.session_id != session_id:
+        active = self._sessions.get(session_id)
+        if active is None:
             raise EngineError("session_lost", f"no open session {session_id}", during=kind)
         return active
 
@@ -557,10 +573,14 @@ class Engine:
     def _open(self, command: Open) -> None:
         if command.stop is not None and command.stop.is_set():
             raise EngineError("open_failed", "the connection is gone", during="open")
-        if self._active is not None:
+        if command.session_id in self._sessions:
+            raise EngineError(
+                "open_failed", f"session {command.session_id} is already open", during="open"
+            )
+        if len(self._sessions) >= self.capacity:
             raise EngineError(
                 "open_failed",
-                f"session {self._active.session_id} is still open on the engine",
+                f"{len(self._sessions)} sessions are open on the engine, its capacity",
                 during="open",
             )
         try:
@@ -573,11 +593,14 @@ class Engine:
         except SessionInitializationError as exc:
             self.model.clear_cache()
             raise EngineError("open_failed", str(exc), during="open") from exc
-        self._active = _Active(command.session_id, session)
+        self._sessions[command.session_id] = _Active(command.session_id, session)
 
-    def _drop_active(self) -> None:
-        active, self._active = self._active, None
-        if active is not None and not active.finished:
+    def _drop(self, session_id: str) -> None:
+        """Forget a session (cancelling it if it still runs) and free cached buffers."""
+        active = self._sessions.pop(session_id, None)
+        if active is None:
+            return
+        if not active.finished:
             try:
                 active.session.cancel()
             except Exception:

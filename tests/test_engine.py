@@ -89,9 +89,41 @@ async def test_push_on_unopened_session_loses_it(engine: Engine) -> None:
         await engine.run(push("sess_x"))
     assert info.value.kind == "session_lost" and info.value.during == "push"
     await engine.run(open_("sess_a"))
-    with pytest.raises(EngineError, match="still open") as info:
+    with pytest.raises(EngineError, match="its capacity") as info:
         await engine.run(open_("sess_b"))
     assert info.value.kind == "open_failed"
+    with pytest.raises(EngineError, match="already open") as info:
+        await engine.run(open_("sess_a"))
+    assert info.value.kind == "open_failed"
+
+
+async def test_a_capacity_holds_sessions_by_id() -> None:
+    """Sessions are held by id; a slot frees only once the engine ran its Close."""
+    eng = Engine(FakeModel, capacity=2)
+    eng.start()
+    try:
+        assert eng.try_reserve("sess_a") and eng.try_reserve("sess_b")
+        assert eng.is_full() and eng.reserved == 2 and not eng.try_reserve("sess_c")
+        await eng.run(open_("sess_a"))
+        await eng.run(open_("sess_b"))
+        step_a = await eng.run(push("sess_a"))
+        step_b = await eng.run(push("sess_b"))
+        assert step_a is not None and step_b is not None
+        closing = eng.submit(Close("sess_a"))
+        assert eng.release_pending() in (closing, None)
+        await Engine.result(closing)
+        assert not eng.is_full() and eng.reserved == 1
+        with pytest.raises(EngineError, match="no open session sess_a"):
+            await eng.run(push("sess_a"))
+        assert await eng.run(push("sess_b")) is not None  # the other one goes on
+        assert eng.try_reserve("sess_c")
+    finally:
+        eng.shutdown()
+
+
+def test_capacity_is_at_least_one() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        Engine(FakeModel, capacity=0)
 
 
 async def test_push_returns_a_typed_step(engine: Engine) -> None:
