@@ -52,7 +52,7 @@ from realtime.engine import Open as OpenCommand
 from realtime.engine import Push as PushCommand
 from realtime.limits import Limits
 from realtime.models.base import FRAME_SAMPLES, INPUT_SAMPLE_RATE, ModelEvent
-from realtime.observe import Observer, SessionOutcome, SessionReport
+from realtime.observe import Observer, SessionOutcome
 from realtime.plumbing import (
     PIPELINE_DEPTH,
     Audio,
@@ -146,17 +146,9 @@ class Connection(SessionPlumbing):
         self.conversation.sent(now)
         self.observer.send_queue(self.conversation.unsent)
 
-    def report(self) -> SessionReport:
+    def ending(self) -> tuple[SessionOutcome, str]:
         conv = self.conversation
-        return SessionReport(
-            session_id=self.session_id,
-            outcome=conv.outcome or "client_gone",
-            duration=trio.current_time() - self._started,
-            frames=conv.frames,
-            step_seconds=tuple(conv.step_seconds),
-            close_code=self.close_code,
-            close_reason=conv.close_reason,
-        )
+        return conv.outcome or "client_gone", conv.close_reason
 
     # --- carrying the conversation's outputs -----------------------------------------
 
@@ -287,11 +279,10 @@ class Connection(SessionPlumbing):
                     continue
                 self.observer.slice_collected()
                 if step is None:
-                    conv.slice_done(stage.append_id, None, 0.0, trio.current_time())
+                    conv.slice_done(stage.append_id, None, trio.current_time())
                     continue
-                events = conv.slice_done(
-                    stage.append_id, step.events, step.seconds, trio.current_time()
-                )
+                self.step_seconds.append(step.seconds)
+                events = conv.slice_done(stage.append_id, step.events, trio.current_time())
                 await self._send_frame(events, stage.received_at)
             elif isinstance(stage, _Emit):
                 await self._apply(stage.outputs)

@@ -22,7 +22,7 @@ import attrs
 
 from realtime import protocol
 from realtime.close_codes import CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY, Close
-from realtime.limits import Limits, prompt_refusal
+from realtime.limits import Limits, message_size, prompt_refusal
 from realtime.models.base import (
     INPUT_SAMPLE_RATE,
     AudioDelta,
@@ -152,7 +152,6 @@ class Conversation:
         self.outcome: SessionOutcome | None = None
         self.close_reason = ""
         self.frames = 0
-        self.step_seconds: list[float] = []
         self._accepted_at = now
         self._last_message = now
         self._idle_from: float | None = now
@@ -182,7 +181,7 @@ class Conversation:
             return []
         if frame is None:
             frame = b""
-        size = _utf8_size(frame, self.limits.max_message_bytes)
+        size = message_size(frame, self.limits.max_message_bytes)
         if size > self.limits.max_message_bytes:
             return [
                 LimitRefused("max_message_bytes"),
@@ -336,15 +335,14 @@ class Conversation:
         self._queued -= 1
 
     def slice_done(
-        self, append_id: int, events: list[ModelEvent] | None, seconds: float, now: float
+        self, append_id: int, events: list[ModelEvent] | None, now: float
     ) -> list[protocol.Event]:
-        """A slice ran (``events``, ``seconds`` of model time) or was skipped (``None``):
-        its wire events, audio first."""
+        """A slice ran (``events``) or was skipped (``None``): its wire events, audio
+        first. (Its model time is the plumbing's to record: the session report.)"""
         self._inflight -= 1
         self._maybe_idle(now)
         if events is None:
             return []
-        self.step_seconds.append(seconds)
         if append_id == self._failed_append:
             return []
         return self._model_events(events)
@@ -544,12 +542,3 @@ class Conversation:
             self.close_reason = reason
         self.phase = Phase.CLOSED
         self._ended = True
-
-
-def _utf8_size(frame: str | bytes, limit: int) -> int:
-    """The frame's size in bytes (UTF-8 for text), computed only when it may matter."""
-    if isinstance(frame, (bytes, bytearray)):
-        return len(frame)
-    if len(frame) * 4 <= limit:
-        return len(frame)  # cannot exceed the limit whatever the characters
-    return len(frame.encode("utf-8", "surrogatepass"))

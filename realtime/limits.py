@@ -156,6 +156,17 @@ class Limits:
     the descriptors left free at start, less a reserve; see realtime.guard)."""
 
 
+def message_size(frame: str | bytes, limit: int) -> int:
+    """A client message's size as ``max_message_bytes`` counts it, on both endpoints:
+    bytes, UTF-8 for text (a character may be four). Exact whenever it may matter: a
+    text that cannot reach ``limit`` even at four bytes a character is not encoded."""
+    if isinstance(frame, (bytes, bytearray)):
+        return len(frame)
+    if len(frame) * 4 <= limit or frame.isascii():
+        return len(frame)
+    return len(frame.encode("utf-8", "surrogatepass"))
+
+
 def prompt_refusal(
     prompt: str | None, limit: int, count_tokens: Callable[[str], int], *, field: str
 ) -> str | None:

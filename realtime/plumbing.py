@@ -110,6 +110,10 @@ class SessionPlumbing:
         self._writing = False
         """A task other than the sender is writing an event (``send_or_queue``)."""
         self._written = trio.lowlevel.ParkingLot()
+        self.frames_sent = 0
+        """Frames whose audio was handed to the socket (the session report)."""
+        self.step_seconds: list[float] = []
+        """Engine time of each model step of this session (the session report)."""
         self.waker = Waker()
         """For the one task that awaits the model's output frame by frame."""
         self._out_send, self._out_recv = trio.open_memory_channel[Outgoing](
@@ -139,8 +143,23 @@ class SessionPlumbing:
     def sent(self, now: float) -> None:
         """A socket write finished."""
 
-    def report(self) -> SessionReport:
+    def ending(self) -> tuple[SessionOutcome, str]:
+        """How the session ended and why, as the dialect's rules decided it."""
         raise NotImplementedError
+
+    def report(self) -> SessionReport:
+        """The session report, the same for both dialects: the figures are counted
+        here, on the shared path; only the outcome is the dialect's."""
+        outcome, reason = self.ending()
+        return SessionReport(
+            session_id=self.session_id,
+            outcome=outcome,
+            duration=trio.current_time() - self._started,
+            frames=self.frames_sent,
+            step_seconds=tuple(self.step_seconds),
+            close_code=self.close_code,
+            close_reason=reason,
+        )
 
     def task_name(self, role: str) -> str:
         """``SESSION_ID:role``, as the connection's tasks are named (trio's task tree,
@@ -349,7 +368,9 @@ class SessionPlumbing:
         await self.transport.send(item.text)
         self.observer.audio_send(False)
         now = trio.current_time()
-        # Trio's clock, like ``received_at``: the frame latency is one clock's difference.
+        # Trio's clock, like ``received_at``: the frame latency is one clock's difference,
+        # measured here for both dialects (append received until handed to the socket).
+        self.frames_sent += 1
         self.observer.frame_sent(now - item.received_at)
         self.sent(now)
 

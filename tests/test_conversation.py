@@ -241,10 +241,10 @@ def test_slices_give_audio_first_and_count_frames() -> None:
     assert c.begin_audio(run) is None
     c.slice_submitted(FRAME)
     c.audio_done(0)
-    events = c.slice_done(run.append_id, audio_events(0), 0.01, 0.0)
+    events = c.slice_done(run.append_id, audio_events(0), 0.0)
     assert [e["type"] for e in events] == ["response.audio.delta", "response.text.delta"]
-    assert c.frames == 1 and c.step_seconds == [0.01]
-    assert c.slice_done(run.append_id, None, 0.0, 0.0) == []  # a skipped slice
+    assert c.frames == 1
+    assert c.slice_done(run.append_id, None, 0.0) == []  # a skipped slice
 
 
 def three_slices_two_in_flight(c: Conversation) -> RunAudio:
@@ -273,7 +273,7 @@ def test_a_failed_append_errors_once_and_stops_submitting() -> None:
 def test_the_context_limit_ends_the_response_once() -> None:
     c = conv()
     run = three_slices_two_in_flight(c)
-    c.slice_done(run.append_id, audio_events(0), 0.01, 0.0)
+    c.slice_done(run.append_id, audio_events(0), 0.0)
     stop, err, done, close = c.slice_failed(run.append_id, "context_limit", "context limit", 0.0)
     assert isinstance(stop, StopModel)
     assert isinstance(err, dict) and err["error"]["code"] == "inference_error"
@@ -387,7 +387,7 @@ def test_idle_clock_only_runs_while_nothing_is_owed() -> None:
     c.audio_done(0)
     assert c.next_deadline() is None  # slices are running
     for i in range(2):
-        for _ in c.slice_done(run.append_id, audio_events(i), 0.01, 20.0):
+        for _ in c.slice_done(run.append_id, audio_events(i), 20.0):
             c.event_queued()
     assert c.next_deadline() is None  # events wait for the socket
     for _ in range(4):
@@ -599,7 +599,7 @@ def _run(c: Conversation, work: Output, outcome: str, now: float) -> list[Output
         c.slice_submitted(n)
         c.audio_done(0)
         if failure is None or outcome == "open_failed":
-            out += c.slice_done(work.append_id, audio_events(c.frames), 0.01, now)
+            out += c.slice_done(work.append_id, audio_events(c.frames), now)
         else:
             out += c.slice_failed(work.append_id, failure[0], failure[1], now)
         return out
@@ -608,3 +608,15 @@ def _run(c: Conversation, work: Output, outcome: str, now: float) -> list[Output
     if isinstance(work, CancelSession):
         return c.cancelled([Cancelled(c.frames)] if c.session_open else None, now)
     return []
+
+
+@pytest.mark.parametrize(
+    ("frame", "size"),
+    [("a" * 10, 10), ("é" * 10, 20), ("€" * 10, 30), ("😀" * 10, 40), (b"\xff" * 7, 7)],
+)
+def test_the_message_limit_counts_utf8_bytes(frame: str | bytes, size: int) -> None:
+    """One rule for both endpoints (``limits.message_size``): exact near the limit."""
+    from realtime.limits import message_size
+
+    assert message_size(frame, 8) == size
+    assert message_size(frame, 10**6) <= size  # far from the limit: not encoded

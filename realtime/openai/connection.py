@@ -32,21 +32,35 @@ from realtime.engine import Open as OpenCommand
 from realtime.engine import Push as PushCommand
 from realtime.limits import Limits
 from realtime.models.base import INPUT_SAMPLE_RATE
-from realtime.observe import Observer, SessionOutcome, SessionReport
+from realtime.observe import Observer, SessionOutcome
 from realtime.openai import events as ev
 from realtime.openai.dialect import Dialect, OpenModel, Output, RunFrame
-from realtime.plumbing import PIPELINE_DEPTH, Refusal, SessionPlumbing, Transport
+from realtime.plumbing import PIPELINE_DEPTH, Audio, Refusal, SessionPlumbing, Transport
+
+AUDIO_DELTA = "response.output_audio.delta"
+"""The event a frame's audio travels in: handed to the socket as plumbing ``Audio``, so
+the frame latency is measured where the native endpoint measures it."""
 
 log = logging.getLogger("realtime.openai")
 
 
 @attrs.frozen(slots=True, eq=False)
 class _Pending:
-    """A frame on the engine, with when it was handed over (for the frame latency)."""
+    """A frame on the engine, with when its audio arrived (for the frame latency)."""
 
     future: concurrent.futures.Future[Step | None] | None
     """``None``: the model session is not open, the frame was not run."""
-    submitted_at: float
+    received_at: float
+    """Trio time as the message (or the clock's tick) that made the frame arrived:
+    the frame latency runs from there to the socket, as on the native endpoint."""
+
+
+@attrs.frozen(slots=True, eq=False)
+class _Frame:
+    """A frame for the submitter, stamped as it arrived."""
+
+    frame: RunFrame
+    received_at: float
 
 
 class OpenAIConnection(SessionPlumbing):
@@ -79,10 +93,8 @@ class OpenAIConnection(SessionPlumbing):
         self.outcome: SessionOutcome = "client_gone"
         self.close_reason = ""
         self._session_open = False
-        self._frames_sent = 0
-        self._step_seconds: list[float] = []
         # Unbounded here: the dialect bounds it (max_pending_audio_seconds of frames).
-        self._work_send, self._work_recv = trio.open_memory_channel[OpenModel | RunFrame](math.inf)
+        self._work_send, self._work_recv = trio.open_memory_channel[OpenModel | _Frame](math.inf)
         self._pipe_send, self._pipe_recv = trio.open_memory_channel[_Pending](PIPELINE_DEPTH - 2)
         self._wake = trio.Event()
 
@@ -110,32 +122,29 @@ class OpenAIConnection(SessionPlumbing):
     def sent(self, now: float) -> None:
         self.dialect.sent(now)
 
-    def report(self) -> SessionReport:
-        return SessionReport(
-            session_id=self.session_id,
-            outcome=self.outcome,
-            duration=trio.current_time() - self._started,
-            frames=self._frames_sent,
-            step_seconds=tuple(self._step_seconds),
-            close_code=self.close_code,
-            close_reason=self.close_reason,
-        )
+    def ending(self) -> tuple[SessionOutcome, str]:
+        return self.outcome, self.close_reason
 
     # --- carrying the dialect's outputs ------------------------------------------------
 
-    async def _apply(self, outputs: Iterable[Output], *, direct: bool = False) -> None:
+    async def _apply(
+        self, outputs: Iterable[Output], *, direct: bool = False, received_at: float = 0.0
+    ) -> None:
         """``direct``: events may be written by this task (``send_or_queue``); only the
-        receiver and the collector pass it, never the clock."""
+        receiver and the collector pass it, never the clock. ``received_at``: when the
+        message (or tick) these outputs answer arrived; the collector passes the
+        frame's, so its audio carries it to the socket."""
         for out in outputs:
             if isinstance(out, dict):
                 if out["type"] == "error":
                     self.observer.error_sent(out["error"]["code"])
-                if direct:
-                    await self.send_or_queue(ev.serialize(out))
-                else:
-                    await self.queue(ev.serialize(out))
-            elif isinstance(out, (OpenModel, RunFrame)):
+                text = ev.serialize(out)
+                item: str | Audio = Audio(text, received_at) if out["type"] == AUDIO_DELTA else text
+                await (self.send_or_queue(item) if direct else self.queue(item))
+            elif isinstance(out, OpenModel):
                 self._work_send.send_nowait(out)
+            elif isinstance(out, RunFrame):
+                self._work_send.send_nowait(_Frame(out, received_at))
             else:
                 self._closing(out)
                 if out.now:
@@ -156,12 +165,14 @@ class OpenAIConnection(SessionPlumbing):
     async def _receiver(self) -> None:
         while True:
             frame = await self.transport.receive()
-            await self._apply(self.dialect.receive(frame, trio.current_time()), direct=True)
+            now = trio.current_time()
+            await self._apply(self.dialect.receive(frame, now), direct=True, received_at=now)
 
     async def _clock(self) -> None:
         dialect = self.dialect
         while True:
-            await self._apply(dialect.tick(trio.current_time()))
+            now = trio.current_time()
+            await self._apply(dialect.tick(now), received_at=now)
             self._wake = trio.Event()
             with trio.move_on_at(dialect.next_tick(trio.current_time())):
                 await self._wake.wait()
@@ -172,13 +183,13 @@ class OpenAIConnection(SessionPlumbing):
                 await self._open(work)
                 continue
             if not self._session_open:
-                await self._pipe_send.send(_Pending(None, time.perf_counter()))
+                await self._pipe_send.send(_Pending(None, work.received_at))
                 continue
             future = self.engine.submit(
-                PushCommand(self.session_id, work.samples, INPUT_SAMPLE_RATE, self._stop)
+                PushCommand(self.session_id, work.frame.samples, INPUT_SAMPLE_RATE, self._stop)
             )
             self.observer.slice_submitted()
-            await self._pipe_send.send(_Pending(future, time.perf_counter()))
+            await self._pipe_send.send(_Pending(future, work.received_at))
 
     async def _open(self, work: OpenModel) -> None:
         started = time.perf_counter()
@@ -223,11 +234,6 @@ class OpenAIConnection(SessionPlumbing):
             if step is None:
                 dialect.frame_dropped()
                 continue
-            self._step_seconds.append(step.seconds)
+            self.step_seconds.append(step.seconds)
             outputs = dialect.frame_done(step.events)
-            if any(
-                isinstance(o, dict) and o["type"] == "response.output_audio.delta" for o in outputs
-            ):
-                self._frames_sent += 1
-                self.observer.frame_sent(time.perf_counter() - pending.submitted_at)
-            await self._apply(outputs, direct=True)
+            await self._apply(outputs, direct=True, received_at=pending.received_at)

@@ -244,3 +244,28 @@ async def test_demo_checkpoint_through_the_endpoint(demo_model: VoiceChatModel) 
         assert pcm_out.size and np.abs(pcm_out).max() > 0
     finally:
         eng.shutdown()
+
+
+async def test_frame_latency_means_what_it_means_on_the_native_endpoint() -> None:
+    """``realtime_frame_latency_seconds``: the audio's arrival until the frame's audio
+    was handed to the socket, one observation per audio frame sent, on trio's clock
+    (this endpoint measured engine submit to before the write, on another clock)."""
+    from tests.test_metrics import value
+
+    eng = engine_for(scripted(say("Hi ", "there", None, "!")))
+    try:
+        async with running_server(eng) as server:
+            url = server.http.replace("http://", "ws://") + "/openai/v1/realtime?model=x"
+            async with open_websocket_url(url) as ws:
+                p = Peer(ws)
+                await p.until("session.created")
+                await p.speak(0.6)
+                await p.until("response.done")
+            text = server.state.metrics.exposition().decode()
+    finally:
+        eng.shutdown()
+    deltas = sum(e["type"] == "response.output_audio.delta" for e in p.seen)
+    count = value(text, "realtime_frame_latency_seconds_count")
+    total = value(text, "realtime_frame_latency_seconds_sum")
+    assert deltas > 0 and count == deltas
+    assert 0 < total < 2.0 * count  # a fake model answers in milliseconds
