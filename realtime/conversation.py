@@ -54,6 +54,19 @@ class Phase(enum.Enum):
     """A close was decided; nothing more is accepted."""
 
 
+TRANSITIONS: Final[dict[Phase, frozenset[Phase]]] = {
+    Phase.CONFIGURING: frozenset({Phase.READY, Phase.COMMITTED, Phase.CANCELLED, Phase.CLOSED}),
+    Phase.READY: frozenset({Phase.COMMITTED, Phase.CANCELLED, Phase.CLOSED}),
+    # An open that failed after the commit queued behind it: the client may try again.
+    Phase.COMMITTED: frozenset({Phase.CONFIGURING, Phase.CLOSED}),
+    Phase.CANCELLED: frozenset({Phase.CLOSED}),
+    # A drop (the client read nothing) may follow a close already decided.
+    Phase.CLOSED: frozenset({Phase.CLOSED}),
+}
+"""Every legal phase change, in one table (h11's way): :meth:`Conversation._enter` is
+the only place a phase is set, and refuses anything else (a bug, not a client error)."""
+
+
 # --- outputs: what the plumbing must do -----------------------------------------------
 
 
@@ -298,13 +311,13 @@ class Conversation:
     def _commit(self, commit: protocol.AudioCommit) -> list[Output]:
         out = self._queue(FlushSession(commit.pad_partial))
         if isinstance(out[0], FlushSession):
-            self.phase = Phase.COMMITTED
+            self._enter(Phase.COMMITTED)
         return out
 
     def _cancel(self) -> list[Output]:
         if self.phase in (Phase.COMMITTED, Phase.CANCELLED, Phase.CLOSED):
             return []
-        self.phase = Phase.CANCELLED
+        self._enter(Phase.CANCELLED)
         self._queued += 1
         self._idle_from = None
         return [StopModel(), CancelSession()]
@@ -384,7 +397,7 @@ class Conversation:
         if failure is None:
             self.session_open = True
             if self.phase is Phase.CONFIGURING:
-                self.phase = Phase.READY
+                self._enter(Phase.READY)
             return [protocol.session_updated(self.session_id, self.model_id, update)]
         kind, message = failure
         if kind == "engine_dead":
@@ -393,7 +406,7 @@ class Conversation:
             return []  # a cancel skipped the queued open; it answers for itself
         # Nothing was opened: the client may fix its options and try again.
         if self.phase is Phase.COMMITTED:
-            self.phase = Phase.CONFIGURING
+            self._enter(Phase.CONFIGURING)
         return [protocol.error_event(error_code_for(kind, "open"), message)]
 
     def flushed(
@@ -447,10 +460,16 @@ class Conversation:
             self._close(CLOSE_INTERNAL, message[:120], "error"),
         ]
 
+    def _enter(self, phase: Phase) -> None:
+        """The one place a phase changes: ``TRANSITIONS`` says which changes exist."""
+        if phase not in TRANSITIONS[self.phase]:
+            raise AssertionError(f"no transition {self.phase.name} -> {phase.name}")
+        self.phase = phase
+
     def _close(
         self, code: int, reason: str, outcome: SessionOutcome, *, now: bool = False
     ) -> Close:
-        self.phase = Phase.CLOSED
+        self._enter(Phase.CLOSED)
         self.outcome = outcome
         self.close_reason = reason
         return Close(code, reason, now=now)
@@ -540,5 +559,5 @@ class Conversation:
         if self.outcome is None:
             self.outcome = outcome
             self.close_reason = reason
-        self.phase = Phase.CLOSED
+        self._enter(Phase.CLOSED)
         self._ended = True

@@ -620,3 +620,15 @@ def test_the_message_limit_counts_utf8_bytes(frame: str | bytes, size: int) -> N
 
     assert message_size(frame, 8) == size
     assert message_size(frame, 10**6) <= size  # far from the limit: not encoded
+
+
+def test_phases_change_only_along_the_transition_table() -> None:
+    from realtime.conversation import TRANSITIONS
+
+    assert set(TRANSITIONS) == set(Phase)
+    c = conv()
+    ready(c)
+    c.receive(msg("session.cancel"), 0.0)
+    assert c.phase is Phase.CANCELLED
+    with pytest.raises(AssertionError, match="no transition CANCELLED -> READY"):
+        c._enter(Phase.READY)
