@@ -1,25 +1,29 @@
-"""One WebSocket connection's plumbing, from accept to close, in one nursery.
+"""One WebSocket session's model pipeline, the same for both endpoints.
 
-The rules live in :class:`~realtime.conversation.Conversation`; this module only
-moves things between the socket, that state machine and the engine. Five tasks
-share the connection:
+A dialect is only its rules (a pure state machine: client frames, model results and
+time in; events, :mod:`realtime.work` and closes out) and its serializer. This
+module moves things between the socket, those rules and the engine, once for both
+``/v1/realtime`` (:class:`~realtime.conversation.Conversation`) and
+``/openai/v1/realtime`` (:class:`~realtime.openai.connection.OpenAIRules`). Four
+tasks share the session, beside the sender of :mod:`realtime.plumbing`:
 
-* the *receiver* reads each message and feeds it to the conversation (pings are
-  answered at once, work for the model is queued in arrival order);
-* the *submitter* takes that work in order and hands audio to the engine slice by
-  slice; open, commit and cancel travel as barriers;
-* the *collector* awaits each slice (and barrier) in order and queues its events,
-  a frame's audio first. The submitter and the collector are joined by a bounded
-  channel whose size sets the pipeline depth (``PIPELINE_DEPTH``): the next slice
-  already waits on the engine when one finishes, and a cancel or disconnect sets
-  the stop signal that the engine checks before each queued slice, so at most the
-  running slice completes after it;
-* the *timer* enforces the conversation's deadlines (configure, idle, stalled reader).
+* the *receiver* reads each message and feeds it to the rules (their answers are
+  written at once when the sender is idle; work for the model is queued in arrival
+  order, or handed to the engine at once when nothing is ahead of it);
+* the *submitter* takes that work in order and hands audio to the engine frame by
+  frame; open, commit and cancel travel as barriers;
+* the *collector* awaits each frame (and barrier) in order through the session's
+  waker and hands its events on, a frame's audio first. The submitter and the
+  collector are joined by a bounded channel whose size sets the pipeline depth
+  (``PIPELINE_DEPTH``): the next frame already waits on the engine when one
+  finishes, and a cancel or disconnect sets the stop signal that the engine checks
+  before each queued frame, so at most the running frame completes after it;
+* the *timer* wakes the rules when their clock says (deadlines; the OpenAI
+  dialect's silence feed).
 
-The lifetime both dialects share lives in :class:`~realtime.plumbing.SessionPlumbing`:
-holding the slot, the greeting, the *sender* that owns every socket write, and on
-every way out telling the engine to close the session (the engine frees the
-reservation once it has) and reporting how it ended.
+The frame latency (a frame's audio arrival until its audio is handed to the
+socket), the session report, the engine-failure value (:class:`~realtime.work.Failure`)
+and the fast path are therefore the same on both endpoints.
 """
 
 from __future__ import annotations
@@ -27,60 +31,135 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import time
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Sequence
 from contextlib import closing
+from typing import Any, ClassVar, Protocol
 
 import attrs
 import trio
 
 from realtime import protocol
-from realtime.conversation import (
-    CancelSession,
-    Conversation,
-    FlushSession,
-    LimitRefused,
-    OpenSession,
-    Output,
-    RunAudio,
-    StopModel,
-    Work,
-)
+from realtime.close_codes import Close
+from realtime.conversation import Conversation
 from realtime.engine import Cancel as CancelCommand
-from realtime.engine import Engine, EngineError, FailureKind, Step
+from realtime.engine import Engine, EngineError, Step
 from realtime.engine import Flush as FlushCommand
 from realtime.engine import Open as OpenCommand
 from realtime.engine import Push as PushCommand
 from realtime.limits import Limits
-from realtime.models.base import FRAME_SAMPLES, INPUT_SAMPLE_RATE, ModelEvent
+from realtime.models.base import FRAME_SAMPLES, INPUT_SAMPLE_RATE, ModelEvent, RealtimeModel
 from realtime.observe import Observer, SessionOutcome
-from realtime.plumbing import (
-    PIPELINE_DEPTH,
-    Audio,
-    Refusal,
-    SessionPlumbing,
-    Transport,
+from realtime.plumbing import PIPELINE_DEPTH, Audio, Refusal, SessionPlumbing, Transport
+from realtime.work import (
+    CancelModel,
+    Failure,
+    FlushModel,
+    LimitRefused,
+    OpenModel,
+    RunAudio,
+    StopModel,
+    Work,
 )
+
+Event = dict[str, Any]
+Output = Event | Work | StopModel | Close | LimitRefused
+Ended = list[ModelEvent] | Failure | None
+"""What a flush or cancel came to: the model's events, its failure, or None (no
+session was open)."""
+
+
+class Rules(Protocol):
+    """A dialect as the pipeline drives it: its state machine and its serializer."""
+
+    session_id: str
+    session_open: bool
+    audio_event: ClassVar[str]
+    """The event type a frame's audio travels in (the frame latency ends at its write)."""
+
+    def created_event(self) -> Event: ...
+    def refusal_event(self, code: Refusal, message: str) -> Event: ...
+    def serialize(self, event: Event) -> str: ...
+    def pending_seconds(self) -> float: ...
+
+    def receive(self, frame: str | bytes | None, now: float) -> Sequence[Output]: ...
+    def check_timeouts(self, now: float) -> Sequence[Output]: ...
+    def next_check(self, now: float) -> float: ...
+
+    def begin_audio(self, work: RunAudio) -> list[Output] | None: ...
+    def keep_submitting(self, tag: int) -> bool: ...
+    def slice_submitted(self, samples: int) -> None: ...
+    def audio_done(self, unsubmitted: int) -> None: ...
+    def slice_done(
+        self, tag: int, events: list[ModelEvent] | None, now: float
+    ) -> Sequence[Output]: ...
+    def slice_failed(self, tag: int, failure: Failure, now: float) -> Sequence[Output]: ...
+    def opened(self, failure: Failure | None, now: float) -> Sequence[Output]: ...
+    def flushed(
+        self, result: list[ModelEvent] | Failure | None, now: float
+    ) -> Sequence[Output]: ...
+    def cancelled(
+        self, result: list[ModelEvent] | Failure | None, now: float
+    ) -> Sequence[Output]: ...
+
+    def event_queued(self) -> None: ...
+    def sending(self, now: float) -> None: ...
+    def sent(self, now: float) -> None: ...
+    def connection_lost(self, outcome: SessionOutcome, reason: str) -> None: ...
+    def ending(self) -> tuple[SessionOutcome, str]: ...
+
+
+class NativeRules(Conversation):
+    """``/v1/realtime``: :class:`Conversation` with the native protocol's serializer."""
+
+    audio_event: ClassVar[str] = protocol.AUDIO_DELTA
+
+    @classmethod
+    def new(cls, model: RealtimeModel, limits: Limits, now: float) -> NativeRules:
+        return cls(
+            protocol.new_session_id(),
+            limits,
+            model_id=model.model_id,
+            model_path=model.path,
+            now=now,
+            count_tokens=model.count_tokens,
+        )
+
+    def created_event(self) -> Event:
+        return protocol.session_created(self.session_id)
+
+    def refusal_event(self, code: Refusal, message: str) -> Event:
+        wire: protocol.ErrorCode = "server_busy" if code == "server_busy" else "inference_error"
+        return protocol.error_event(wire, message)
+
+    def serialize(self, event: Event) -> str:
+        return protocol.serialize(event)
+
+    def pending_seconds(self) -> float:
+        return self.pending_samples / INPUT_SAMPLE_RATE
+
+    def ending(self) -> tuple[SessionOutcome, str]:
+        return self.outcome or "client_gone", self.close_reason
 
 
 @attrs.frozen(slots=True, eq=False)
 class _Slice:
     future: concurrent.futures.Future[Step | None]
-    append_id: int
+    tag: int
     received_at: float
-    """Trio time as its append arrived (``RunAudio.received_at``), for the frame latency."""
+    """Trio time as its audio arrived (``RunAudio.received_at``), for the frame latency."""
 
 
 @attrs.frozen(slots=True, eq=False)
 class _Barrier:
-    """Open, commit or cancel: runs once every earlier slice is out."""
+    """Open, commit or cancel: runs once every earlier frame is out."""
 
-    work: OpenSession | FlushSession | CancelSession
+    work: OpenModel | FlushModel | CancelModel
     done: trio.Event
 
 
 @attrs.frozen(slots=True)
 class _Emit:
-    """Outputs that must go out in order with the slices around them."""
+    """Outputs that must go out in order with the frames around them."""
 
     outputs: list[Output]
 
@@ -89,7 +168,11 @@ _Stage = _Slice | _Barrier | _Emit
 
 
 class Connection(SessionPlumbing):
-    """Runs one client's ``/v1/realtime`` session; ``run`` returns when it is over."""
+    """Runs one client's session; ``run`` returns when it is over. ``dialect`` builds
+    the rules (the native protocol unless a subclass says otherwise)."""
+
+    dialect: ClassVar[Callable[[RealtimeModel, Limits, float], Rules]] = NativeRules.new
+    """Builds the rules: ``(model, limits, now) -> Rules``."""
 
     def __init__(
         self,
@@ -100,35 +183,29 @@ class Connection(SessionPlumbing):
         shutdown: trio.Event | None = None,
         observer: Observer | None = None,
     ) -> None:
+        self.rules: Rules = type(self).dialect(engine.model, limits, trio.current_time())
         super().__init__(
             transport,
             engine,
             limits,
-            session_id=protocol.new_session_id(),
+            session_id=self.rules.session_id,
             shutdown=shutdown,
             observer=observer,
         )
-        model = engine.model
-        self.conversation = Conversation(
-            self.session_id,
-            limits,
-            model_id=model.model_id,
-            model_path=model.path,
-            now=trio.current_time(),
-            count_tokens=model.count_tokens,
-        )
-        # Unbounded here: the conversation bounds it (MAX_QUEUED_MESSAGES).
+        # Unbounded here: the rules bound it (queued messages, pending audio).
         self._work_send, self._work_recv = trio.open_memory_channel[Work](math.inf)
         self._pipe_send, self._pipe_recv = trio.open_memory_channel[_Stage](PIPELINE_DEPTH - 2)
+        self._wake = trio.Event()
+        """Set when the rules' clock moved earlier than the timer's wait."""
+        self._timer_at = math.inf
 
-    # --- the dialect's part of the lifetime -------------------------------------------------
+    # --- the lifetime's hooks ------------------------------------------------------------
 
     def created_event(self) -> str:
-        return protocol.serialize(protocol.session_created(self.session_id))
+        return self.rules.serialize(self.rules.created_event())
 
     def refusal_event(self, code: Refusal, message: str) -> str:
-        wire: protocol.ErrorCode = "server_busy" if code == "server_busy" else "inference_error"
-        return protocol.serialize(protocol.error_event(wire, message))
+        return self.rules.serialize(self.rules.refusal_event(code, message))
 
     def start_tasks(self, nursery: trio.Nursery) -> None:
         nursery.start_soon(self._until_gone, self._receiver, name=self.task_name("receiver"))
@@ -137,20 +214,18 @@ class Connection(SessionPlumbing):
         nursery.start_soon(self._timer, name=self.task_name("timer"))
 
     def connection_lost(self, outcome: SessionOutcome, reason: str) -> None:
-        self.conversation.connection_lost(outcome, reason)
+        self.rules.connection_lost(outcome, reason)
 
     def sending(self, now: float) -> None:
-        self.conversation.sending(now)
+        self.rules.sending(now)
 
     def sent(self, now: float) -> None:
-        self.conversation.sent(now)
-        self.observer.send_queue(self.conversation.unsent)
+        self.rules.sent(now)
 
     def ending(self) -> tuple[SessionOutcome, str]:
-        conv = self.conversation
-        return conv.outcome or "client_gone", conv.close_reason
+        return self.rules.ending()
 
-    # --- carrying the conversation's outputs -----------------------------------------
+    # --- carrying the rules' outputs ---------------------------------------------------
 
     async def _apply(
         self, outputs: Iterable[Output], arrived: float = 0.0, *, direct: bool = False
@@ -159,16 +234,16 @@ class Connection(SessionPlumbing):
         receiver and the collector pass it, never the timer. ``arrived``: the frame's
         ``perf_counter()``, for the ``append_received`` hook only (a benchmark lines it
         up with its client's clock); the frame latency runs on trio's clock instead
-        (``RunAudio.received_at``), like everything the conversation times."""
+        (``RunAudio.received_at``), like everything the rules time."""
         for out in outputs:
             if isinstance(out, dict):
                 await self._send_event(out, direct)
             elif isinstance(out, RunAudio):
                 self.observer.append_received(arrived)
-                self.observer.pending_audio(self.conversation.pending_samples / INPUT_SAMPLE_RATE)
+                self.observer.pending_audio(self.rules.pending_seconds())
                 if not self._submit_now(out):
                     self._work_send.send_nowait(out)
-            elif isinstance(out, (OpenSession, FlushSession, CancelSession)):
+            elif isinstance(out, (OpenModel, FlushModel, CancelModel)):
                 self._work_send.send_nowait(out)
             elif isinstance(out, StopModel):
                 self._stop.set()
@@ -178,32 +253,39 @@ class Connection(SessionPlumbing):
                 await self.close_now(out)
             else:
                 await self.queue(out)
+        self._clock_moved()
 
-    async def _send_event(self, event: protocol.Event, direct: bool) -> None:
+    def _clock_moved(self) -> None:
+        """Wake the timer if the rules now want it sooner than it waits (a deadline
+        set, a silence frame due); a later time it finds out when it wakes anyway."""
+        if self.rules.next_check(trio.current_time()) < self._timer_at:
+            self._wake.set()
+
+    async def _send_event(self, event: Event, direct: bool) -> None:
         if event["type"] == "error":
             self.observer.error_sent(event["error"]["code"])
-        self.conversation.event_queued()
-        text = protocol.serialize(event)
+        self.rules.event_queued()
+        text = self.rules.serialize(event)
         await (self.send_or_queue(text) if direct else self.queue(text))
 
     # --- tasks ---------------------------------------------------------------------
 
     async def _receiver(self) -> None:
-        conv = self.conversation
+        rules = self.rules
         while True:
             frame = await self.transport.receive()
             arrived = time.perf_counter()
-            await self._apply(conv.receive(frame, trio.current_time()), arrived, direct=True)
+            await self._apply(rules.receive(frame, trio.current_time()), arrived, direct=True)
 
     async def _timer(self) -> None:
-        conv = self.conversation
-        poll = conv.poll_interval()
+        rules = self.rules
         while True:
-            now = trio.current_time()
-            await self._apply(conv.check_timeouts(now))
-            deadline = conv.next_deadline()
-            target = now + poll if deadline is None else min(deadline.at, now + poll)
-            await trio.sleep_until(target)
+            self._timer_at = math.inf  # its own outputs need no wake
+            await self._apply(rules.check_timeouts(trio.current_time()))
+            self._wake = trio.Event()
+            self._timer_at = rules.next_check(trio.current_time())
+            with trio.move_on_at(self._timer_at):
+                await self._wake.wait()
 
     async def _submitter(self) -> None:
         async for work in self._work_recv:
@@ -212,23 +294,23 @@ class Connection(SessionPlumbing):
                 continue
             done = trio.Event()
             await self._pipe_send.send(_Barrier(work, done))
-            if isinstance(work, OpenSession):
+            if isinstance(work, OpenModel):
                 # Audio behind it needs to know whether the session opened.
                 await done.wait()
 
     async def _submit_audio(self, work: RunAudio) -> None:
-        # closing(): a cancelled send still settles the append's accounts at once.
+        # closing(): a cancelled send still settles the audio's accounts at once.
         with closing(self._audio_stages(work)) as stages:
             for stage in stages:
                 await self._pipe_send.send(stage)
 
     def _submit_now(self, work: RunAudio) -> bool:
-        """Hand a one-slice append to the engine from the receiver itself, when nothing
+        """Hand one frame of audio to the engine from the receiver itself, when nothing
         is ahead of it: the submitter waits on an empty queue and the collector on the
         pipeline. A streamed frame then reaches the engine one trip through trio's
         scheduler sooner; anything else goes through the submitter."""
         if (
-            work.append.samples.shape[0] > FRAME_SAMPLES
+            work.samples.shape[0] > FRAME_SAMPLES
             or self._work_send.statistics().tasks_waiting_receive == 0
             or self._pipe_send.statistics().tasks_waiting_receive == 0
         ):
@@ -239,50 +321,48 @@ class Connection(SessionPlumbing):
         return True
 
     def _audio_stages(self, work: RunAudio) -> Generator[_Stage, None, None]:
-        """Submit an append to the engine slice by slice; each slice's stage is yielded
-        for the collector before the next is submitted (the pipeline's depth)."""
-        conv = self.conversation
-        instead = conv.begin_audio(work)
+        """Submit audio to the engine frame by frame; each frame's stage is yielded for
+        the collector before the next is submitted (the pipeline's depth)."""
+        rules = self.rules
+        instead = rules.begin_audio(work)
         if instead is not None:
             if instead:
                 yield _Emit(instead)
             return
-        samples = work.append.samples
+        samples = work.samples
         total = int(samples.shape[0])
         offset = 0
         try:
-            while offset < total and conv.keep_submitting(work.append_id):
+            while offset < total and rules.keep_submitting(work.tag):
                 piece = samples[offset : offset + FRAME_SAMPLES]
                 future = self.engine.submit(
-                    PushCommand(self.session_id, piece, work.append.sample_rate, self._stop)
+                    PushCommand(self.session_id, piece, work.sample_rate, self._stop)
                 )
                 n = int(piece.shape[0])
                 offset += n
-                conv.slice_submitted(n)
+                rules.slice_submitted(n)
                 self.observer.slice_submitted()
-                self.observer.pending_audio(conv.pending_samples / INPUT_SAMPLE_RATE)
-                yield _Slice(future, work.append_id, work.received_at)
+                self.observer.pending_audio(rules.pending_seconds())
+                yield _Slice(future, work.tag, work.received_at)
         finally:
-            conv.audio_done(total - offset)
+            rules.audio_done(total - offset)
 
     async def _collector(self) -> None:
-        conv = self.conversation
+        rules = self.rules
         async for stage in self._pipe_recv:
             if isinstance(stage, _Slice):
                 try:
                     step = await self.waker.result(stage.future)
                 except EngineError as exc:
-                    outputs = conv.slice_failed(
-                        stage.append_id, exc.kind, exc.message, trio.current_time()
-                    )
-                    await self._apply(outputs)
+                    failure = Failure.of(exc)
+                    await self._apply(rules.slice_failed(stage.tag, failure, trio.current_time()))
                     continue
                 self.observer.slice_collected()
                 if step is None:
-                    conv.slice_done(stage.append_id, None, trio.current_time())
+                    rules.slice_done(stage.tag, None, trio.current_time())
                     continue
                 self.step_seconds.append(step.seconds)
-                events = conv.slice_done(stage.append_id, step.events, trio.current_time())
+                events = rules.slice_done(stage.tag, step.events, trio.current_time())
                 await self._send_frame(events, stage.received_at)
             elif isinstance(stage, _Emit):
                 await self._apply(stage.outputs)
@@ -290,52 +370,53 @@ class Connection(SessionPlumbing):
                 await self._run_barrier(stage.work)
                 stage.done.set()
 
-    async def _send_frame(self, events: list[protocol.Event], received_at: float) -> None:
-        conv = self.conversation
-        for event in events:
-            conv.event_queued()
-            text = protocol.serialize(event)
-            if event["type"] == protocol.AUDIO_DELTA:
+    async def _send_frame(self, outputs: Sequence[Output], received_at: float) -> None:
+        """A frame's outputs: its events written by the collector itself when it can
+        (its audio carrying ``received_at`` to the socket), anything else applied."""
+        rules = self.rules
+        for event in outputs:
+            if not isinstance(event, dict):
+                await self._apply((event,))
+                continue
+            if event["type"] == "error":
+                self.observer.error_sent(event["error"]["code"])
+            rules.event_queued()
+            text = rules.serialize(event)
+            if event["type"] == rules.audio_event:
                 await self.send_or_queue(Audio(text, received_at))
             else:
                 await self.send_or_queue(text)
+        self._clock_moved()
 
-    async def _run_barrier(self, work: OpenSession | FlushSession | CancelSession) -> None:
-        conv = self.conversation
+    async def _run_barrier(self, work: OpenModel | FlushModel | CancelModel) -> None:
+        rules = self.rules
         sid = self.session_id
-        if isinstance(work, OpenSession):
-            update = work.update
+        if isinstance(work, OpenModel):
             started = time.perf_counter()
+            command = OpenCommand(
+                sid, work.system_prompt, work.seed, work.max_streaming_seconds, self._stop
+            )
             try:
-                await self.engine.run(
-                    OpenCommand(
-                        sid,
-                        update.system_prompt,
-                        update.seed,
-                        update.max_streaming_seconds,
-                        self._stop,
-                    )
-                )
+                await self.engine.run(command)
             except EngineError as exc:
-                failure = (exc.kind, exc.message)
-                await self._apply(conv.opened(update, failure, trio.current_time()))
+                await self._apply(rules.opened(Failure.of(exc), trio.current_time()))
                 return
             self.observer.session_opened(time.perf_counter() - started)
-            await self._apply(conv.opened(update, None, trio.current_time()))
+            await self._apply(rules.opened(None, trio.current_time()))
             return
-        result: list[ModelEvent] | tuple[FailureKind, str] | None = None
-        if conv.session_open:
-            command = (
+        result: Ended = None
+        if rules.session_open:
+            ending = (
                 FlushCommand(sid, work.pad_partial)
-                if isinstance(work, FlushSession)
+                if isinstance(work, FlushModel)
                 else CancelCommand(sid)
             )
             try:
-                result = await self.engine.run(command)
+                result = await self.engine.run(ending)
             except EngineError as exc:
-                result = (exc.kind, exc.message)
+                result = Failure.of(exc)
         now = trio.current_time()
-        if isinstance(work, FlushSession):
-            await self._apply(conv.flushed(result, now))
+        if isinstance(work, FlushModel):
+            await self._apply(rules.flushed(result, now))
         else:
-            await self._apply(conv.cancelled(result, now))
+            await self._apply(rules.cancelled(result, now))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import attrs
 
@@ -31,11 +31,16 @@ from realtime.models.base import (
     ModelEvent,
 )
 from realtime.observe import SessionOutcome
-
-if TYPE_CHECKING:
-    from realtime.engine import FailureKind
-    from realtime.observe import CommandKind
-
+from realtime.work import (
+    CancelModel,
+    Failure,
+    FlushModel,
+    LimitRefused,
+    OpenModel,
+    RunAudio,
+    StopModel,
+    Work,
+)
 
 MAX_QUEUED_MESSAGES: Final = 1024
 """Accepted messages waiting for the model; beyond it a client sends faster than it may."""
@@ -70,48 +75,6 @@ the only place a phase is set, and refuses anything else (a bug, not a client er
 # --- outputs: what the plumbing must do -----------------------------------------------
 
 
-@attrs.frozen(slots=True)
-class OpenSession:
-    """Open the model session with these options (runs in order with the audio)."""
-
-    update: protocol.SessionUpdate
-
-
-@attrs.frozen(slots=True, eq=False)
-class RunAudio:
-    """Run this append's audio, slice by slice, in order."""
-
-    append_id: int
-    append: protocol.AudioAppend
-    received_at: float
-
-
-@attrs.frozen(slots=True)
-class FlushSession:
-    pad_partial: bool
-
-
-@attrs.frozen(slots=True)
-class CancelSession:
-    pass
-
-
-Work = OpenSession | RunAudio | FlushSession | CancelSession
-"""A message for the model, queued in arrival order."""
-
-
-@attrs.frozen(slots=True)
-class LimitRefused:
-    """A message was refused by this limit (for the metrics; the error is sent too)."""
-
-    limit: str
-
-
-@attrs.frozen(slots=True)
-class StopModel:
-    """Set the stop signal now: queued slices (and a queued open) must not run."""
-
-
 Output = protocol.Event | Work | StopModel | Close | LimitRefused
 """An event dict is sent to the client as is."""
 
@@ -124,9 +87,9 @@ class Timeout:
     what: str
 
 
-def error_code_for(kind: FailureKind, during: CommandKind) -> protocol.ErrorCode:
+def error_code_for(failure: Failure) -> protocol.ErrorCode:
     """The wire error code of an engine failure (the one place this mapping lives)."""
-    if during == "open" and kind in ("open_failed", "session_lost"):
+    if failure.during == "open" and failure.kind in ("open_failed", "session_lost"):
         return "session_initialization_failed"
     return "inference_error"
 
@@ -183,6 +146,8 @@ class Conversation:
         """A drop was decided or the plumbing ended the connection: no deadline remains."""
         self._next_append = 0
         self._failed_append = -1
+        self._asked: protocol.SessionUpdate | None = None
+        """The ``session.update`` being opened: ``session.updated`` echoes it."""
         """The append whose remaining slices are dropped after a model error."""
 
     # --- client frames ------------------------------------------------------------
@@ -267,9 +232,12 @@ class Conversation:
         )
         if refusal is not None:
             return [LimitRefused("max_system_prompt_tokens"), self._refuse(refusal)]
-        out = self._queue(OpenSession(update))
-        if isinstance(out[0], OpenSession):
+        out = self._queue(
+            OpenModel(update.system_prompt, update.seed, update.max_streaming_seconds)
+        )
+        if isinstance(out[0], OpenModel):
             self.update_in_flight = True
+            self._asked = update
         return out
 
     def _append(self, append: protocol.AudioAppend, now: float) -> list[Output]:
@@ -302,15 +270,15 @@ class Conversation:
                     "(send audio no faster than real time)"
                 ),
             ]
-        out = self._queue(RunAudio(self._next_append, append, now))
+        out = self._queue(RunAudio(self._next_append, append.samples, append.sample_rate, now))
         if isinstance(out[0], RunAudio):
             self._next_append += 1
             self.pending_samples += n
         return out
 
     def _commit(self, commit: protocol.AudioCommit) -> list[Output]:
-        out = self._queue(FlushSession(commit.pad_partial))
-        if isinstance(out[0], FlushSession):
+        out = self._queue(FlushModel(commit.pad_partial))
+        if isinstance(out[0], FlushModel):
             self._enter(Phase.COMMITTED)
         return out
 
@@ -320,7 +288,7 @@ class Conversation:
         self._enter(Phase.CANCELLED)
         self._queued += 1
         self._idle_from = None
-        return [StopModel(), CancelSession()]
+        return [StopModel(), CancelModel()]
 
     # --- the model's side ---------------------------------------------------------------
 
@@ -329,7 +297,7 @@ class Conversation:
         (the append is dropped and its budget returned)."""
         if self.session_open and self.phase in (Phase.READY, Phase.COMMITTED):
             return None
-        self.audio_done(int(work.append.samples.shape[0]))
+        self.audio_done(int(work.samples.shape[0]))
         if self.phase in (Phase.CANCELLED, Phase.CLOSED):
             return []
         return [self._refuse("send session.update before audio")]
@@ -360,63 +328,55 @@ class Conversation:
             return []
         return self._model_events(events)
 
-    def slice_failed(
-        self, append_id: int, kind: FailureKind, message: str, now: float
-    ) -> list[Output]:
+    def slice_failed(self, append_id: int, failure: Failure, now: float) -> list[Output]:
         """A slice failed: the error once per append; a lost session ends the connection;
         at the context limit the error once, ``response.done`` and a normal close."""
         self._inflight -= 1
         self._maybe_idle(now)
-        if kind in ("session_lost", "engine_dead"):
-            return self._fail(kind, "push", message)
-        if kind == "context_limit":
+        if failure.lost:
+            return self._fail(failure)
+        if failure.kind == "context_limit":
             self._failed_append = append_id
             if self.phase is Phase.CLOSED:
                 return []
             return [
                 StopModel(),
-                protocol.error_event(error_code_for(kind, "push"), message),
+                protocol.error_event(error_code_for(failure), failure.message),
                 protocol.wire_event(Done(self.frames)),
                 self._close(CLOSE_NORMAL, "context limit reached", "done"),
             ]
         if append_id == self._failed_append:
             return []
         self._failed_append = append_id
-        return [protocol.error_event(error_code_for(kind, "push"), message)]
+        return [protocol.error_event(error_code_for(failure), failure.message)]
 
-    def opened(
-        self,
-        update: protocol.SessionUpdate,
-        failure: tuple[FailureKind, str] | None,
-        now: float,
-    ) -> list[Output]:
+    def opened(self, failure: Failure | None, now: float) -> list[Output]:
         """The engine finished the open: ``session.updated``, or the error."""
         self._queued -= 1
         self._maybe_idle(now)
         self.update_in_flight = False
+        update = self._asked
+        assert update is not None, "opened without a session.update"
         if failure is None:
             self.session_open = True
             if self.phase is Phase.CONFIGURING:
                 self._enter(Phase.READY)
             return [protocol.session_updated(self.session_id, self.model_id, update)]
-        kind, message = failure
-        if kind == "engine_dead":
-            return self._fail(kind, "open", message)
+        if failure.kind == "engine_dead":
+            return self._fail(failure)
         if self.phase in (Phase.CANCELLED, Phase.CLOSED):
             return []  # a cancel skipped the queued open; it answers for itself
         # Nothing was opened: the client may fix its options and try again.
         if self.phase is Phase.COMMITTED:
             self._enter(Phase.CONFIGURING)
-        return [protocol.error_event(error_code_for(kind, "open"), message)]
+        return [protocol.error_event(error_code_for(failure), failure.message)]
 
-    def flushed(
-        self, result: list[ModelEvent] | tuple[FailureKind, str] | None, now: float
-    ) -> list[Output]:
+    def flushed(self, result: list[ModelEvent] | Failure | None, now: float) -> list[Output]:
         """The engine ran the commit's flush (``None``: no session was open)."""
         self._queued -= 1
         self._maybe_idle(now)
-        if isinstance(result, tuple):
-            return self._fail(result[0], "flush", result[1])
+        if isinstance(result, Failure):
+            return self._fail(result)
         if result is None:
             # The open failed after the commit was accepted: nothing to flush.
             return [self._refuse("send session.update before commit")]
@@ -426,14 +386,12 @@ class Conversation:
         out.append(self._close(CLOSE_NORMAL, "response done", "done"))
         return out
 
-    def cancelled(
-        self, result: list[ModelEvent] | tuple[FailureKind, str] | None, now: float
-    ) -> list[Output]:
+    def cancelled(self, result: list[ModelEvent] | Failure | None, now: float) -> list[Output]:
         """The engine ran the cancel (``None``: no session was open)."""
         self._queued -= 1
         self._maybe_idle(now)
-        if isinstance(result, tuple):
-            return self._fail(result[0], "cancel", result[1])
+        if isinstance(result, Failure):
+            return self._fail(result)
         self.session_open = False
         out: list[Output] = list(self._model_events(result or []))
         if not any(e.get("type") == "response.cancelled" for e in out if isinstance(e, dict)):
@@ -450,14 +408,14 @@ class Conversation:
             out.append(protocol.wire_event(event))
         return out
 
-    def _fail(self, kind: FailureKind, during: CommandKind, message: str) -> list[Output]:
+    def _fail(self, failure: Failure) -> list[Output]:
         """The session is gone (engine failure): say so and close 1011."""
         self.session_open = False
         if self.phase is Phase.CLOSED:
             return []
         return [
-            protocol.error_event(error_code_for(kind, during), message),
-            self._close(CLOSE_INTERNAL, message[:120], "error"),
+            protocol.error_event(error_code_for(failure), failure.message),
+            self._close(CLOSE_INTERNAL, failure.message[:120], "error"),
         ]
 
     def _enter(self, phase: Phase) -> None:
@@ -544,6 +502,13 @@ class Conversation:
             protocol.error_event("invalid_request", message),
             self._close(CLOSE_POLICY, message[:120], "timeout"),
         ]
+
+    def next_check(self, now: float) -> float:
+        """When the plumbing should call :meth:`check_timeouts` next: the earliest
+        deadline, or a poll (deadlines may move earlier)."""
+        deadline = self.next_deadline()
+        at = now + self.poll_interval()
+        return at if deadline is None else min(deadline.at, at)
 
     def poll_interval(self) -> float:
         """How often the plumbing re-reads ``next_deadline`` (deadlines may move earlier)."""

@@ -116,7 +116,7 @@ async def test_a_close_the_client_does_not_read_is_aborted_after_send_timeout(
     assert peer.read[-1] == "response.done"
     assert peer.released_before_close
     assert peer.close_at is not None and peer.aborted_at == peer.close_at + SEND_TIMEOUT
-    assert conn.close_code == 1000 and conn.conversation.outcome == "done"
+    assert conn.close_code == 1000 and conn.ending()[0] == "done"
 
 
 async def test_a_stalled_reader_whose_close_is_stuck_too_is_aborted(
@@ -137,4 +137,4 @@ async def test_a_stalled_reader_whose_close_is_stuck_too_is_aborted(
     assert peer.close_at == peer.stuck_since + SEND_TIMEOUT
     assert peer.released_before_close
     assert peer.aborted_at == peer.close_at + SEND_TIMEOUT
-    assert conn.close_code == 1008 and conn.conversation.outcome == "stalled_client"
+    assert conn.close_code == 1008 and conn.ending()[0] == "stalled_client"

@@ -16,19 +16,22 @@ from realtime import protocol
 from realtime.close_codes import Close
 from realtime.conversation import (
     MAX_QUEUED_MESSAGES,
-    CancelSession,
     Conversation,
-    FlushSession,
-    LimitRefused,
-    OpenSession,
     Output,
     Phase,
-    RunAudio,
-    StopModel,
     error_code_for,
 )
 from realtime.limits import Limits
 from realtime.models.base import AssistantTextDelta, AudioDelta, Cancelled, Done
+from realtime.work import (
+    CancelModel,
+    Failure,
+    FlushModel,
+    LimitRefused,
+    OpenModel,
+    RunAudio,
+    StopModel,
+)
 
 FRAME = 1280
 
@@ -41,6 +44,11 @@ def conv(**limits: Any) -> Conversation:
         model_path="/models/fake-voicechat",
         now=0.0,
     )
+
+
+def push_failed(kind: Any, message: str) -> Failure:
+    """An audio slice's engine failure."""
+    return Failure(kind, message, "push")
 
 
 def msg(type_: str, **fields: Any) -> str:
@@ -73,8 +81,8 @@ def only_error(outputs: list[Output], limit: str | None = None) -> tuple[str, st
 
 def ready(c: Conversation) -> None:
     (work,) = c.receive(msg("session.update", session={"seed": 3}), 0.0)
-    assert isinstance(work, OpenSession) and work.update.seed == 3
-    (updated,) = c.opened(work.update, None, 0.0)
+    assert isinstance(work, OpenModel) and work.seed == 3
+    (updated,) = c.opened(None, 0.0)
     assert isinstance(updated, dict) and updated["type"] == "session.updated"
     assert updated["session"]["seed"] == 3 and c.phase is Phase.READY
 
@@ -107,10 +115,10 @@ def test_audio_or_commit_before_update_is_refused(frame: str) -> None:
 def test_audio_right_after_update_is_queued_then_refused_if_the_open_fails() -> None:
     c = conv()
     (work,) = c.receive(msg("session.update"), 0.0)
-    assert isinstance(work, OpenSession)
+    assert isinstance(work, OpenModel)
     (run,) = c.receive(append(FRAME), 0.0)
     assert isinstance(run, RunAudio) and c.pending_samples == FRAME
-    (err,) = c.opened(work.update, ("open_failed", "prefill failed"), 0.0)
+    (err,) = c.opened(Failure("open_failed", "prefill failed", "open"), 0.0)
     assert isinstance(err, dict)
     assert err["error"] == {"code": "session_initialization_failed", "message": "prefill failed"}
     refusal = c.begin_audio(run)
@@ -134,7 +142,7 @@ def test_unknown_model_names_the_served_one() -> None:
     code, message = only_error(c.receive(msg("session.update", session={"model": "x"}), 0.0))
     assert code == "invalid_request" and "'fake-voicechat'" in message
     (work,) = c.receive(msg("session.update", session={"model": "org/fake-voicechat"}), 0.0)
-    assert isinstance(work, OpenSession)
+    assert isinstance(work, OpenModel)
 
 
 def test_a_long_system_prompt_is_refused_before_any_model_work() -> None:
@@ -149,7 +157,7 @@ def test_a_long_system_prompt_is_refused_before_any_model_work() -> None:
     )
     short = "one two three four five six seven eight"  # 8 words, 39 bytes: counted
     (work,) = c.receive(msg("session.update", session={"system_prompt": short}), 0.0)
-    assert isinstance(work, OpenSession)
+    assert isinstance(work, OpenModel)
     c2 = Conversation(
         "sess_y",
         Limits(max_system_prompt_tokens=10),
@@ -241,10 +249,10 @@ def test_slices_give_audio_first_and_count_frames() -> None:
     assert c.begin_audio(run) is None
     c.slice_submitted(FRAME)
     c.audio_done(0)
-    events = c.slice_done(run.append_id, audio_events(0), 0.0)
+    events = c.slice_done(run.tag, audio_events(0), 0.0)
     assert [e["type"] for e in events] == ["response.audio.delta", "response.text.delta"]
     assert c.frames == 1
-    assert c.slice_done(run.append_id, None, 0.0) == []  # a skipped slice
+    assert c.slice_done(run.tag, None, 0.0) == []  # a skipped slice
 
 
 def three_slices_two_in_flight(c: Conversation) -> RunAudio:
@@ -261,26 +269,28 @@ def three_slices_two_in_flight(c: Conversation) -> RunAudio:
 def test_a_failed_append_errors_once_and_stops_submitting() -> None:
     c = conv()
     run = three_slices_two_in_flight(c)
-    (err,) = c.slice_failed(run.append_id, "step_failed", "context limit reached", 0.0)
+    (err,) = c.slice_failed(run.tag, push_failed("step_failed", "context limit reached"), 0.0)
     assert isinstance(err, dict) and err["error"]["code"] == "inference_error"
-    assert not c.keep_submitting(run.append_id)
+    assert not c.keep_submitting(run.tag)
     # The slice already in flight: no second error, no events.
-    assert c.slice_failed(run.append_id, "step_failed", "context limit reached", 0.0) == []
+    assert c.slice_failed(run.tag, push_failed("step_failed", "context limit reached"), 0.0) == []
     (run2,) = c.receive(append(FRAME), 0.0)
-    assert isinstance(run2, RunAudio) and c.keep_submitting(run2.append_id)
+    assert isinstance(run2, RunAudio) and c.keep_submitting(run2.tag)
 
 
 def test_the_context_limit_ends_the_response_once() -> None:
     c = conv()
     run = three_slices_two_in_flight(c)
-    c.slice_done(run.append_id, audio_events(0), 0.0)
-    stop, err, done, close = c.slice_failed(run.append_id, "context_limit", "context limit", 0.0)
+    c.slice_done(run.tag, audio_events(0), 0.0)
+    stop, err, done, close = c.slice_failed(
+        run.tag, push_failed("context_limit", "context limit"), 0.0
+    )
     assert isinstance(stop, StopModel)
     assert isinstance(err, dict) and err["error"]["code"] == "inference_error"
     assert isinstance(done, dict) and done["type"] == "response.done" and done["frame_index"] == 1
     assert close == Close(1000, "context limit reached") and c.outcome == "done"
-    assert not c.keep_submitting(run.append_id)
-    assert c.slice_failed(run.append_id, "context_limit", "context limit", 0.0) == []
+    assert not c.keep_submitting(run.tag)
+    assert c.slice_failed(run.tag, push_failed("context_limit", "context limit"), 0.0) == []
 
 
 @pytest.mark.parametrize("kind", ["session_lost", "engine_dead"])
@@ -291,7 +301,7 @@ def test_a_lost_session_closes_1011(kind: Any) -> None:
     assert isinstance(run, RunAudio)
     c.begin_audio(run)
     c.slice_submitted(FRAME)
-    err, close = c.slice_failed(run.append_id, kind, "the model engine has stopped: x", 0.0)
+    err, close = c.slice_failed(run.tag, push_failed(kind, "the model engine has stopped: x"), 0.0)
     assert isinstance(err, dict) and err["error"]["code"] == "inference_error"
     assert close == Close(1011, "the model engine has stopped: x")
     assert c.phase is Phase.CLOSED and c.outcome == "error"
@@ -304,7 +314,7 @@ def test_commit_flushes_then_done_and_close_1000() -> None:
     c = conv()
     ready(c)
     (flush,) = c.receive(msg("input_audio_buffer.commit", pad_partial=False), 0.0)
-    assert flush == FlushSession(pad_partial=False) and c.phase is Phase.COMMITTED
+    assert flush == FlushModel(pad_partial=False) and c.phase is Phase.COMMITTED
     assert "already committed" in only_error(c.receive(append(FRAME), 0.0))[1]
     assert "already committed" in only_error(c.receive(msg("input_audio_buffer.commit"), 0))[1]
     out = c.flushed([*audio_events(0), Done(1)], 0.0)
@@ -322,7 +332,7 @@ def test_commit_flushes_then_done_and_close_1000() -> None:
 def test_cancel_stops_the_model_then_cancelled_and_close_1000() -> None:
     c = conv()
     ready(c)
-    assert c.receive(msg("response.cancel"), 0.0) == [StopModel(), CancelSession()]
+    assert c.receive(msg("response.cancel"), 0.0) == [StopModel(), CancelModel()]
     assert c.phase is Phase.CANCELLED and not c.keep_submitting(0)
     assert c.receive(msg("session.cancel"), 0.0) == []  # a second cancel is a no-op
     assert "was cancelled" in only_error(c.receive(append(FRAME), 0.0))[1]
@@ -343,17 +353,17 @@ def test_cancel_before_any_session_answers_cancelled_at_frame_0() -> None:
 def test_cancel_while_the_open_is_queued_suppresses_the_open_error() -> None:
     c = conv()
     (work,) = c.receive(msg("session.update"), 0.0)
-    assert isinstance(work, OpenSession)
+    assert isinstance(work, OpenModel)
     c.receive(msg("session.cancel"), 0.0)
-    assert c.opened(work.update, ("open_failed", "the connection is gone"), 0.0) == []
+    assert c.opened(Failure("open_failed", "the connection is gone", "open"), 0.0) == []
 
 
 def test_open_failure_after_commit_refuses_the_commit() -> None:
     c = conv()
     (work,) = c.receive(msg("session.update"), 0.0)
-    assert isinstance(work, OpenSession)
+    assert isinstance(work, OpenModel)
     c.receive(msg("input_audio_buffer.commit"), 0.0)
-    c.opened(work.update, ("open_failed", "bad"), 0.0)
+    c.opened(Failure("open_failed", "bad", "open"), 0.0)
     assert "before commit" in only_error(c.flushed(None, 0.0))[1]
     assert c.phase is Phase.CONFIGURING
 
@@ -387,7 +397,7 @@ def test_idle_clock_only_runs_while_nothing_is_owed() -> None:
     c.audio_done(0)
     assert c.next_deadline() is None  # slices are running
     for i in range(2):
-        for _ in c.slice_done(run.append_id, audio_events(i), 20.0):
+        for _ in c.slice_done(run.tag, audio_events(i), 20.0):
             c.event_queued()
     assert c.next_deadline() is None  # events wait for the socket
     for _ in range(4):
@@ -430,7 +440,7 @@ def _close_by_lost_session(c: Conversation) -> list[Output]:
     c.begin_audio(run)
     c.slice_submitted(FRAME)
     c.audio_done(0)
-    return c.slice_failed(run.append_id, "session_lost", "gone", 2.0)
+    return c.slice_failed(run.tag, push_failed("session_lost", "gone"), 2.0)
 
 
 @pytest.mark.parametrize(
@@ -486,11 +496,14 @@ def test_no_deadline_once_the_plumbing_ended_the_connection() -> None:
 
 
 def test_error_codes_of_engine_failures() -> None:
-    assert error_code_for("open_failed", "open") == "session_initialization_failed"
-    assert error_code_for("session_lost", "open") == "session_initialization_failed"
-    assert error_code_for("engine_dead", "open") == "inference_error"
+    def code(kind: Any, during: Any) -> str:
+        return error_code_for(Failure(kind, "x", during))
+
+    assert code("open_failed", "open") == "session_initialization_failed"
+    assert code("session_lost", "open") == "session_initialization_failed"
+    assert code("engine_dead", "open") == "inference_error"
     for kind in ("step_failed", "session_lost", "engine_dead"):
-        assert error_code_for(kind, "push") == "inference_error"
+        assert code(kind, "push") == "inference_error"
 
 
 # --- any sequence of frames --------------------------------------------------------------------
@@ -566,10 +579,10 @@ def test_any_frames_give_only_documented_events_and_closes(
                 dict,
                 Close,
                 StopModel,
-                OpenSession,
+                OpenModel,
                 RunAudio,
-                FlushSession,
-                CancelSession,
+                FlushModel,
+                CancelModel,
                 LimitRefused,
             ),
         )
@@ -583,29 +596,31 @@ def test_any_frames_give_only_documented_events_and_closes(
 
 def _run(c: Conversation, work: Output, outcome: str, now: float) -> list[Output]:
     """Play the engine's part for one piece of work, with a scripted outcome."""
-    failure: Any = None
+    failure: Failure | None = None
     if outcome != "ok":
-        failure = ("engine_dead" if outcome == "dead" else outcome, "scripted failure")
-    if isinstance(work, OpenSession):
-        return c.opened(
-            work.update, failure if outcome in ("ok", "open_failed", "dead") else None, now
+        kind: Any = "engine_dead" if outcome == "dead" else outcome
+        failure = Failure(
+            kind, "scripted failure", "open" if isinstance(work, OpenModel) else "push"
         )
+    if isinstance(work, OpenModel):
+        return c.opened(failure if outcome in ("ok", "open_failed", "dead") else None, now)
     if isinstance(work, RunAudio):
         instead = c.begin_audio(work)
         if instead is not None:
             return instead
-        n = int(work.append.samples.shape[0])
+        n = int(work.samples.shape[0])
         out: list[Output] = []
         c.slice_submitted(n)
         c.audio_done(0)
         if failure is None or outcome == "open_failed":
-            out += c.slice_done(work.append_id, audio_events(c.frames), now)
+            out += c.slice_done(work.tag, audio_events(c.frames), now)
         else:
-            out += c.slice_failed(work.append_id, failure[0], failure[1], now)
+            assert failure is not None
+            out += c.slice_failed(work.tag, failure, now)
         return out
-    if isinstance(work, FlushSession):
+    if isinstance(work, FlushModel):
         return c.flushed([Done(c.frames)] if c.session_open else None, now)
-    if isinstance(work, CancelSession):
+    if isinstance(work, CancelModel):
         return c.cancelled([Cancelled(c.frames)] if c.session_open else None, now)
     return []
 

@@ -1,0 +1,86 @@
+"""What a dialect's rules ask of the model pipeline, and what comes back: neutral values.
+
+Both state machines (:mod:`realtime.conversation` for ``/v1/realtime``,
+:mod:`realtime.openai.dialect` for ``/openai/v1/realtime``) hand the one pipeline
+(:mod:`realtime.connection`) the same work, in arrival order, and hear about its
+results in the same terms, so a change on the frame path (a metric, a limit, an
+engine outcome) is made once.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from realtime.engine import EngineError, FailureKind
+from realtime.models.base import Samples
+from realtime.observe import CommandKind
+
+
+@attrs.frozen(slots=True)
+class OpenModel:
+    """Open the model session (seed, voice warm-up, system-prompt prefill); runs in
+    order with the audio around it."""
+
+    system_prompt: str | None
+    seed: int = 0
+    max_streaming_seconds: float | None = None
+
+
+@attrs.frozen(slots=True, eq=False)
+class RunAudio:
+    """Run this audio through the model, one frame at a time, in order. ``tag`` names
+    it for the results (an append's id, a frame's number); ``received_at`` is trio's
+    clock as it arrived, which the frame latency runs from."""
+
+    tag: int
+    samples: Samples
+    sample_rate: int
+    received_at: float
+
+
+@attrs.frozen(slots=True)
+class FlushModel:
+    """Run the partial frame (zero-padded when ``pad_partial``) and end the turn."""
+
+    pad_partial: bool
+
+
+@attrs.frozen(slots=True)
+class CancelModel:
+    """End the session without running more audio."""
+
+
+Work = OpenModel | RunAudio | FlushModel | CancelModel
+"""Work for the model, in arrival order."""
+
+
+@attrs.frozen(slots=True)
+class StopModel:
+    """Set the stop signal now: queued frames (and a queued open) must not run."""
+
+
+@attrs.frozen(slots=True)
+class LimitRefused:
+    """A message was refused by this limit (for the metrics; the error is sent too)."""
+
+    limit: str
+
+
+@attrs.frozen(slots=True)
+class Failure:
+    """An engine command failed: what is left of the session (``kind``), the model's
+    message, and which command it was. The one shape both dialects map to their
+    wire errors."""
+
+    kind: FailureKind
+    message: str
+    during: CommandKind
+
+    @classmethod
+    def of(cls, error: EngineError) -> Failure:
+        return cls(error.kind, error.message, error.during)
+
+    @property
+    def lost(self) -> bool:
+        """The session is gone: the connection cannot go on with it."""
+        return self.kind in ("session_lost", "engine_dead")
