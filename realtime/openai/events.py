@@ -4,7 +4,8 @@ Field sets follow the GA types of the ``openai`` SDK (``openai.types.realtime``)
 every builder fills each required field, and every event carries a fresh
 ``event_id``. Nothing here keeps state: :mod:`realtime.openai.dialect` decides
 what is sent, this module only spells it, and reads client events
-(:func:`parse_client_event`) within bounds that keep any one message cheap.
+(:func:`parse_client_event`) within bounds that keep any one message cheap;
+:mod:`realtime.openai.messages` makes typed messages of them.
 """
 
 from __future__ import annotations
@@ -35,23 +36,6 @@ DEFAULT_TURN_DETECTION: Final = {
 server does (a user turn ends after 640 ms without new transcript), not a VAD."""
 VOICE: Final = "voicechat"
 
-CLIENT_TYPES: Final = frozenset(
-    {
-        "session.update",
-        "input_audio_buffer.append",
-        "input_audio_buffer.commit",
-        "input_audio_buffer.clear",
-        "output_audio_buffer.clear",
-        "conversation.item.create",
-        "conversation.item.retrieve",
-        "conversation.item.truncate",
-        "conversation.item.delete",
-        "response.create",
-        "response.cancel",
-    }
-)
-
-
 MAX_JSON_DEPTH: Final = 64
 """Deepest nesting of objects and arrays in a client event. GA events nest a few
 levels (a tool's JSON schema a dozen); the bound keeps every recursive step on
@@ -72,10 +56,15 @@ _SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89a-fA-F]")
 
 @attrs.frozen(slots=True)
 class Invalid:
-    """Why a client message was refused, as an ``invalid_request_error`` spells it."""
+    """Why a client message was refused, as an ``invalid_request_error`` spells it
+    (:func:`refused`)."""
 
     code: str
     message: str
+    param: str | None = None
+    """The field at fault, when one is."""
+    event_id: str | None = None
+    """The refused client event's own ``event_id``, echoed so the client can match."""
 
 
 @attrs.frozen(slots=True)
@@ -209,6 +198,13 @@ def error(
     if client_event_id is not None:
         body["event_id"] = client_event_id
     return event("error", error=body)
+
+
+def refused(invalid: Invalid) -> Event:
+    """The ``error`` event that refuses a client message (the session goes on)."""
+    return error(
+        invalid.message, code=invalid.code, param=invalid.param, client_event_id=invalid.event_id
+    )
 
 
 def default_session(session_id: str, model: str) -> dict[str, Any]:

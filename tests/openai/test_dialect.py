@@ -22,16 +22,11 @@ from realtime.models.base import (
 )
 from realtime.models.fake import tone
 from realtime.openai import events as ev
-from realtime.openai.dialect import (
-    CREATE_TIMEOUT_FRAMES,
-    END_TAIL_FRAMES,
-    USER_QUIET_FRAMES,
-    Dialect,
-    OpenModel,
-    Output,
-    RunFrame,
-    parse_calls,
-)
+from realtime.openai.dialect import Dialect, OpenModel, Output, RunFrame
+from realtime.openai.responses import CREATE_TIMEOUT_FRAMES
+from realtime.openai.states import ModelState
+from realtime.openai.tools import parse_calls
+from realtime.openai.turns import END_TAIL_FRAMES, USER_QUIET_FRAMES
 from tests.openai.scripted import CALL
 from tests.openai.validate import validate_ga
 
@@ -170,7 +165,7 @@ def test_a_long_system_prompt_is_refused_before_any_model_work() -> None:
     assert "session.instructions is 11 tokens, over the 10-token limit" in message
     assert "--max-system-prompt-tokens" in message
     assert not any(isinstance(o, Close) for o in out)
-    assert d.session.get("instructions") is None and d.model_state == "closed"
+    assert d.session.get("instructions") is None and d.model_state is ModelState.CLOSED
     # The declared tools are part of the prompt: short instructions, long tool listing.
     tool = {"type": "function", "name": "get_weather", "description": "Weather in a city."}
     out = send(d, {"type": "session.update", "session": {"instructions": "Hi", "tools": [tool]}})

@@ -1,0 +1,199 @@
+"""The GA session object: what ``session.update`` may change, and what the model
+is opened with.
+
+An update is merged into a copy and applied whole or not at all: the first
+refusal (as an :class:`~realtime.openai.events.Invalid`) leaves the session as it
+was. Instructions and tools are the system prompt, prefilled once when the model
+opens, so from then on they are frozen.
+"""
+
+from __future__ import annotations
+
+import copy
+import reprlib
+from collections.abc import Callable
+from typing import Any, Final
+
+from realtime.limits import prompt_refusal
+from realtime.openai import events as ev
+from realtime.openai.tools import render_prompt
+
+Session = dict[str, Any]
+
+_SESSION_KEYS: Final = frozenset(
+    {
+        "type",
+        "instructions",
+        "tools",
+        "tool_choice",
+        "audio",
+        "output_modalities",
+        "max_output_tokens",
+        "model",
+        "include",
+        "tracing",
+        "truncation",
+        "prompt",
+    }
+)
+_FIXED_KEYS: Final = ("type", "model")
+"""Accepted in an update and never changed: one kind of session, one model."""
+_AUDIO_KEYS: Final = {
+    "input": frozenset({"format", "transcription", "noise_reduction", "turn_detection"}),
+    "output": frozenset({"format", "voice", "speed"}),
+}
+"""The GA ``session.audio`` settings; the dialect keeps no others."""
+FROZEN_KEYS: Final = ("instructions", "tools")
+"""Part of the system prompt, which is prefilled once when the model opens."""
+
+
+def vad(session: Session) -> bool:
+    """Whether the server draws the user's turns (``turn_detection`` not null)."""
+    detection: object = session["audio"]["input"]["turn_detection"]
+    return detection is not None
+
+
+def modalities(session: Session) -> list[str]:
+    """The session's ``output_modalities``: ``["audio"]`` or ``["text"]``."""
+    return list(session["output_modalities"])
+
+
+def system_prompt(session: Session) -> str | None:
+    """What the model is opened with: the session's instructions and its tools."""
+    tools = [t for t in session.get("tools") or [] if isinstance(t, dict)]
+    return render_prompt(session.get("instructions"), tools)
+
+
+def prefilled(session: Session) -> Session:
+    """The part of ``session`` the model is opened with (:data:`FROZEN_KEYS`)."""
+    return {key: session.get(key) for key in FROZEN_KEYS}
+
+
+def updated(
+    session: Session,
+    update: Session,
+    *,
+    applied: Session | None,
+    max_prompt_tokens: int,
+    count_tokens: Callable[[str], int],
+) -> Session | ev.Invalid:
+    """``session`` with ``update`` merged, or why it is refused. ``applied``: what
+    the model was opened with (``None`` while it is not)."""
+    merged = _merged(session, update)
+    if isinstance(merged, ev.Invalid):
+        return merged
+    problem = _check(merged)
+    if problem is None:
+        problem = _frozen_change(merged, applied)
+    if problem is None and any(merged.get(k) != session.get(k) for k in FROZEN_KEYS):
+        problem = _prompt_too_long(merged, max_prompt_tokens, count_tokens)
+    return merged if problem is None else problem
+
+
+def _invalid(param: str, message: str) -> ev.Invalid:
+    return ev.Invalid("invalid_value", message, param)
+
+
+def _merged(session: Session, update: Session) -> Session | ev.Invalid:
+    merged = copy.deepcopy(session)
+    for key, value in update.items():
+        if key not in _SESSION_KEYS or key in _FIXED_KEYS:
+            continue
+        if key == "audio":
+            problem = _merge_audio(merged["audio"], value)
+            if problem is not None:
+                return problem
+        else:
+            merged[key] = value
+    return merged
+
+
+def _merge_audio(audio: Session, value: object) -> ev.Invalid | None:
+    if not isinstance(value, dict):
+        return _invalid("session.audio", "audio must be an object")
+    for side in ("input", "output"):
+        part = value.get(side)
+        if part is None:
+            continue
+        if not isinstance(part, dict):
+            return _invalid(f"session.audio.{side}", f"audio.{side} must be an object")
+        for key, setting in part.items():
+            problem = _audio_setting(audio[side], side, key, setting)
+            if problem is not None:
+                return problem
+    return None
+
+
+def _audio_setting(audio: Session, side: str, key: str, setting: object) -> ev.Invalid | None:
+    """Set one ``session.audio.<side>`` setting, or why not."""
+    if key == "format":
+        fmt = setting if isinstance(setting, dict) else {}
+        if fmt.get("type") != "audio/pcm" or fmt.get("rate", 24000) != 24000:
+            return _invalid(
+                f"session.audio.{side}.format",
+                f"only {{'type': 'audio/pcm', 'rate': 24000}} is served; got "
+                f"{reprlib.repr(setting)}",
+            )
+        audio["format"] = dict(ev.PCM_FORMAT)
+    elif key == "turn_detection" and side == "input":
+        if setting is not None and not (
+            isinstance(setting, dict) and setting.get("type") in ("server_vad", "semantic_vad")
+        ):
+            return _invalid(
+                "session.audio.input.turn_detection",
+                "turn_detection must be null, server_vad or semantic_vad",
+            )
+        audio["turn_detection"] = setting
+    elif key in _AUDIO_KEYS[side]:
+        audio[key] = setting
+    # Other keys are ignored, as unknown session keys are: were they kept, each
+    # update could add one more to the session and every session.updated.
+    return None
+
+
+def _check(session: Session) -> ev.Invalid | None:
+    """What is wrong with a merged session, or None."""
+    if session.get("instructions") is not None and not isinstance(session["instructions"], str):
+        return _invalid("session.instructions", "instructions must be a string")
+    tools = session.get("tools")
+    if not isinstance(tools, list):
+        return _invalid("session.tools", "tools must be a list")
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+            return _invalid(f"session.tools[{i}]", "only function tools are served")
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            return _invalid(f"session.tools[{i}].name", "a function tool needs a name")
+    if session.get("output_modalities") not in (["audio"], ["text"]):
+        return _invalid("session.output_modalities", "output_modalities is ['audio'] or ['text']")
+    return None
+
+
+def _frozen_change(merged: Session, applied: Session | None) -> ev.Invalid | None:
+    """A change of what the model was opened with: refused, it cannot be redone."""
+    if applied is None:
+        return None
+    changed = [k for k in FROZEN_KEYS if merged.get(k) != applied.get(k)]
+    if not changed:
+        return None
+    return ev.Invalid(
+        "session_already_started",
+        f"{' and '.join(changed)} cannot change once the model has started: "
+        "they are part of the system prompt it was opened with. Send them in "
+        "the first session.update, before any audio or response.create; this "
+        "update was not applied",
+        f"session.{changed[0]}",
+    )
+
+
+def _prompt_too_long(
+    session: Session, max_tokens: int, count_tokens: Callable[[str], int]
+) -> ev.Invalid | None:
+    refusal = prompt_refusal(
+        system_prompt(session),
+        max_tokens,
+        count_tokens,
+        field="session.instructions" + (" with the tools" if session["tools"] else ""),
+    )
+    if refusal is None:
+        return None
+    return _invalid("session.instructions", f"{refusal}; this update was not applied")
