@@ -19,7 +19,8 @@ from typing import Any
 import mlx.core as mx
 
 from benchmarks.stats import summarize
-from benchmarks.wire import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE, Float32
+from benchmarks.wire import Float32
+from realtime.models.base import ModelFigures
 
 WARMUP_FRAMES = 10
 
@@ -42,19 +43,20 @@ def _time_pushes(
     return times
 
 
-def _raw(path: Path, frames: list[Float32], warmup: list[Float32]) -> dict[str, Any]:
+def _raw(
+    path: Path, frames: list[Float32], warmup: list[Float32], figures: ModelFigures
+) -> dict[str, Any]:
     """mlx-vlm's own streaming session, exactly as its server drives it."""
     from mlx_vlm.utils import load
 
     model, processor = load(str(path), lazy=True, strict=True, trust_remote_code=False)
     chat = model.create_session(processor)
+    rate = figures.input_sample_rate
 
     def run(chunks: list[Float32], period: float = 0.0) -> tuple[list[float], float]:
         session = chat.create_streaming_session(system_prompt=None, seed=0)
         started = time.perf_counter()
-        times = _time_pushes(
-            lambda f: session.push_audio(f, sample_rate=SAMPLE_RATE), chunks, period
-        )
+        times = _time_pushes(lambda f: session.push_audio(f, sample_rate=rate), chunks, period)
         wall = time.perf_counter() - started
         session.cancel()
         mx.clear_cache()
@@ -62,7 +64,7 @@ def _raw(path: Path, frames: list[Float32], warmup: list[Float32]) -> dict[str, 
 
     run(warmup)
     times, wall = run(frames)
-    paced, _ = run(frames, FRAME_SECONDS)
+    paced, _ = run(frames, figures.frame_seconds)
     return {
         "frames": len(frames),
         "step_ms": summarize([t * 1e3 for t in times]).to_dict(),
@@ -77,11 +79,12 @@ def _adapter(path: Path, frames: list[Float32], warmup: list[Float32]) -> dict[s
     from realtime.models import load_model
 
     model = load_model(path)
+    rate = model.figures.input_sample_rate
 
     def run(chunks: list[Float32]) -> tuple[list[float], float]:
         session = model.open_session(system_prompt=None, seed=0, max_streaming_seconds=None)
         started = time.perf_counter()
-        times = _time_pushes(lambda f: session.push_audio(f, SAMPLE_RATE), chunks)
+        times = _time_pushes(lambda f: session.push_audio(f, rate), chunks)
         wall = time.perf_counter() - started
         session.cancel()
         model.clear_cache()
@@ -92,22 +95,26 @@ def _adapter(path: Path, frames: list[Float32], warmup: list[Float32]) -> dict[s
     return {"step_ms": summarize([t * 1e3 for t in times]).to_dict(), "fps": len(frames) / wall}
 
 
-def _measure(path: Path, frames: list[Float32], warmup: list[Float32]) -> dict[str, Any]:
-    result = _raw(path, frames, warmup)
+def _measure(
+    path: Path, frames: list[Float32], warmup: list[Float32], figures: ModelFigures
+) -> dict[str, Any]:
+    result = _raw(path, frames, warmup, figures)
     mx.clear_cache()
     result["adapter"] = _adapter(path, frames, warmup)
     return result
 
 
-def bare_model(path: Path, audio: Float32, frames: int) -> dict[str, Any]:
-    """Step ``frames`` 1280-sample frames of ``audio`` on one dedicated thread."""
-    chunks = [audio[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES] for i in range(frames)]
+def bare_model(path: Path, audio: Float32, frames: int, figures: ModelFigures) -> dict[str, Any]:
+    """Step ``frames`` frames of ``audio`` (cut by the checkpoint's ``figures``) on one
+    dedicated thread."""
+    size = figures.frame_samples
+    chunks = [audio[i * size : (i + 1) * size] for i in range(frames)]
     warmup = chunks[: min(WARMUP_FRAMES, frames)]
     box: dict[str, Any] = {}
 
     def target() -> None:
         try:
-            box["result"] = _measure(path, chunks, warmup)
+            box["result"] = _measure(path, chunks, warmup, figures)
         except BaseException as exc:  # reported on the calling thread
             box["error"] = exc
 

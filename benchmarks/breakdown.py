@@ -2,12 +2,12 @@
 
 Starts a server in a subprocess with an :class:`~realtime.observe.Observer` that
 records ``perf_counter`` at each hop (no private method is patched), streams
-frames one at a time (paced at 80 ms unless ``--unpaced``), and lines the
-server's clock up with the client's (``perf_counter`` is CLOCK_MONOTONIC, shared
-by every process on Linux). On a checkpoint the model step is timed around
-mlx-vlm's own ``VoiceChatStreamingSession.push_audio`` in both servers, so "total
-minus model step" is each server's own overhead, measured the same way; on the
-zero-cost model it is the engine's command time. Diagnostic only.
+frames one at a time (paced at the model's step, 80 ms for VoiceChat, unless
+``--unpaced``), and lines the server's clock up with the client's (``perf_counter``
+is CLOCK_MONOTONIC, shared by every process on Linux). On a checkpoint the model
+step is timed around mlx-vlm's own ``VoiceChatStreamingSession.push_audio`` in both
+servers, so "total minus model step" is each server's own overhead, measured the same
+way; on the zero-cost model it is the engine's command time. Diagnostic only.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 import trio
 
 from benchmarks import servers
-from benchmarks.wire import AUDIO_DELTA, CANCEL, FRAME_SECONDS, connect, frame_messages, test_pcm
+from benchmarks.wire import AUDIO_DELTA, CANCEL, connect, figures_for, frame_messages, test_pcm
 from realtime.observe import CommandKind, Observer, SessionReport
 
 SKIP: Final = 10
@@ -189,7 +189,8 @@ def breakdown(
     cmd = [sys.executable, *_SERVER_MAIN, "serve", str(marks_file)]
     port = servers.free_port()
     cmd += ["peer", what, str(port)] if peer else ["ours", what]
-    messages = frame_messages(test_pcm(frames * 1280, seed=1))
+    figures = figures_for(model)
+    messages = frame_messages(test_pcm(frames * figures.frame_samples, seed=1), figures)
     client: Marks = {"sent": [], "got": []}
     with servers.launch("breakdown", cmd, {}) as (proc, log):
         if peer:
@@ -202,10 +203,11 @@ def breakdown(
         async def stream() -> None:
             async with connect(url, what if peer else None) as c:
                 await c.configure()
+                step = c.conn.frame_seconds
                 start = trio.current_time()
                 for i, message in enumerate(messages):
                     if paced:
-                        await trio.sleep_until(start + i * FRAME_SECONDS)
+                        await trio.sleep_until(start + i * step)
                     client["sent"].append(await c.send(message))
                     while True:
                         at, event = await c.recv()
@@ -252,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--null", action="store_true", help="the zero-cost model instead")
     parser.add_argument("--peer", action="store_true", help="mlx-vlm's server instead of ours")
     parser.add_argument("--frames", type=int, default=100)
-    parser.add_argument("--unpaced", action="store_true", help="no 80 ms pacing")
+    parser.add_argument("--unpaced", action="store_true", help="no pacing at the model's step")
     args = parser.parse_args(argv)
     model: Path | None = None
     if not args.null:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.wire import FRAME_SAMPLES, SAMPLE_RATE, test_pcm
+from benchmarks.wire import test_pcm
 
 
 def measure(path: Path, frames: int, warmup: int = 10) -> dict[str, Any]:
@@ -29,6 +29,7 @@ def measure(path: Path, frames: int, warmup: int = 10) -> dict[str, Any]:
     from realtime.models.voicechat import load_voicechat
 
     model = load_voicechat(path)
+    size, rate = model.figures.frame_samples, model.figures.input_sample_rate
     session = model.open_session(
         system_prompt=None, seed=0, max_streaming_seconds=None, profile=True
     )
@@ -47,7 +48,7 @@ def measure(path: Path, frames: int, warmup: int = 10) -> dict[str, Any]:
         timed_eval(result)  # what int(...) on it would evaluate
         return result
 
-    audio = test_pcm((frames + warmup) * FRAME_SAMPLES, seed=5).astype(np.float32) / 32768.0
+    audio = test_pcm((frames + warmup) * size, seed=5).astype(np.float32) / 32768.0
     steps: list[float] = []
     evals: list[float] = []
     mx.eval, mx.argmax = timed_eval, timed_argmax
@@ -55,7 +56,7 @@ def measure(path: Path, frames: int, warmup: int = 10) -> dict[str, Any]:
         for i in range(frames + warmup):
             evaluating[0] = 0.0
             started = time.perf_counter()
-            session.push_audio(audio[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES], SAMPLE_RATE)
+            session.push_audio(audio[i * size : (i + 1) * size], rate)
             if i >= warmup:
                 steps.append(time.perf_counter() - started)
                 evals.append(evaluating[0])

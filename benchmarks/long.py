@@ -9,7 +9,7 @@ index reaches it), so a bounded run reports where it stopped and then, as a
 client would, opens a fresh session and carries on (``renewals``), so its ten
 minutes show what a renewed session costs.
 
-Wire side: this server with a small bound, 80 ms appends past it, then a commit:
+Wire side: this server with a small bound, one-frame appends past it, then a commit:
 every event the client receives after the bound, in order.
 """
 
@@ -21,16 +21,19 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 import trio
 
 from benchmarks.servers import ours, rss_bytes
-from benchmarks.wire import FRAME_SAMPLES, SAMPLE_RATE, BenchError, connect, test_pcm
+from benchmarks.wire import BenchError, connect, figures_for, frame_messages, test_pcm
+from realtime.models.base import ModelFigures
 
-FRAMES_PER_MINUTE: Final = 60 * SAMPLE_RATE // FRAME_SAMPLES
-"""750 frames of 80 ms."""
+
+def frames_per_minute(figures: ModelFigures) -> int:
+    """750 for VoiceChat's 80 ms frames."""
+    return round(60 * figures.frames_per_second)
 
 
 def _mb(n: int | None) -> float | None:
@@ -49,9 +52,12 @@ def model_side(
     from realtime.models.voicechat import load_voicechat
 
     model = load_voicechat(path)
-    frames = max(1, round(minutes * FRAMES_PER_MINUTE))
+    figures = model.figures
+    per_minute = frames_per_minute(figures)
+    size, rate = figures.frame_samples, figures.input_sample_rate
+    total = max(1, round(minutes * per_minute))
     # A minute of test audio, looped: the model's caches see every frame as new input.
-    audio = test_pcm(FRAMES_PER_MINUTE * FRAME_SAMPLES, seed=3).astype(np.float32) / 32768.0
+    audio = test_pcm(per_minute * size, seed=3).astype(np.float32) / 32768.0
 
     def open_session() -> Any:
         return model.open_session(system_prompt=None, seed=0, max_streaming_seconds=bound)
@@ -61,16 +67,16 @@ def model_side(
     minutes_out: list[dict[str, Any]] = []
     stops: list[dict[str, Any]] = []
     session_frames = 0
-    for i in range(frames):
-        offset = (i % FRAMES_PER_MINUTE) * FRAME_SAMPLES
-        chunk = audio[offset : offset + FRAME_SAMPLES]
+    for i in range(total):
+        offset = (i % per_minute) * size
+        chunk = audio[offset : offset + size]
         started = time.perf_counter()
         try:
-            session.push_audio(chunk, SAMPLE_RATE)
+            session.push_audio(chunk, rate)
         except InferenceError as exc:
             again: str | None = None
             try:  # what the next push after the bound does
-                session.push_audio(chunk, SAMPLE_RATE)
+                session.push_audio(chunk, rate)
             except InferenceError as second:
                 again = str(second)
             stops.append(
@@ -88,14 +94,14 @@ def model_side(
             session = open_session()
             session_frames = 0
             started = time.perf_counter()
-            session.push_audio(chunk, SAMPLE_RATE)
+            session.push_audio(chunk, rate)
         steps.append(time.perf_counter() - started)
         session_frames += 1
-        if (i + 1) % FRAMES_PER_MINUTE == 0 or i + 1 == frames:
-            window = np.asarray(steps[-FRAMES_PER_MINUTE:]) * 1e3
+        if (i + 1) % per_minute == 0 or i + 1 == total:
+            window = np.asarray(steps[-per_minute:]) * 1e3
             minutes_out.append(
                 {
-                    "minute": round((i + 1) / FRAMES_PER_MINUTE, 2),
+                    "minute": round((i + 1) / per_minute, 2),
                     "step_ms_p50": float(np.median(window)),
                     "step_ms_p95": float(np.percentile(window, 95)),
                     "rss_mb": _mb(rss_bytes(os.getpid())),
@@ -124,15 +130,12 @@ def model_side(
     }
 
 
-async def _wire(url: str, bound: float, appends: int) -> dict[str, Any]:
-    """Stream ``appends`` 80 ms appends into a session bounded at ``bound`` seconds,
+async def _wire(url: str, bound: float, appends: int, figures: ModelFigures) -> dict[str, Any]:
+    """Stream ``appends`` one-frame appends into a session bounded at ``bound`` seconds,
     then commit: every event after the first error, as types and codes."""
-    pcm = test_pcm(appends * FRAME_SAMPLES, seed=4)
-    from realtime.client import ServerClosed, append_message, session_update_message
+    from realtime.client import ServerClosed, session_update_message
 
-    messages = [
-        append_message(pcm[i : i + FRAME_SAMPLES]) for i in range(0, pcm.size, FRAME_SAMPLES)
-    ]
+    messages = frame_messages(test_pcm(appends * figures.frame_samples, seed=4), figures)
     seen: list[dict[str, Any]] = []
     audio = 0
     async with connect(url, None) as client:
@@ -172,7 +175,7 @@ async def _wire(url: str, bound: float, appends: int) -> dict[str, Any]:
         "bound_seconds": bound,
         "appends": appends,
         "audio_deltas": audio,
-        "bound_frames": int(bound * SAMPLE_RATE / FRAME_SAMPLES),
+        "bound_frames": int(bound * figures.frames_per_second),
         "errors": len(errors),
         "first_error": errors[0] if errors else None,
         "events": seen[:6] + ([{"...": len(seen) - 8}, *seen[-2:]] if len(seen) > 8 else seen[6:]),
@@ -181,8 +184,9 @@ async def _wire(url: str, bound: float, appends: int) -> dict[str, Any]:
 
 
 def wire_side(path: Path, bound: float, appends: int) -> dict[str, Any]:
+    figures = figures_for(path)
     with ours(path) as server:
-        return trio.run(_wire, server.url, bound, appends)
+        return trio.run(_wire, server.url, bound, appends, figures)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -229,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for bound in bounds:
         results["runs"].append(model_side(path, args.minutes, bound))
     if not args.no_wire:
-        appends = int(args.wire_bound * SAMPLE_RATE / FRAME_SAMPLES) + 10
+        appends = int(args.wire_bound * figures_for(path).frames_per_second) + 10
         try:
             results["wire"] = wire_side(path, args.wire_bound, appends)
         except BenchError as exc:

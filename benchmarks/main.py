@@ -26,9 +26,8 @@ import trio
 from benchmarks import breakdown, servers, streams
 from benchmarks.bare import WARMUP_FRAMES, bare_model
 from benchmarks.wire import (
-    FRAME_SAMPLES,
-    SAMPLE_RATE,
     append_message,
+    figures_for,
     frame_messages,
     pcm_to_float,
     test_pcm,
@@ -326,12 +325,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         path = None
     frames: int = args.frames
-    append_frames = max(1, round(args.append_seconds * SAMPLE_RATE / FRAME_SAMPLES))
-    total = max(frames, append_frames, WARMUP_FRAMES, SAMPLE_RATE // FRAME_SAMPLES + 1)
-    pcm = test_pcm(total * FRAME_SAMPLES)
-    messages = frame_messages(pcm[: frames * FRAME_SAMPLES])
-    big_append = append_message(pcm[: append_frames * FRAME_SAMPLES])
-    one_second = append_message(pcm[:SAMPLE_RATE])
+    # The checkpoint's figures: every server row's audio is cut and encoded by them.
+    figures = figures_for(path)
+    size, rate = figures.frame_samples, figures.input_sample_rate
+    append_frames = max(1, round(args.append_seconds * figures.frames_per_second))
+    total = max(frames, append_frames, WARMUP_FRAMES, rate // size + 1)
+    pcm = test_pcm(total * size)
+    messages = frame_messages(pcm[: frames * size], figures)
+    big_append = append_message(pcm[: append_frames * size], rate)
+    one_second = append_message(pcm[:rate], rate)
+    append_seconds = append_frames * figures.frame_seconds
 
     results: dict[str, Any] = {
         "command": "python -m benchmarks " + shlex.join(sys.argv[1:]),
@@ -348,14 +351,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if 1 in rows:
         assert path is not None
         _log("row 1: bare model")
-        bare = bare_model(path, pcm_to_float(pcm), frames)
+        bare = bare_model(path, pcm_to_float(pcm), frames, figures)
     results["bare"] = bare if bare is not None else skipped
 
     if 2 in rows:
         _log("row 2: zero-cost model through the server")
         n = args.zero_cost_frames or 20 * frames
-        zero_pcm = test_pcm(n * FRAME_SAMPLES, seed=1)
-        zero_messages = frame_messages(zero_pcm)
+        null = figures_for(None)  # the zero-cost model's, whatever --model is
+        zero_messages = frame_messages(test_pcm(n * null.frame_samples, seed=1), null)
         with servers.null_server() as server:
 
             async def zero() -> dict[str, Any]:
@@ -374,7 +377,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         _log("rows 3-5: this server on the checkpoint")
         with servers.ours(path) as server:
             ours = _server_suite(server, None, messages, big_append)
-        ours["responsiveness"]["append_seconds"] = append_frames * FRAME_SAMPLES / SAMPLE_RATE
+        ours["responsiveness"]["append_seconds"] = append_seconds
         _derive(ours, bare)
         if 3 in rows and not args.no_breakdown:
             _log("row 3: per-hop breakdown on an instrumented copy of this server")
@@ -420,7 +423,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 peer_rounds[-1]["paced"]["breakdown"] = _breakdown(path, frames, peer=True)
         ours_median, peer = median_of(ours_rounds), median_of(peer_rounds)
         for suite in (ours_median, peer):
-            suite["responsiveness"]["append_seconds"] = append_frames * FRAME_SAMPLES / SAMPLE_RATE
+            suite["responsiveness"]["append_seconds"] = append_seconds
             _derive(suite, bare)
         peer["rounds"] = args.rounds
         peer["per_round"] = {

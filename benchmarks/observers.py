@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from benchmarks import servers, streams
-from benchmarks.wire import FRAME_SAMPLES, frame_messages, test_pcm
+from benchmarks.wire import figures_for, frame_messages, test_pcm
 
 
 def _one(metrics: bool, messages: list[str]) -> dict[str, Any]:
@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frames", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
-    messages = frame_messages(test_pcm(args.frames * FRAME_SAMPLES, seed=2))
+    figures = figures_for(None)  # the zero-cost model's
+    messages = frame_messages(test_pcm(args.frames * figures.frame_samples, seed=2), figures)
     results: dict[str, list[dict[str, Any]]] = {"metrics": [], "none": []}
     for i in range(args.rounds):
         # ABBA: neither variant always runs first (the first server of a round

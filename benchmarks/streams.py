@@ -20,7 +20,6 @@ from benchmarks.wire import (
     AUDIO_DELTA,
     CANCEL,
     COMMIT,
-    FRAME_SECONDS,
     PING,
     BenchError,
     Client,
@@ -82,13 +81,15 @@ def _cpu_per_frame(before: float | None, after: float | None, frames: int) -> fl
 async def paced(
     url: str, model: str | None, messages: list[str], cpu: CpuClock = _no_cpu
 ) -> dict[str, Any]:
-    """One 1280-sample append per 80 ms; latency of each append to its audio delta."""
+    """One frame's append per model step (``session.updated``'s: 80 ms for VoiceChat);
+    latency of each append to its audio delta."""
     n = len(messages)
     sent = [math.nan] * n
     received: list[float] = []
     late: list[float] = []
     async with connect(url, model) as client:
         await client.configure(within=STREAM_TIMEOUT)
+        step = client.conn.frame_seconds
         cpu_before = cpu()
         async with trio.open_nursery() as nursery:
 
@@ -98,7 +99,7 @@ async def paced(
             nursery.start_soon(receive)
             start = trio.current_time()
             for i, message in enumerate(messages):
-                due = start + i * FRAME_SECONDS
+                due = start + i * step
                 await trio.sleep_until(due)
                 late.append(trio.current_time() - due)
                 sent[i] = await client.send(message)
@@ -212,12 +213,14 @@ async def responsiveness(url: str, model: str | None, big_append: str) -> dict[s
 
 async def ping_floor(url: str, model: str | None, pings: int) -> dict[str, Any]:
     """session.ping round trips on a configured, idle session: back to back, then one
-    per 80 ms. No model work is involved, so this is the floor any frame's latency
-    sits on (client, loopback, the server's WebSocket stack, thread wake-ups)."""
+    per model step (``session.updated``'s). No model work is involved, so this is the
+    floor any frame's latency sits on (client, loopback, the server's WebSocket stack,
+    thread wake-ups)."""
     out: dict[str, Any] = {"pings": pings}
     async with connect(url, model) as client:
         await client.configure(within=STREAM_TIMEOUT)
-        for name, gap in (("back_to_back_us", 0.0), ("paced_us", FRAME_SECONDS)):
+        step = client.conn.frame_seconds
+        for name, gap in (("back_to_back_us", 0.0), ("paced_us", step)):
             times: list[float] = []
             for _ in range(pings):
                 if gap:

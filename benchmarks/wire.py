@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -23,12 +24,10 @@ import wsproto.events
 
 from realtime import client as rc
 from realtime.client import CANCEL, PING, append_message, commit_message
-from realtime.models.base import FRAME_SAMPLES
-from realtime.models.base import INPUT_SAMPLE_RATE as SAMPLE_RATE
+from realtime.models.base import ModelFigures
 
-__all__ = ["CANCEL", "FRAME_SAMPLES", "PING", "SAMPLE_RATE", "append_message"]
+__all__ = ["CANCEL", "PING", "append_message"]
 
-FRAME_SECONDS: Final = FRAME_SAMPLES / SAMPLE_RATE
 AUDIO_DELTA: Final = "response.audio.delta"
 COMMIT: Final = commit_message()
 
@@ -52,9 +51,24 @@ def pcm_to_float(pcm: Int16) -> Float32:
     return (pcm.astype(np.float32) / 32768.0).astype(np.float32)
 
 
-def frame_messages(pcm: Int16) -> list[str]:
-    """One append per 1280-sample frame, encoded before any timing starts."""
-    return [append_message(pcm[i : i + FRAME_SAMPLES]) for i in range(0, pcm.size, FRAME_SAMPLES)]
+def figures_for(path: Path | None) -> ModelFigures:
+    """The figures of the model a server will serve: the checkpoint's (read from its
+    config, no weights loaded), or the zero-cost model's for ``None``. Audio is
+    encoded before any server is up, so they are needed first."""
+    if path is None:
+        from realtime.models.fake import NullModel
+
+        return NullModel().figures
+    from realtime.models.voicechat import checkpoint_figures
+
+    return checkpoint_figures(path)
+
+
+def frame_messages(pcm: Int16, figures: ModelFigures) -> list[str]:
+    """One append per model step (the last may be short), encoded before any timing
+    starts."""
+    size, rate = figures.frame_samples, figures.input_sample_rate
+    return [append_message(pcm[i : i + size], rate) for i in range(0, pcm.size, size)]
 
 
 def update_message(model: str | None, seed: int = 0) -> str:

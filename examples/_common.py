@@ -21,6 +21,7 @@ from realtime.client import (
     ClientError,
     Forbidden,
     FunctionDelta,
+    RealtimeClient,
     ServerBusy,
     ServerEvent,
     ServerUnreachable,
@@ -29,20 +30,15 @@ from realtime.client import (
     Unauthorized,
     UpgradeRejected,
 )
-from realtime.models.base import (
-    FRAME_SAMPLES,
-    INPUT_SAMPLE_RATE,
-    OUTPUT_FRAME_SAMPLES,
-    OUTPUT_SAMPLE_RATE,
-    Samples,
-)
+from realtime.models.base import VOICECHAT_FIGURES, Samples
 from realtime.transcript import TranscriptPrinter as BaseTranscriptPrinter
 
 PCM16 = npt.NDArray[np.int16]
 Event = dict[str, Any]
 
-FRAME_SECONDS = FRAME_SAMPLES / INPUT_SAMPLE_RATE
-"""80 ms: the model's step and the cadence at which live clients send audio."""
+FRAME_SECONDS = VOICECHAT_FIGURES.frame_seconds
+"""VoiceChat's 80 ms step, for a client that must pace before ``session.updated``;
+once connected, ``RealtimeClient.frame_seconds`` is the served model's."""
 
 EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2
@@ -94,11 +90,24 @@ def redact_audio(event: Event) -> Event:
 
 
 class AudioDeltaChecker:
-    """Checks the audio contract: 1764-sample frames with increasing ``frame_index``."""
+    """Checks the audio contract: frames of ``frame_samples`` at ``sample_rate`` (the
+    served model's; VoiceChat's 1764 at 22 050 Hz by default) with increasing
+    ``frame_index``."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        frame_samples: int = VOICECHAT_FIGURES.output_frame_samples,
+        sample_rate: int = VOICECHAT_FIGURES.output_sample_rate,
+    ) -> None:
+        self.frame_samples = frame_samples
+        self.sample_rate = sample_rate
         self.frames = 0
         self.last_frame_index: int | None = None
+
+    @classmethod
+    def of(cls, conn: RealtimeClient) -> AudioDeltaChecker:
+        """A checker for what the connection's ``session.updated`` announced."""
+        return cls(conn.output_frame_samples, conn.output_sample_rate)
 
     def check(self, event: AudioDelta) -> PCM16:
         pcm = event.pcm()
@@ -109,12 +118,14 @@ class AudioDeltaChecker:
             raise ClientError(
                 f"audio frame_index went from {self.last_frame_index} to {index} (must increase)"
             )
-        if pcm.size != OUTPUT_FRAME_SAMPLES:
+        if pcm.size != self.frame_samples:
             raise ClientError(
-                f"audio frame {index} has {pcm.size} samples, expected {OUTPUT_FRAME_SAMPLES}"
+                f"audio frame {index} has {pcm.size} samples, expected {self.frame_samples}"
             )
-        if event.sample_rate != OUTPUT_SAMPLE_RATE:
-            raise ClientError(f"audio frame {index} is at {event.sample_rate} Hz")
+        if event.sample_rate != self.sample_rate:
+            raise ClientError(
+                f"audio frame {index} is at {event.sample_rate} Hz, expected {self.sample_rate}"
+            )
         self.last_frame_index = index
         self.frames += 1
         return pcm
@@ -138,15 +149,18 @@ class TranscriptPrinter(BaseTranscriptPrinter):
 
 
 class FrameFramer:
-    """Cuts a stream of PCM16 chunks into 1280-sample frames (the model's 80 ms step)."""
+    """Cuts a stream of PCM16 chunks into frames of the model's step
+    (``RealtimeClient.frame_samples``; VoiceChat's 1280 by default)."""
 
-    def __init__(self) -> None:
+    def __init__(self, frame_samples: int = VOICECHAT_FIGURES.frame_samples) -> None:
+        self.frame_samples = frame_samples
         self._pending = np.zeros(0, dtype=np.int16)
 
     def push(self, pcm: PCM16) -> list[PCM16]:
         data = np.concatenate([self._pending, np.asarray(pcm, dtype=np.int16)])
-        whole = data.size // FRAME_SAMPLES * FRAME_SAMPLES
-        frames = [data[i : i + FRAME_SAMPLES] for i in range(0, whole, FRAME_SAMPLES)]
+        size = self.frame_samples
+        whole = data.size // size * size
+        frames = [data[i : i + size] for i in range(0, whole, size)]
         self._pending = data[whole:]
         return frames
 

@@ -4,10 +4,11 @@
         [--system-prompt TEXT] [--seed N] [--extra-seconds 3] [--realtime] \\
         [--events OUT.jsonl] [--api-key KEY] [--origin ORIGIN]
 
-The input is prepared exactly as ``realtime generate`` prepares it (16 kHz mono
-PCM16 plus ``--extra-seconds`` of silence so the model can finish speaking), and
-the audio deltas are written unchanged, so for the same WAV, prompt and seed the
-output equals ``realtime generate --stream`` byte for byte.
+The input is prepared exactly as ``realtime generate`` prepares it (mono PCM16 at
+the rate the server's ``session.updated`` names, 16 kHz for VoiceChat, plus
+``--extra-seconds`` of silence so the model can finish speaking), and the audio
+deltas are written unchanged, so for the same WAV, prompt and seed the output
+equals ``realtime generate --stream`` byte for byte.
 
 The protocol goes through :mod:`realtime.client`. Exit status: 0 on
 ``response.done``; a distinct code for each way of not getting a session (see
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+import attrs
 import numpy as np
 import trio
 
@@ -34,7 +36,6 @@ if importlib.util.find_spec("realtime") is None:  # a script run from an uninsta
 
 from _common import (
     EXIT_EPILOG,
-    FRAME_SECONDS,
     PCM16,
     AudioDeltaChecker,
     Event,
@@ -44,10 +45,11 @@ from _common import (
     report,
 )
 
-from realtime.audio import prepare_input, read_wav, write_wav_pcm16
+from realtime.audio import pcm16_to_float, prepare_input, read_wav, write_wav_pcm16
 from realtime.client import (
     AudioDelta,
     ClientError,
+    RealtimeClient,
     ResponseCancelled,
     ResponseDone,
     ServerBusy,
@@ -56,7 +58,47 @@ from realtime.client import (
     append_message,
     connect,
 )
-from realtime.models.base import INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
+from realtime.models.base import VOICECHAT_FIGURES, Samples
+
+
+@attrs.frozen(slots=True, eq=False)
+class InputAudio:
+    """A file's audio as read: prepared only once ``session.updated`` has named the
+    server's input rate, so it is resampled once, straight from the source."""
+
+    samples: Samples
+    sample_rate: int
+    extra_seconds: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        """What is sent: the file plus the silence appended."""
+        return len(self.samples) / self.sample_rate + self.extra_seconds
+
+    def at(self, rate: int) -> PCM16:
+        return prepare_input(
+            self.samples, self.sample_rate, extra_seconds=self.extra_seconds, to_rate=rate
+        )
+
+
+def _pcm_at(audio: PCM16 | InputAudio, rate: int) -> PCM16:
+    """The input at the server's rate; bare PCM16 is VoiceChat's 16 kHz, sent as is
+    to a server at that rate."""
+    if isinstance(audio, InputAudio):
+        return audio.at(rate)
+    if rate == VOICECHAT_FIGURES.input_sample_rate:
+        return audio
+    return prepare_input(pcm16_to_float(audio), VOICECHAT_FIGURES.input_sample_rate, to_rate=rate)
+
+
+def _messages(pcm: PCM16, conn: RealtimeClient) -> list[str]:
+    """One append per model step, at the server's frame size and rate."""
+    framer = FrameFramer(conn.frame_samples)
+    frames = framer.push(pcm)
+    tail = framer.flush()
+    if tail.size:
+        frames.append(tail)
+    return [append_message(f, conn.input_sample_rate) for f in frames]
 
 
 @dataclass
@@ -73,15 +115,19 @@ class FileClientResult:
     seconds_to_first_audio: float | None
     seconds_total: float
     event_counts: dict[str, int] = field(default_factory=dict)
+    sample_rate: int = VOICECHAT_FIGURES.output_sample_rate
+    """The answer's rate, as the server announced it."""
+    frame_seconds: float = VOICECHAT_FIGURES.frame_seconds
+    """One append's length: the served model's step."""
 
     @property
     def audio_seconds(self) -> float:
-        return self.pcm.size / OUTPUT_SAMPLE_RATE
+        return self.pcm.size / self.sample_rate
 
     @property
     def real_time_factor(self) -> float:
         """Wall time per second of input fed; below 1 keeps up with live speech."""
-        fed = self.frames_sent * FRAME_SECONDS
+        fed = self.frames_sent * self.frame_seconds
         return self.seconds_total / fed if fed else float("nan")
 
 
@@ -110,7 +156,7 @@ class _Progress:
 
 async def run_file_client(
     url: str,
-    pcm: PCM16,
+    audio: PCM16 | InputAudio,
     *,
     system_prompt: str | None = None,
     seed: int = 0,
@@ -123,30 +169,29 @@ async def run_file_client(
     max_ahead_seconds: float = 8.0,
     event_timeout: float = 60.0,
 ) -> FileClientResult:
-    """Send ``pcm`` (16 kHz PCM16) through one session; return the answer's audio.
+    """Send ``audio`` through one session; return the answer's audio.
 
-    Sending runs concurrently with receiving: as fast as the server takes it (but
-    at most ``max_ahead_seconds`` ahead of the model), or every 80 ms with
-    ``realtime``. ``on_ready`` runs once the session is configured, before any
-    audio goes out. Raises :class:`ClientError` on any failure to get a session,
-    server error, early close, protocol violation, or ``event_timeout`` seconds
-    without an event.
+    ``audio`` is an :class:`InputAudio` (prepared at the rate ``session.updated``
+    names) or mono PCM16 at VoiceChat's 16 kHz (resampled for a server at another
+    rate). Appends are the server's frames; sending runs concurrently with receiving:
+    as fast as the server takes it (but at most ``max_ahead_seconds`` ahead of the
+    model), or one frame per model step with ``realtime``. ``on_ready`` runs once the
+    session is configured, before any audio goes out. Raises :class:`ClientError` on
+    any failure to get a session, server error, early close, protocol violation, or
+    ``event_timeout`` seconds without an event.
     """
-    pcm = np.asarray(pcm, dtype=np.int16)
-    if pcm.ndim != 1 or pcm.size == 0:
+    if isinstance(audio, InputAudio):
+        empty = audio.samples.shape[0] == 0
+    else:
+        audio = np.asarray(audio, dtype=np.int16)
+        empty = audio.ndim != 1 or audio.size == 0
+    if empty:
         raise ClientError("input audio is empty")
     started = time.perf_counter()
-    checker = AudioDeltaChecker()
     progress = _Progress()
     chunks: list[PCM16] = []
     counts: dict[str, int] = {}
     first_audio: float | None = None
-    framer = FrameFramer()
-    messages = [append_message(f) for f in framer.push(pcm)]
-    tail = framer.flush()
-    if tail.size:
-        messages.append(append_message(tail))
-    max_ahead = max(1, int(max_ahead_seconds / FRAME_SECONDS))
     printer = printer or TranscriptPrinter()
 
     def seen(event: Event) -> None:
@@ -160,6 +205,10 @@ async def run_file_client(
         assert conn.created is not None
         seen(conn.created.raw)
         seen(updated.raw)
+        checker = AudioDeltaChecker.of(conn)
+        messages = _messages(_pcm_at(audio, conn.input_sample_rate), conn)
+        step = conn.frame_seconds
+        max_ahead = max(1, int(max_ahead_seconds / step))
         ready = time.perf_counter() - started
         if on_ready is not None:
             on_ready(updated)
@@ -171,7 +220,7 @@ async def run_file_client(
             try:
                 for i, message in enumerate(messages):
                     if realtime:
-                        await trio.sleep_until(t0 + i * FRAME_SECONDS)
+                        await trio.sleep_until(t0 + i * step)
                     else:
                         await progress.wait_until(i - max_ahead)
                     await conn.send_raw(message)
@@ -215,9 +264,9 @@ async def run_file_client(
         if failure is not None:
             raise failure
 
-    audio = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int16)
+    answer = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int16)
     return FileClientResult(
-        pcm=audio,
+        pcm=answer,
         frames=checker.frames,
         session_id=updated.session_id,
         model=updated.model,
@@ -227,6 +276,8 @@ async def run_file_client(
         seconds_to_first_audio=first_audio,
         seconds_total=time.perf_counter() - started,
         event_counts=counts,
+        sample_rate=checker.sample_rate,
+        frame_seconds=step,
     )
 
 
@@ -263,7 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="silence appended so the answer can finish (default %(default)s)",
     )
     p.add_argument(
-        "--realtime", action="store_true", help="pace appends every 80 ms like a live microphone"
+        "--realtime",
+        action="store_true",
+        help="pace appends one model step apart (80 ms for VoiceChat), like a live microphone",
     )
     p.add_argument(
         "--events",
@@ -291,7 +344,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None) -> 
         parser.error(f"cannot read {args.input}: {exc}")
     if audio.shape[0] == 0:  # whatever --extra-seconds adds: silence alone is no question
         parser.error(f"input audio {args.input} is empty (0 samples)")
-    pcm = prepare_input(audio, rate, extra_seconds=args.extra_seconds)
+    source = InputAudio(audio, rate, args.extra_seconds)
     log: TextIO | None = None
     try:
         if args.events is not None:
@@ -303,7 +356,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None) -> 
 
         def on_ready(updated: SessionUpdated) -> None:
             print(
-                f"sending {pcm.size / INPUT_SAMPLE_RATE:.2f} s of audio "
+                f"sending {source.seconds:.2f} s of audio "
                 f"({args.extra_seconds:g} s silence appended) to {args.url}",
                 file=sys.stderr,
             )
@@ -311,7 +364,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None) -> 
         result = trio.run(
             lambda: run_file_client(
                 args.url,
-                pcm,
+                source,
                 system_prompt=args.system_prompt,
                 seed=args.seed,
                 realtime=args.realtime,
@@ -330,11 +383,11 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None) -> 
     finally:
         if log is not None:
             log.close()
-    write_wav_pcm16(args.output, result.pcm, OUTPUT_SAMPLE_RATE)
+    write_wav_pcm16(args.output, result.pcm, result.sample_rate)
     first = result.seconds_to_first_audio
     print(
         f"wrote {args.output}: {result.frames} frames, {result.audio_seconds:.2f} s at "
-        f"{OUTPUT_SAMPLE_RATE} Hz; session ready in {result.seconds_to_ready:.2f} s, "
+        f"{result.sample_rate} Hz; session ready in {result.seconds_to_ready:.2f} s, "
         f"first audio after {first if first is not None else float('nan'):.2f} s, "
         f"total {result.seconds_total:.2f} s (real-time factor {result.real_time_factor:.2f})",
         file=sys.stderr,

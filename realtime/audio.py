@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from realtime.models.base import INPUT_SAMPLE_RATE, Samples
+from realtime.models.base import VOICECHAT_FIGURES, Samples
 
 PCM16 = npt.NDArray[np.int16]
 
@@ -87,17 +87,24 @@ def resample(samples: Samples, from_rate: int, to_rate: int) -> Samples:
     return np.asarray(out, dtype=np.float32)
 
 
-def prepare_input(samples: npt.ArrayLike, sample_rate: int, *, extra_seconds: float = 0.0) -> PCM16:
-    """Any-rate mono/stereo audio to the 16 kHz mono PCM16 the model is fed.
+def prepare_input(
+    samples: npt.ArrayLike,
+    sample_rate: int,
+    *,
+    extra_seconds: float = 0.0,
+    to_rate: int = VOICECHAT_FIGURES.input_sample_rate,
+) -> PCM16:
+    """Any-rate mono/stereo audio to the mono PCM16 the model is fed, at ``to_rate``
+    (the model's ``figures.input_sample_rate``; VoiceChat's 16 kHz by default).
 
     Appends ``extra_seconds`` of silence so the model can finish answering
     (it only produces output while it is fed input).
     """
     if extra_seconds < 0:
         raise ValueError(f"extra_seconds must be >= 0, got {extra_seconds}")
-    mono = resample(to_mono(samples), sample_rate, INPUT_SAMPLE_RATE)
+    mono = resample(to_mono(samples), sample_rate, to_rate)
     pcm = float_to_pcm16(mono)
-    pad = round(extra_seconds * INPUT_SAMPLE_RATE)
+    pad = round(extra_seconds * to_rate)
     if pad:
         pcm = np.concatenate([pcm, np.zeros(pad, dtype=np.int16)])
     return pcm
@@ -111,9 +118,14 @@ def read_wav(path: str | Path) -> tuple[Samples, int]:
     return np.asarray(data, dtype=np.float32), int(rate)
 
 
-def load_input_wav(path: str | Path, *, extra_seconds: float = 0.0) -> PCM16:
+def load_input_wav(
+    path: str | Path,
+    *,
+    extra_seconds: float = 0.0,
+    to_rate: int = VOICECHAT_FIGURES.input_sample_rate,
+) -> PCM16:
     samples, rate = read_wav(path)
-    return prepare_input(samples, rate, extra_seconds=extra_seconds)
+    return prepare_input(samples, rate, extra_seconds=extra_seconds, to_rate=to_rate)
 
 
 def write_wav_pcm16(path: str | Path, pcm: PCM16, sample_rate: int) -> None:

@@ -26,7 +26,7 @@ import trio_websocket
 
 from realtime.audio import float_to_pcm16, pcm16_from_base64
 from realtime.close_codes import CLOSE_CODE_NAMES, CLOSE_TRY_AGAIN
-from realtime.models.base import INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
+from realtime.models.base import VOICECHAT_FIGURES
 
 PCM16 = npt.NDArray[np.int16]
 Raw = dict[str, Any]
@@ -103,15 +103,22 @@ class SessionCreated:
 
 @attrs.frozen(slots=True)
 class SessionUpdated:
+    """The session is ready. The figures are the served model's, as sent (``None``
+    when a server leaves one out); :class:`RealtimeClient` falls back to VoiceChat's."""
+
     session_id: str
     model: str | None
     frame_samples: int | None
     raw: Raw = attrs.field(repr=False)
+    output_frame_samples: int | None = None
+    input_sample_rate: int | None = None
+    output_sample_rate: int | None = None
 
 
 @attrs.frozen(slots=True)
 class AudioDelta:
-    """One 80 ms frame of speech; ``delta`` is still base64 (decode with :meth:`pcm`)."""
+    """One model step of speech (80 ms from VoiceChat); ``delta`` is still base64
+    (decode with :meth:`pcm`)."""
 
     frame_index: int
     delta: str = attrs.field(repr=False)
@@ -119,7 +126,7 @@ class AudioDelta:
 
     @property
     def sample_rate(self) -> int:
-        return int(self.raw.get("sample_rate", OUTPUT_SAMPLE_RATE))
+        return int(self.raw.get("sample_rate", VOICECHAT_FIGURES.output_sample_rate))
 
     @property
     def audio_codes(self) -> list[int]:
@@ -127,7 +134,8 @@ class AudioDelta:
         return codes
 
     def pcm(self) -> PCM16:
-        """The samples as native int16 (1764 at 22 050 Hz from VoiceChat)."""
+        """The samples as native int16 (``output_frame_samples`` of ``session.updated``:
+        1764 at 22 050 Hz from VoiceChat)."""
         return decode_pcm16(self.delta)
 
 
@@ -231,6 +239,31 @@ def _session(raw: Raw) -> Raw:
     return session if isinstance(session, dict) else {}
 
 
+def _figure(session: Raw, key: str, within: str | None = None) -> int | None:
+    """A positive integer of the session object (``within``: of its sub-object), or
+    None when absent; anything else is malformed (TypeError)."""
+    holder = session.get(within) if within is not None else session
+    value = holder.get(key) if isinstance(holder, dict) else None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise TypeError(f"session.{within + '.' if within else ''}{key} is {value!r}")
+    return value
+
+
+def _updated(raw: Raw) -> SessionUpdated:
+    session = _session(raw)
+    return SessionUpdated(
+        str(session.get("id", "")),
+        session.get("model"),
+        _figure(session, "frame_samples"),
+        raw,
+        output_frame_samples=_figure(session, "output_frame_samples"),
+        input_sample_rate=_figure(session, "sample_rate", "input_audio_format"),
+        output_sample_rate=_figure(session, "sample_rate", "output_audio_format"),
+    )
+
+
 def _error(raw: Raw) -> ErrorEvent:
     err = raw.get("error")
     err = err if isinstance(err, dict) else {}
@@ -249,12 +282,7 @@ _PARSERS: Final[dict[str, Callable[[Raw], ServerEvent]]] = {
         r["frame_index"], r.get("token_id", -1), r["delta"], r.get("text", ""), r
     ),
     "session.created": lambda r: SessionCreated(str(_session(r).get("id", "")), r),
-    "session.updated": lambda r: SessionUpdated(
-        str(_session(r).get("id", "")),
-        _session(r).get("model"),
-        _session(r).get("frame_samples"),
-        r,
-    ),
+    "session.updated": _updated,
     "input_audio_buffer.committed": Committed,
     "response.done": lambda r: ResponseDone(r.get("frame_index", -1), r),
     "response.cancelled": lambda r: ResponseCancelled(r.get("frame_index", -1), r),
@@ -324,13 +352,16 @@ def session_update_message(
     return _dumps({"type": "session.update", "session": session})
 
 
-def append_message(pcm: npt.ArrayLike) -> str:
-    """``input_audio_buffer.append`` of 16 kHz mono audio (int16, or float in [-1, 1])."""
+def append_message(
+    pcm: npt.ArrayLike, sample_rate: int = VOICECHAT_FIGURES.input_sample_rate
+) -> str:
+    """``input_audio_buffer.append`` of mono audio (int16, or float in [-1, 1]) at
+    ``sample_rate``: the model's input rate (``RealtimeClient.input_sample_rate``)."""
     return _dumps(
         {
             "type": "input_audio_buffer.append",
             "audio": encode_pcm16(pcm),
-            "sample_rate": INPUT_SAMPLE_RATE,
+            "sample_rate": sample_rate,
         }
     )
 
@@ -363,6 +394,36 @@ class RealtimeClient:
         """``response.done`` or ``response.cancelled`` has been received."""
         self.received_at = 0.0
         """``time.perf_counter()`` as the last message arrived, before parsing (benchmarks)."""
+
+    def _sent(self, figure: str) -> int | None:
+        value: int | None = getattr(self.updated, figure) if self.updated is not None else None
+        return value
+
+    @property
+    def input_sample_rate(self) -> int:
+        """The rate :meth:`append` sends at: the server's (``session.updated``), or
+        VoiceChat's before it arrives or when it leaves it out."""
+        return self._sent("input_sample_rate") or VOICECHAT_FIGURES.input_sample_rate
+
+    @property
+    def output_sample_rate(self) -> int:
+        """The rate of the audio deltas (``session.updated``, else VoiceChat's)."""
+        return self._sent("output_sample_rate") or VOICECHAT_FIGURES.output_sample_rate
+
+    @property
+    def frame_samples(self) -> int:
+        """Input samples per model step (``session.updated``, else VoiceChat's)."""
+        return self._sent("frame_samples") or VOICECHAT_FIGURES.frame_samples
+
+    @property
+    def output_frame_samples(self) -> int:
+        """Samples of each audio delta (``session.updated``, else VoiceChat's)."""
+        return self._sent("output_frame_samples") or VOICECHAT_FIGURES.output_frame_samples
+
+    @property
+    def frame_seconds(self) -> float:
+        """One model step in seconds: the pace of a live stream."""
+        return self.frame_samples / self.input_sample_rate
 
     @property
     def close_code(self) -> int | None:
@@ -449,8 +510,8 @@ class RealtimeClient:
         return event
 
     async def append(self, pcm: npt.ArrayLike) -> None:
-        """Send 16 kHz mono audio: int16 PCM, or float32 in [-1, 1]."""
-        await self.send_raw(append_message(pcm))
+        """Send mono audio at :attr:`input_sample_rate`: int16 PCM, or float32 in [-1, 1]."""
+        await self.send_raw(append_message(pcm, self.input_sample_rate))
 
     async def commit(self, pad_partial: bool = True) -> None:
         """No more audio: the server answers the rest and ends with ``response.done``."""

@@ -1,7 +1,8 @@
 """``realtime generate``: run a WAV through the model without a server.
 
 With ``--stream`` it feeds the very adapter session the server uses, in the
-server's 1280-sample slices, from the same input preparation, so its output WAV
+server's slices (the model's ``figures.frame_samples``), from the same input
+preparation, so its output WAV
 equals (byte for byte) the audio a file client receives over ``/v1/realtime``
 for the same input, prompt, seed and extra seconds. Without ``--stream`` it uses
 mlx-vlm's offline path. There is no engine here, so MLX runs on the main thread.
@@ -29,14 +30,15 @@ from realtime.audio import (
 )
 from realtime.errors import UsageError
 from realtime.models.base import (
-    FRAME_SAMPLES,
-    INPUT_SAMPLE_RATE,
-    OUTPUT_SAMPLE_RATE,
+    VOICECHAT_FIGURES,
     AssistantTextDelta,
     AudioDelta,
     FunctionDelta,
     InferenceError,
     ModelEvent,
+    ModelFigures,
+    ModelSession,
+    RealtimeModel,
     Samples,
     SessionInitializationError,
     UserTranscriptDelta,
@@ -44,14 +46,18 @@ from realtime.models.base import (
 from realtime.transcript import TranscriptPrinter
 
 
-def stream_slices(samples: Samples) -> Iterator[Samples]:
-    """The input in the server's 1280-sample slices (the last one may be short)."""
-    for start in range(0, samples.shape[0], FRAME_SAMPLES):
-        yield samples[start : start + FRAME_SAMPLES]
+def stream_slices(
+    samples: Samples, frame_samples: int = VOICECHAT_FIGURES.frame_samples
+) -> Iterator[Samples]:
+    """The input in the server's slices of ``frame_samples`` (the model's figure; the
+    last slice may be short)."""
+    for start in range(0, samples.shape[0], frame_samples):
+        yield samples[start : start + frame_samples]
 
 
-def read_input(path: str | Path, extra_seconds: float) -> Samples:
-    """The float32 samples the model is fed: PCM16 decoded ``/ 32768`` as on the wire."""
+def read_source(path: str | Path) -> tuple[Samples, int]:
+    """The input file as read (samples, rate); a UsageError names what is wrong with it.
+    Read before the model loads, so a bad input fails at once."""
     source = Path(path)
     if not source.is_file():
         raise UsageError(f"input file {source} does not exist or is not a file")
@@ -62,7 +68,14 @@ def read_input(path: str | Path, extra_seconds: float) -> Samples:
         raise UsageError(f"cannot read input audio {source}: {message}") from None
     if audio.shape[0] == 0:  # whatever --extra-seconds adds: silence alone is no input
         raise UsageError(f"input audio {source} is empty (0 samples)")
-    pcm: PCM16 = prepare_input(audio, rate, extra_seconds=extra_seconds)
+    return audio, rate
+
+
+def model_input(source: tuple[Samples, int], extra_seconds: float, to_rate: int) -> Samples:
+    """The float32 samples the model is fed at ``to_rate`` (its input rate): PCM16
+    decoded ``/ 32768`` as on the wire."""
+    audio, rate = source
+    pcm: PCM16 = prepare_input(audio, rate, extra_seconds=extra_seconds, to_rate=to_rate)
     return pcm16_to_float(pcm)
 
 
@@ -113,24 +126,33 @@ def _print_profile(summary: dict[str, object], out: TextIO) -> None:
     out.flush()
 
 
-def _run_stream(
-    model: object, samples: Samples, args: argparse.Namespace
-) -> tuple[list[Samples], int]:
+def _open_stream(model: RealtimeModel, args: argparse.Namespace) -> ModelSession:
+    """The streaming session; VoiceChat's profiles its frames with ``--profile``."""
     from realtime.models.voicechat import VoiceChatModel
 
-    assert isinstance(model, VoiceChatModel)
+    prompt, seed, bound = args.system_prompt, args.seed, args.max_seconds
     try:
-        session = model.open_session(
-            system_prompt=args.system_prompt,
-            seed=args.seed,
-            max_streaming_seconds=args.max_seconds,
-            profile=bool(args.profile),
-        )
+        if isinstance(model, VoiceChatModel):
+            return model.open_session(
+                system_prompt=prompt,
+                seed=seed,
+                max_streaming_seconds=bound,
+                profile=bool(args.profile),
+            )
+        return model.open_session(system_prompt=prompt, seed=seed, max_streaming_seconds=bound)
     except SessionInitializationError as exc:
         raise UsageError(f"cannot open a session: {exc}") from None
+
+
+def stream_session(
+    session: ModelSession, samples: Samples, figures: ModelFigures, out: TextIO
+) -> tuple[list[Samples], int]:
+    """Push ``samples`` in the server's slices at the model's input rate, then flush;
+    print the text channels to ``out``. The audio frames, and 1 after an inference
+    error (the rest of the input is not run; what came before is kept)."""
     audio: list[Samples] = []
     status = 0
-    printer = TranscriptPrinter(sys.stdout)
+    printer = TranscriptPrinter(out)
 
     def emit(events: list[ModelEvent]) -> None:
         for event in events:
@@ -141,9 +163,9 @@ def _run_stream(
             if labelled is not None:
                 printer.write(*labelled)
 
-    for piece in stream_slices(samples):
+    for piece in stream_slices(samples, figures.frame_samples):
         try:
-            emit(session.push_audio(piece, INPUT_SAMPLE_RATE))
+            emit(session.push_audio(piece, figures.input_sample_rate))
         except InferenceError as exc:
             printer.break_line()
             print(f"realtime: inference error: {exc}", file=sys.stderr, flush=True)
@@ -151,7 +173,17 @@ def _run_stream(
             break
     emit(session.flush(pad_partial=True))
     printer.finish()
-    if args.profile:
+    return audio, status
+
+
+def _run_stream(
+    model: RealtimeModel, samples: Samples, args: argparse.Namespace
+) -> tuple[list[Samples], int]:
+    from realtime.models.voicechat import VoiceChatSession
+
+    session = _open_stream(model, args)
+    audio, status = stream_session(session, samples, model.figures, sys.stdout)
+    if args.profile and isinstance(session, VoiceChatSession):
         summary = session.profile_summary()
         if summary is not None:
             _print_profile(summary, sys.stdout)
@@ -167,7 +199,7 @@ def generate_command(args: argparse.Namespace) -> int:
         raise UsageError(f"output {output} is a directory")
     if not output.parent.exists():
         raise UsageError(f"output folder {output.parent} does not exist")
-    samples = read_input(args.input, args.extra_seconds)
+    source = read_source(args.input)
     path = _resolve_model(args.model)
     if args.profile and not args.stream:
         print("realtime: --profile applies to --stream only; ignored", file=sys.stderr)
@@ -175,11 +207,15 @@ def generate_command(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     model = load_model(path)  # ModelPathError, ModelLoadError: one line, exit 2
     loaded = time.perf_counter()
+    figures = model.figures
+    samples = model_input(source, args.extra_seconds, figures.input_sample_rate)
+    computing = time.perf_counter()
 
     status = 0
     if args.stream:
         chunks, status = _run_stream(model, samples, args)
         out = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
+        output_rate = figures.output_sample_rate
     else:
         from realtime.models.voicechat import VoiceChatModel
 
@@ -194,6 +230,7 @@ def generate_command(args: argparse.Namespace) -> int:
         except (InferenceError, SessionInitializationError) as exc:
             raise UsageError(f"generation failed: {exc}") from None
         out = result.samples
+        output_rate = result.sample_rate
         printer = TranscriptPrinter(sys.stdout)
         printer.write("user", result.transcript)
         printer.write("assistant", result.text)
@@ -202,14 +239,14 @@ def generate_command(args: argparse.Namespace) -> int:
     finished = time.perf_counter()
 
     try:
-        write_wav_pcm16(output, float_to_pcm16(out), OUTPUT_SAMPLE_RATE)
+        write_wav_pcm16(output, float_to_pcm16(out), output_rate)
     except Exception as exc:
         raise UsageError(f"cannot write {output}: {' '.join(str(exc).split())}") from None
-    input_seconds = samples.shape[0] / INPUT_SAMPLE_RATE
-    compute = finished - loaded
+    input_seconds = samples.shape[0] / figures.input_sample_rate
+    compute = finished - computing
     summary = {
         "output": str(output),
-        "output_seconds": round(out.shape[0] / OUTPUT_SAMPLE_RATE, 3),
+        "output_seconds": round(out.shape[0] / output_rate, 3),
         "input_seconds": round(input_seconds, 3),
         "load_seconds": round(loaded - started, 3),
         "compute_seconds": round(compute, 3),

@@ -21,16 +21,14 @@ import attrs
 from realtime import audio
 from realtime.audio import float_to_pcm16, pcm16_to_float
 from realtime.models.base import (
-    AUDIO_CODEBOOKS,
-    FRAME_SAMPLES,
-    INPUT_SAMPLE_RATE,
-    OUTPUT_SAMPLE_RATE,
+    VOICECHAT_FIGURES,
     AssistantTextDelta,
     AudioDelta,
     Cancelled,
     Done,
     FunctionDelta,
     ModelEvent,
+    ModelFigures,
     Samples,
     UserTranscriptDelta,
 )
@@ -40,13 +38,11 @@ ErrorCode = Literal[
 ]
 MAX_SEED: Final = 2**63 - 1
 MAX_STREAMING_SECONDS: Final = 86_400.0
-"""The largest ``max_streaming_seconds`` accepted (a day); the smallest is one frame."""
-MIN_STREAMING_SECONDS: Final = FRAME_SAMPLES / INPUT_SAMPLE_RATE
+"""The largest ``max_streaming_seconds`` accepted (a day); the smallest is one frame
+(``figures.frame_seconds``)."""
 SESSION_FIELDS: Final = ("model", "system_prompt", "seed", "max_streaming_seconds")
 
 AUDIO_DELTA: Final = "response.audio.delta"
-INPUT_AUDIO_FORMAT: Final = {"type": "pcm16", "sample_rate": INPUT_SAMPLE_RATE}
-OUTPUT_AUDIO_FORMAT: Final = {"type": "pcm16", "sample_rate": OUTPUT_SAMPLE_RATE}
 
 Event = dict[str, Any]
 
@@ -82,7 +78,8 @@ class SessionUpdate:
 class AudioAppend:
     samples: Samples
     """float32 in [-1, 1): the PCM16 payload divided by 32768."""
-    sample_rate: int = INPUT_SAMPLE_RATE
+    sample_rate: int = VOICECHAT_FIGURES.input_sample_rate
+    """As the client stated it (the model's input rate when it did not)."""
 
 
 @attrs.frozen(slots=True)
@@ -149,7 +146,7 @@ def _optional_str(obj: dict[str, Any], name: str, path: str) -> str | None:
     return value
 
 
-def _parse_session_update(msg: dict[str, Any]) -> SessionUpdate:
+def _parse_session_update(msg: dict[str, Any], figures: ModelFigures) -> SessionUpdate:
     session = msg.get("session", {})
     if session is None:
         session = {}
@@ -176,9 +173,10 @@ def _parse_session_update(msg: dict[str, Any]) -> SessionUpdate:
             mss = float(mss)
         except OverflowError:
             mss = math.inf
-        if not MIN_STREAMING_SECONDS <= mss <= MAX_STREAMING_SECONDS:
+        shortest = figures.frame_seconds
+        if not shortest <= mss <= MAX_STREAMING_SECONDS:
             raise ProtocolError(
-                f"{where} must lie between {MIN_STREAMING_SECONDS:g} (one frame) and "
+                f"{where} must lie between {shortest:g} (one frame) and "
                 f"{MAX_STREAMING_SECONDS:g} seconds, or be null for no bound"
             )
     return SessionUpdate(
@@ -186,12 +184,12 @@ def _parse_session_update(msg: dict[str, Any]) -> SessionUpdate:
     )
 
 
-def _parse_append(msg: dict[str, Any]) -> AudioAppend:
+def _parse_append(msg: dict[str, Any], figures: ModelFigures) -> AudioAppend:
     if "audio" not in msg:
         raise ProtocolError("audio is required")
-    rate = msg.get("sample_rate", INPUT_SAMPLE_RATE)
+    rate = msg.get("sample_rate", figures.input_sample_rate)
     if not _is_int(rate) or rate <= 0:
-        raise ProtocolError(f"sample_rate must be a positive integer ({INPUT_SAMPLE_RATE})")
+        raise ProtocolError(f"sample_rate must be a positive integer ({figures.input_sample_rate})")
     return AudioAppend(samples=pcm16_from_base64(msg["audio"]), sample_rate=rate)
 
 
@@ -202,8 +200,14 @@ def _parse_commit(msg: dict[str, Any]) -> AudioCommit:
     return AudioCommit(pad_partial=pad)
 
 
-def parse_client_message(frame: str | bytes) -> ClientMessage:
-    """Parse one WebSocket frame; raise :class:`ProtocolError` with a clear reason."""
+def parse_client_message(
+    frame: str | bytes, figures: ModelFigures = VOICECHAT_FIGURES
+) -> ClientMessage:
+    """Parse one WebSocket frame; raise :class:`ProtocolError` with a clear reason.
+
+    ``figures`` are the served model's: an append without ``sample_rate`` is at its
+    input rate, and ``max_streaming_seconds`` is at least one of its frames.
+    """
     if isinstance(frame, (bytes, bytearray)):
         raise ProtocolError("binary frames are not supported; send JSON text frames")
     try:
@@ -220,11 +224,11 @@ def parse_client_message(frame: str | bytes) -> ClientMessage:
     if not isinstance(kind, str):
         raise ProtocolError("type must be a string")
     if kind == "input_audio_buffer.append":
-        return _parse_append(msg)
+        return _parse_append(msg, figures)
     if kind == "session.ping":
         return Ping()
     if kind == "session.update":
-        return _parse_session_update(msg)
+        return _parse_session_update(msg, figures)
     if kind == "input_audio_buffer.commit":
         return _parse_commit(msg)
     if kind in ("session.cancel", "response.cancel"):
@@ -249,31 +253,44 @@ def _event(type_: str, **fields: Any) -> Event:
     return {"type": type_, "event_id": new_event_id(), **fields}
 
 
-def session_created(session_id: str) -> Event:
+def _audio_format(sample_rate: int) -> dict[str, Any]:
+    return {"type": "pcm16", "sample_rate": sample_rate}
+
+
+def session_created(session_id: str, figures: ModelFigures = VOICECHAT_FIGURES) -> Event:
+    """The greeting: the served model's input and output formats (``figures``)."""
     return _event(
         "session.created",
         session={
             "id": session_id,
             "state": "configuring",
-            "input_audio_format": dict(INPUT_AUDIO_FORMAT),
-            "output_audio_format": dict(OUTPUT_AUDIO_FORMAT),
+            "input_audio_format": _audio_format(figures.input_sample_rate),
+            "output_audio_format": _audio_format(figures.output_sample_rate),
         },
     )
 
 
-def session_updated(session_id: str, model_id: str, update: SessionUpdate) -> Event:
+def session_updated(
+    session_id: str,
+    model_id: str,
+    update: SessionUpdate,
+    figures: ModelFigures = VOICECHAT_FIGURES,
+) -> Event:
+    """The session is ready: the model's frame sizes and formats, so a client frames
+    and checks audio by them rather than by VoiceChat's."""
     return _event(
         "session.updated",
         session={
             "id": session_id,
             "state": "ready",
             "model": model_id,
-            "frame_samples": FRAME_SAMPLES,
+            "frame_samples": figures.frame_samples,
+            "output_frame_samples": figures.output_frame_samples,
             "system_prompt": update.system_prompt,
             "seed": update.seed,
             "max_streaming_seconds": update.max_streaming_seconds,
-            "input_audio_format": dict(INPUT_AUDIO_FORMAT),
-            "output_audio_format": dict(OUTPUT_AUDIO_FORMAT),
+            "input_audio_format": _audio_format(figures.input_sample_rate),
+            "output_audio_format": _audio_format(figures.output_sample_rate),
         },
     )
 
@@ -294,12 +311,13 @@ def cancelled(frame_index: int) -> Event:
     return _event("response.cancelled", frame_index=frame_index)
 
 
-def wire_event(event: ModelEvent) -> Event:
-    """Map one model event to its wire event (SPEC's model-event table)."""
+def wire_event(event: ModelEvent, figures: ModelFigures = VOICECHAT_FIGURES) -> Event:
+    """Map one model event to its wire event (SPEC's model-event table); an audio
+    frame must carry the model's ``figures.codebooks`` codes."""
     if isinstance(event, AudioDelta):
         codes = [int(c) for c in event.audio_codes]
-        if len(codes) != AUDIO_CODEBOOKS:
-            raise ValueError(f"audio_codes has {len(codes)} codes, expected {AUDIO_CODEBOOKS}")
+        if len(codes) != figures.codebooks:
+            raise ValueError(f"audio_codes has {len(codes)} codes, expected {figures.codebooks}")
         return _event(
             "response.audio.delta",
             frame_index=event.frame_index,

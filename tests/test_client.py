@@ -8,9 +8,12 @@ import trio
 
 from realtime import client as rc
 from realtime.engine import Engine
-from realtime.models.base import FRAME_SAMPLES, OUTPUT_FRAME_SAMPLES
+from realtime.models.base import VOICECHAT_FIGURES
 from realtime.models.fake import FakeModel, FakeOptions
 from tests.helpers import running_server
+
+FRAME_SAMPLES = VOICECHAT_FIGURES.frame_samples
+OUTPUT_FRAME_SAMPLES = VOICECHAT_FIGURES.output_frame_samples
 
 
 def _function(i: int) -> str | None:

@@ -16,7 +16,7 @@ import trio_websocket
 
 from realtime.audio import load_input_wav, write_wav_pcm16
 from realtime.engine import Engine
-from realtime.models.base import FRAME_SAMPLES, OUTPUT_FRAME_SAMPLES, OUTPUT_SAMPLE_RATE
+from realtime.models.base import VOICECHAT_FIGURES
 from realtime.models.fake import FakeModel, FakeOptions
 from tests.helpers import REPO, ServerProcess, connect, running_server
 
@@ -28,6 +28,9 @@ from _common import TranscriptPrinter
 from realtime.client import ClientError, ServerBusy
 
 SCRIPT = REPO / "examples" / "voicechat_file_client.py"
+FRAME_SAMPLES = VOICECHAT_FIGURES.frame_samples
+OUTPUT_FRAME_SAMPLES = VOICECHAT_FIGURES.output_frame_samples
+OUTPUT_SAMPLE_RATE = VOICECHAT_FIGURES.output_sample_rate
 
 
 def _tone_wav(path: Path, seconds: float = 1.0, rate: int = 24_000) -> Path:

@@ -151,6 +151,22 @@ def test_session_events() -> None:
     updated = protocol.session_updated("sess_x", "m", protocol.SessionUpdate(seed=3))
     assert updated["session"]["state"] == "ready" and updated["session"]["model"] == "m"
     assert updated["session"]["frame_samples"] == 1280 and updated["session"]["seed"] == 3
+    # Every field a client already reads stays; output_frame_samples is the one added.
+    assert list(updated["session"]) == [
+        "id",
+        "state",
+        "model",
+        "frame_samples",
+        "output_frame_samples",
+        "system_prompt",
+        "seed",
+        "max_streaming_seconds",
+        "input_audio_format",
+        "output_audio_format",
+    ]
+    assert updated["session"]["output_frame_samples"] == 1764
+    assert updated["session"]["input_audio_format"] == created["session"]["input_audio_format"]
+    assert updated["session"]["output_audio_format"] == created["session"]["output_audio_format"]
 
 
 VALID: list[tuple[Any, Any]] = [

@@ -7,21 +7,154 @@ arrays or mlx-vlm classes.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Final, Protocol
 
 import attrs
 import numpy as np
 import numpy.typing as npt
 
-INPUT_SAMPLE_RATE = 16_000
-OUTPUT_SAMPLE_RATE = 22_050
-FRAME_SAMPLES = 1280
-OUTPUT_FRAME_SAMPLES = 1764
-AUDIO_CODEBOOKS = 31
-
 Samples = npt.NDArray[np.float32]
+
+
+def _count(minimum: int) -> Callable[[Any, attrs.Attribute[int], Any], None]:
+    """A validator: an int (not a bool) of at least ``minimum``."""
+
+    def check(_: Any, attribute: attrs.Attribute[int], value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{attribute.name} must be an integer >= {minimum}, got {value!r}")
+
+    return check
+
+
+def _markers(_: Any, attribute: attrs.Attribute[tuple[str, ...]], value: Any) -> None:
+    if not isinstance(value, tuple) or not value:
+        raise ValueError(f"{attribute.name} must be a non-empty tuple of strings, got {value!r}")
+    if not all(isinstance(m, str) and m for m in value):
+        raise ValueError(f"{attribute.name} must hold non-empty strings, got {value!r}")
+
+
+def _pattern(_: Any, attribute: attrs.Attribute[str], value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{attribute.name} must be a non-empty regular expression")
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"{attribute.name} is not a regular expression: {exc}") from None
+
+
+_POSITIVE = _count(1)
+_TOKEN_ID = _count(0)
+
+
+@attrs.frozen(slots=True)
+class ModelFigures:
+    """The numbers of one model family that everything around the model depends on.
+
+    The wire formats, the slicing of appends, the clients' framing and pacing and the
+    dialects' text rules all follow from these, so they are read from the loaded model
+    (``RealtimeModel.figures``; clients from ``session.updated``), never assumed: a
+    model family with other rates or frame sizes then changes no code.
+    """
+
+    input_sample_rate: int = attrs.field(validator=_POSITIVE)
+    """Hz of the mono PCM the model hears (it does not resample)."""
+    output_sample_rate: int = attrs.field(validator=_POSITIVE)
+    """Hz of the speech it emits."""
+    frame_samples: int = attrs.field(validator=_POSITIVE)
+    """Input samples per model step: the server cuts appends into slices of this size."""
+    output_frame_samples: int = attrs.field(validator=_POSITIVE)
+    """Output samples of each step's audio frame."""
+    codebooks: int = attrs.field(validator=_POSITIVE)
+    """RVQ codes per audio frame (``audio_codes``)."""
+    bos_token_id: int = attrs.field(validator=_TOKEN_ID)
+    eos_token_id: int = attrs.field(validator=_TOKEN_ID)
+    """The agent text channel's end token: the model ends its turn
+    (``AudioDelta.end_of_turn``)."""
+    pad_token_id: int = attrs.field(validator=_TOKEN_ID)
+    """What the text channel emits on a frame with nothing to say."""
+    silence_token_id: int = attrs.field(validator=_TOKEN_ID)
+    tool_call_start: tuple[str, ...] = attrs.field(validator=_markers)
+    """Text on the function channel that opens a tool call (any one of them)."""
+    tool_call_end: tuple[str, ...] = attrs.field(validator=_markers)
+    """Text on the function channel that closes a tool call (any one of them)."""
+    marker_pattern: str = attrs.field(validator=_pattern)
+    """A regular expression matching every special-token text (the tool-call markers
+    included) that never belongs in a tool call's payload."""
+
+    def __attrs_post_init__(self) -> None:
+        # One output frame per input frame: both must span the same time, or the
+        # answer would drift from the conversation's clock.
+        if self.frame_samples * self.output_sample_rate != (
+            self.output_frame_samples * self.input_sample_rate
+        ):
+            raise ValueError(
+                f"an input frame ({self.frame_samples} samples at {self.input_sample_rate} Hz)"
+                f" and an output frame ({self.output_frame_samples} samples at "
+                f"{self.output_sample_rate} Hz) must last equally long"
+            )
+        if len(self.hidden_token_ids) != 4:
+            raise ValueError(
+                "bos, eos, pad and silence token ids must differ, got "
+                f"{self.bos_token_id}, {self.eos_token_id}, {self.pad_token_id}, "
+                f"{self.silence_token_id}"
+            )
+        marker = re.compile(self.marker_pattern)
+        unmatched = [
+            m for m in self.tool_call_start + self.tool_call_end if not marker.fullmatch(m)
+        ]
+        if unmatched:
+            raise ValueError(f"marker_pattern does not match the tool-call markers {unmatched}")
+
+    @property
+    def frame_seconds(self) -> float:
+        """One model step in seconds (the pace of a live stream)."""
+        return self.frame_samples / self.input_sample_rate
+
+    @property
+    def frame_ms(self) -> float:
+        return 1000.0 * self.frame_samples / self.input_sample_rate
+
+    @property
+    def frames_per_second(self) -> float:
+        return self.input_sample_rate / self.frame_samples
+
+    @property
+    def hidden_token_ids(self) -> frozenset[int]:
+        """Text-channel tokens that never reach a text delta (bos, eos, pad, silence)."""
+        return frozenset(
+            (self.bos_token_id, self.eos_token_id, self.pad_token_id, self.silence_token_id)
+        )
+
+
+VOICECHAT_FIGURES: Final = ModelFigures(
+    input_sample_rate=16_000,
+    output_sample_rate=22_050,
+    frame_samples=1280,
+    output_frame_samples=1764,
+    codebooks=31,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=12,
+    silence_token_id=11,
+    tool_call_start=("<SPECIAL_20>", "<TOOLCALL>"),
+    tool_call_end=("<SPECIAL_21>", "</TOOLCALL>"),
+    marker_pattern=r"<SPECIAL_\d+>|</?TOOLCALL>|</?TOOL_RESPONSE>",
+)
+"""NemotronLabs VoiceChat 11B: 80 ms frames, 16 kHz in, 22 050 Hz out, 31 codebooks;
+its tokenizer's ``<SPECIAL_20>`` / ``<SPECIAL_21>`` open and close a tool call, and
+the ``<TOOLCALL>`` tags of its prompt format may appear in their place."""
+
+# The VoiceChat figures, for modules not yet reading ``model.figures``. Code should
+# read ``model.figures`` (clients: ``session.updated``); these go once nothing
+# imports them.
+INPUT_SAMPLE_RATE: Final = VOICECHAT_FIGURES.input_sample_rate
+OUTPUT_SAMPLE_RATE: Final = VOICECHAT_FIGURES.output_sample_rate
+FRAME_SAMPLES: Final = VOICECHAT_FIGURES.frame_samples
+OUTPUT_FRAME_SAMPLES: Final = VOICECHAT_FIGURES.output_frame_samples
+AUDIO_CODEBOOKS: Final = VOICECHAT_FIGURES.codebooks
 
 
 @attrs.frozen(slots=True)
@@ -54,7 +187,8 @@ class AudioDelta:
     frame_index: int
     samples: Samples
     audio_codes: tuple[int, ...]
-    sample_rate: int = OUTPUT_SAMPLE_RATE
+    sample_rate: int = VOICECHAT_FIGURES.output_sample_rate
+    """Set by each model from its figures; VoiceChat's by default."""
     end_of_turn: bool = False
     """The agent text channel emitted its end token on this frame (the model ends
     its turn). Pad, silence, bos and eos never reach the text deltas, so this is
@@ -137,6 +271,11 @@ class RealtimeModel(Protocol):
     @property
     def path(self) -> str | None:
         """Where it was loaded from, if anywhere; ``session.model`` may name it."""
+        ...
+
+    @property
+    def figures(self) -> ModelFigures:
+        """Its rates, frame sizes, codebooks and special tokens."""
         ...
 
     def open_session(

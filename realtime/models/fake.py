@@ -23,11 +23,7 @@ import attrs
 import numpy as np
 
 from realtime.models.base import (
-    AUDIO_CODEBOOKS,
-    FRAME_SAMPLES,
-    INPUT_SAMPLE_RATE,
-    OUTPUT_FRAME_SAMPLES,
-    OUTPUT_SAMPLE_RATE,
+    VOICECHAT_FIGURES,
     AssistantTextDelta,
     AudioDelta,
     Cancelled,
@@ -36,19 +32,19 @@ from realtime.models.base import (
     FunctionDelta,
     InferenceError,
     ModelEvent,
+    ModelFigures,
     Samples,
     SessionInitializationError,
     StepControl,
     UserTranscriptDelta,
 )
 
-FRAME_SECONDS = FRAME_SAMPLES / INPUT_SAMPLE_RATE
-
 Script = Callable[[int], str | None]
 """Frame index -> the delta a channel emits on that frame (None or "": nothing)."""
 
 AudioScript = Callable[[int, Samples], Samples]
-"""(frame index, the 1280 input samples heard) -> the frame's output samples at 22.05 kHz."""
+"""(frame index, the input frame heard) -> the frame's output samples (at the figures'
+output rate)."""
 
 
 @attrs.frozen(slots=True)
@@ -88,9 +84,13 @@ def _no_function(i: int) -> None:
 class FakeOptions:
     """What a :class:`FakeModel` does; mutable so a test can change it mid-run."""
 
+    figures: ModelFigures = VOICECHAT_FIGURES
+    """The model's rates, frame sizes and codebooks (another family's, to test that
+    nothing assumes VoiceChat's)."""
     frame_delay: float = 0.0
-    """Seconds each 1280-sample frame 'computes' (sleeps on the engine thread)."""
-    audio_samples: int = OUTPUT_FRAME_SAMPLES
+    """Seconds each input frame 'computes' (sleeps on the engine thread)."""
+    audio_samples: int | None = None
+    """Output samples per frame (None: ``figures.output_frame_samples``)."""
     fail_on_frame: int | None = None
     """Raise RuntimeError on this frame (an unexpected model failure)."""
     die_on_frame: int | None = None
@@ -117,23 +117,29 @@ class FakeOptions:
     that follows the input's)."""
 
 
-def tone(hz: float, amplitude: float = 0.5) -> AudioScript:
+def tone(
+    hz: float, amplitude: float = 0.5, *, figures: ModelFigures = VOICECHAT_FIGURES
+) -> AudioScript:
     """A continuous sine at ``hz``: each frame picks up the phase where the last ended."""
-    step = 2 * np.pi * hz / OUTPUT_SAMPLE_RATE
-    offsets = np.arange(OUTPUT_FRAME_SAMPLES, dtype=np.float64)
+    step = 2 * np.pi * hz / figures.output_sample_rate
+    size = figures.output_frame_samples
+    offsets = np.arange(size, dtype=np.float64)
 
     def audio(index: int, heard: Samples) -> Samples:
-        phase = (offsets + index * OUTPUT_FRAME_SAMPLES) * step
+        phase = (offsets + index * size) * step
         return (amplitude * np.sin(phase)).astype(np.float32)
 
     return audio
 
 
-def _check_input(closed: bool, sample_rate: int) -> None:
+def _check_input(closed: bool, sample_rate: int, figures: ModelFigures) -> None:
+    """What mlx-vlm does: no resampling, so another rate is refused."""
     if closed:
         raise RuntimeError("streaming session is closed")
-    if sample_rate != INPUT_SAMPLE_RATE:
-        raise InferenceError(f"expected 16000 Hz PCM, received {sample_rate} Hz")
+    if sample_rate != figures.input_sample_rate:
+        raise InferenceError(
+            f"expected {figures.input_sample_rate} Hz PCM, received {sample_rate} Hz"
+        )
 
 
 class FakeSession:
@@ -141,6 +147,7 @@ class FakeSession:
 
     def __init__(self, model: FakeModel, seed: int, max_frames: int | None) -> None:
         self.model = model
+        self.figures = model.figures
         self.seed = seed
         self.max_frames = max_frames
         self.scene = model.options.scene() if model.options.scene is not None else None
@@ -191,20 +198,25 @@ class FakeSession:
             samples = opts.audio(i, frame)
         else:
             level = float(np.abs(frame).mean()) if frame.size else 0.0
-            samples = np.full(opts.audio_samples, min(level + 0.001 * (i % 7), 0.99), np.float32)
-        codes = tuple((i + self.seed + k) % 1024 for k in range(AUDIO_CODEBOOKS))
-        events.append(AudioDelta(i, samples, codes, end_of_turn=cue.end_of_turn))
+            size = opts.audio_samples
+            if size is None:
+                size = self.figures.output_frame_samples
+            samples = np.full(size, min(level + 0.001 * (i % 7), 0.99), np.float32)
+        codes = tuple((i + self.seed + k) % 1024 for k in range(self.figures.codebooks))
+        rate = self.figures.output_sample_rate
+        events.append(AudioDelta(i, samples, codes, rate, end_of_turn=cue.end_of_turn))
         self.model.frames_run += 1
         self.frame_index += 1
         return events
 
     def push_audio(self, samples: Samples, sample_rate: int) -> list[ModelEvent]:
         self.model.record("push", int(samples.shape[0]))
-        _check_input(self.closed, sample_rate)
+        _check_input(self.closed, sample_rate, self.figures)
         self.pending = np.concatenate([self.pending, samples.astype(np.float32)])
         events: list[ModelEvent] = []
-        while self.pending.shape[0] >= FRAME_SAMPLES:
-            frame, self.pending = self.pending[:FRAME_SAMPLES], self.pending[FRAME_SAMPLES:]
+        size = self.figures.frame_samples
+        while self.pending.shape[0] >= size:
+            frame, self.pending = self.pending[:size], self.pending[size:]
             events.extend(self._frame(frame))
         return events
 
@@ -214,7 +226,7 @@ class FakeSession:
             return []
         events: list[ModelEvent] = []
         if self.pending.shape[0] and pad_partial:
-            frame = np.zeros(FRAME_SAMPLES, np.float32)
+            frame = np.zeros(self.figures.frame_samples, np.float32)
             frame[: self.pending.shape[0]] = self.pending
             try:
                 events.extend(self._frame(frame))
@@ -264,6 +276,10 @@ class FakeModel:
     def path(self) -> str | None:
         return self._path
 
+    @property
+    def figures(self) -> ModelFigures:
+        return self.options.figures
+
     def record(self, name: str, arg: Any) -> None:
         with self.lock:
             self.calls.append((name, arg, threading.get_ident()))
@@ -291,7 +307,7 @@ class FakeModel:
             raise SessionInitializationError(self.options.open_error)
         max_frames = self.options.max_frames
         if max_streaming_seconds is not None:
-            max_frames = int(max_streaming_seconds / FRAME_SECONDS)
+            max_frames = int(max_streaming_seconds / self.figures.frame_seconds)
         session = FakeSession(self, seed, max_frames)
         self.sessions.append(session)
         return session
@@ -365,43 +381,46 @@ def partner(
     reply_after: int = 3,
     words: tuple[str, ...] = WORDS,
     hz: float = 1000.0,
+    figures: ModelFigures = VOICECHAT_FIGURES,
 ) -> FakeOptions:
     """Options for a conversation partner: it transcribes what it hears as ``words``,
     answers each time the user goes quiet with the next of ``replies`` (shared by the
     model's sessions, in order), and speaks a continuous tone at ``hz``."""
     queue = list(replies)
-    return FakeOptions(scene=lambda: _Partner(queue, reply_after, words), audio=tone(hz))
+    return FakeOptions(
+        figures=figures,
+        scene=lambda: _Partner(queue, reply_after, words),
+        audio=tone(hz, figures=figures),
+    )
 
 
 # --- zero cost ------------------------------------------------------------------------
-
-_NULL_SAMPLES = (np.sin(np.arange(OUTPUT_FRAME_SAMPLES, dtype=np.float32) * 0.05) * 0.2).astype(
-    np.float32
-)
-"""One shared output frame: the null model allocates nothing per frame."""
-_NULL_CODES = tuple(range(AUDIO_CODEBOOKS))
 
 
 class NullSession:
     """Counts samples instead of buffering them; each full frame yields text + audio."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: NullModel) -> None:
+        self.figures = model.figures
+        self.samples = model.samples
+        self.codes = model.codes
         self.pending = 0
         self.frame_index = 0
         self.closed = False
 
     def _frames(self) -> list[ModelEvent]:
         events: list[ModelEvent] = []
-        while self.pending >= FRAME_SAMPLES:
-            self.pending -= FRAME_SAMPLES
+        size, rate = self.figures.frame_samples, self.figures.output_sample_rate
+        while self.pending >= size:
+            self.pending -= size
             i = self.frame_index
             events.append(AssistantTextDelta(i, 100, "a", "a"))
-            events.append(AudioDelta(i, _NULL_SAMPLES, _NULL_CODES))
+            events.append(AudioDelta(i, self.samples, self.codes, rate))
             self.frame_index += 1
         return events
 
     def push_audio(self, samples: Samples, sample_rate: int) -> list[ModelEvent]:
-        _check_input(self.closed, sample_rate)
+        _check_input(self.closed, sample_rate, self.figures)
         self.pending += int(samples.shape[0])
         return self._frames()
 
@@ -409,7 +428,7 @@ class NullSession:
         if self.closed:
             return []
         if self.pending and pad_partial:
-            self.pending = FRAME_SAMPLES
+            self.pending = self.figures.frame_samples
         events = self._frames()
         self.pending = 0
         self.closed = True
@@ -426,6 +445,15 @@ class NullSession:
 class NullModel:
     """The :class:`~realtime.models.base.RealtimeModel` of :class:`NullSession`."""
 
+    def __init__(self, figures: ModelFigures = VOICECHAT_FIGURES) -> None:
+        self._figures = figures
+        size = figures.output_frame_samples
+        self.samples: Samples = (np.sin(np.arange(size, dtype=np.float32) * 0.05) * 0.2).astype(
+            np.float32
+        )
+        """One shared output frame: the null model allocates nothing per frame."""
+        self.codes = tuple(range(figures.codebooks))
+
     @property
     def model_id(self) -> str:
         return "null-model"
@@ -433,6 +461,10 @@ class NullModel:
     @property
     def path(self) -> str | None:
         return None
+
+    @property
+    def figures(self) -> ModelFigures:
+        return self._figures
 
     def open_session(
         self,
@@ -442,7 +474,7 @@ class NullModel:
         max_streaming_seconds: float | None,
         control: StepControl | None = None,
     ) -> NullSession:
-        return NullSession()
+        return NullSession(self)
 
     def count_tokens(self, text: str) -> int:
         return len(text)

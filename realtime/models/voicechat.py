@@ -20,9 +20,7 @@ import attrs
 import numpy as np
 
 from realtime.models.base import (
-    AUDIO_CODEBOOKS,
-    OUTPUT_FRAME_SAMPLES,
-    OUTPUT_SAMPLE_RATE,
+    VOICECHAT_FIGURES,
     AssistantTextDelta,
     AudioDelta,
     Cancelled,
@@ -31,13 +29,20 @@ from realtime.models.base import (
     FunctionDelta,
     InferenceError,
     ModelEvent,
+    ModelFigures,
     Samples,
     SessionInitializationError,
     SessionStopped,
     StepControl,
     UserTranscriptDelta,
 )
-from realtime.models.checkpoint import CheckpointInfo, check_model_path, model_id_for, one_line
+from realtime.models.checkpoint import (
+    CheckpointInfo,
+    ModelLoadError,
+    check_model_path,
+    model_id_for,
+    one_line,
+)
 
 log = logging.getLogger("realtime.models.voicechat")
 
@@ -85,6 +90,66 @@ def _materialize(model: Any, started: float) -> None:
         )
 
 
+def figures_of(config: Any) -> ModelFigures:
+    """The figures of a checkpoint, from mlx-vlm's ``ModelConfig`` (``model.config``).
+
+    The rates are the config's ``input_sample_rate`` and ``output_sample_rate``; a
+    frame is ``round(input_sample_rate * frame_duration)`` samples, as mlx-vlm's
+    streaming session cuts its input; an output frame is the codec's
+    ``waveform_to_token_ratio`` (``hop_length`` times the ``downsample_rates``,
+    4 x 7 x 7 x 9 = 1764); the codebooks are the TTS's ``num_quantizers``; the token
+    ids are the config's. The tool-call markers are the trained format's (no config
+    holds them). ValueError when parts of the config disagree (the mel front end's or
+    the codec's rate, the codec's and the TTS's codebooks) or a figure is unusable.
+    """
+    codec, tts = config.codec_config, config.tts_config
+    mel_rate = config.audio_config.preprocessor.sample_rate
+    if mel_rate != config.input_sample_rate:
+        raise ValueError(
+            f"the mel front end expects {mel_rate} Hz but input_sample_rate is "
+            f"{config.input_sample_rate}"
+        )
+    if codec.sample_rate != config.output_sample_rate:
+        raise ValueError(
+            f"the codec speaks {codec.sample_rate} Hz but output_sample_rate is "
+            f"{config.output_sample_rate}"
+        )
+    if codec.num_quantizers != tts.num_quantizers:
+        raise ValueError(
+            f"the codec has {codec.num_quantizers} codebooks, the TTS {tts.num_quantizers}"
+        )
+    return attrs.evolve(
+        VOICECHAT_FIGURES,
+        input_sample_rate=config.input_sample_rate,
+        output_sample_rate=config.output_sample_rate,
+        frame_samples=round(config.input_sample_rate * float(config.frame_duration)),
+        output_frame_samples=codec.waveform_to_token_ratio,
+        codebooks=tts.num_quantizers,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        silence_token_id=config.silence_token_id,
+    )
+
+
+def checkpoint_figures(path: str | os.PathLike[str]) -> ModelFigures:
+    """A checkpoint folder's figures from its ``config.json`` as mlx-vlm reads it
+    (its defaults included), without loading any weight: for tools that must know
+    them before a server or a model is up (the benchmarks encode audio ahead)."""
+    from mlx_vlm.models.nemotron_voicechat.config import ModelConfig
+
+    info = check_model_path(path)
+    config = json.loads((info.path / "config.json").read_text("utf-8"))
+    return _loaded_figures(ModelConfig.from_dict(config), info.model_id)
+
+
+def _loaded_figures(config: Any, model_id: str) -> ModelFigures:
+    try:
+        return figures_of(config)
+    except ValueError as exc:
+        raise ModelLoadError(f"{model_id} has unusable figures: {one_line(str(exc))}") from None
+
+
 @attrs.frozen(slots=True, eq=False)
 class OfflineResult:
     """One offline turn: the whole answer at once (``realtime generate`` without --stream)."""
@@ -105,8 +170,9 @@ class VoiceChatSession:
     still ends the timeline with ``Done`` so a commit gets its ``response.done``.
     """
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, figures: ModelFigures) -> None:
         self._inner = inner
+        self._figures = figures
         self._failed: str | None = None
         self._at_limit = False
 
@@ -139,7 +205,8 @@ class VoiceChatSession:
             self._failed = f"model failure: {type(exc).__name__}: {one_line(str(exc))}"
             log.exception("VoiceChat frame failed")
             raise InferenceError(self._failed) from exc
-        return _mark_turn_ends(self._inner, [_convert(e) for e in events])
+        converted = [_convert(e, self._figures) for e in events]
+        return _mark_turn_ends(self._inner, converted, self._figures.eos_token_id)
 
     def flush(self, pad_partial: bool) -> list[ModelEvent]:
         if self._inner.closed:
@@ -153,12 +220,12 @@ class VoiceChatSession:
             self._failed = f"model failure: {type(exc).__name__}: {one_line(str(exc))}"
             if not self._inner.closed:
                 events = self._inner.flush(pad_partial=False)
-                return [_convert(e) for e in events]
+                return [_convert(e, self._figures) for e in events]
             raise InferenceError(self._failed) from exc
-        return [_convert(e) for e in events]
+        return [_convert(e, self._figures) for e in events]
 
     def cancel(self) -> list[ModelEvent]:
-        return [_convert(e) for e in self._inner.cancel()]
+        return [_convert(e, self._figures) for e in self._inner.cancel()]
 
     def profile_summary(self, drop_first: int = 1) -> dict[str, Any] | None:
         """Per-stage frame timings when the session was opened with ``profile=True``."""
@@ -186,23 +253,25 @@ def _float_samples(samples: Any) -> Samples:
     return np.array(samples, dtype=np.float32).reshape(-1)
 
 
-def _convert(event: Any) -> ModelEvent:
-    """An mlx-vlm ``VoiceChatEvent`` as a project value (MLX arrays become numpy/ints)."""
+def _convert(event: Any, figures: ModelFigures) -> ModelEvent:
+    """An mlx-vlm ``VoiceChatEvent`` as a project value (MLX arrays become numpy/ints);
+    an audio frame that does not match the model's figures is an InferenceError."""
     kind = event.kind
     frame = int(event.frame_index or 0)
     if kind == "audio":
         samples = _float_samples(event.samples)
         codes = tuple(int(c) for c in np.asarray(event.audio_codes).reshape(-1).tolist())
-        if samples.shape[0] != OUTPUT_FRAME_SAMPLES or len(codes) != AUDIO_CODEBOOKS:
+        rate = int(event.sample_rate or figures.output_sample_rate)
+        if (
+            samples.shape[0] != figures.output_frame_samples
+            or len(codes) != figures.codebooks
+            or rate != figures.output_sample_rate
+        ):
             raise InferenceError(
-                f"unexpected audio frame: {samples.shape[0]} samples, {len(codes)} codes"
+                f"unexpected audio frame: {samples.shape[0]} samples at {rate} Hz, "
+                f"{len(codes)} codes"
             )
-        return AudioDelta(
-            frame_index=frame,
-            samples=samples,
-            audio_codes=codes,
-            sample_rate=int(event.sample_rate or OUTPUT_SAMPLE_RATE),
-        )
+        return AudioDelta(frame_index=frame, samples=samples, audio_codes=codes, sample_rate=rate)
     if kind == "assistant_text_delta":
         return AssistantTextDelta(
             frame_index=frame,
@@ -228,23 +297,22 @@ def _convert(event: Any) -> ModelEvent:
     raise InferenceError(f"unknown VoiceChat event kind {kind!r}")
 
 
-def _mark_turn_ends(inner: Any, events: list[ModelEvent]) -> list[ModelEvent]:
-    """Set ``end_of_turn`` on each frame whose agent text token was eos.
+def _mark_turn_ends(inner: Any, events: list[ModelEvent], eos: int) -> list[ModelEvent]:
+    """Set ``end_of_turn`` on each frame whose agent text token was ``eos``.
 
     mlx-vlm drops the special tokens from its text deltas, so the token is read
     from the streaming session's token list: its last entries are the frames
     just run, one per frame, in order (the prompt prefill comes before them).
     """
     tokens = getattr(inner, "_text_tokens", None)
-    eos = getattr(getattr(inner, "config", None), "eos_token_id", None)
-    if not tokens or eos is None:
+    if not tokens:
         return events
     last = int(inner.frame_index) - 1
     out: list[ModelEvent] = []
     for event in events:
         if isinstance(event, AudioDelta):
             back = last - event.frame_index + 1
-            if 0 < back <= len(tokens) and int(tokens[-back]) == int(eos):
+            if 0 < back <= len(tokens) and int(tokens[-back]) == eos:
                 event = attrs.evolve(event, end_of_turn=True)
         out.append(event)
     return out
@@ -291,10 +359,11 @@ def _stoppable_session() -> type[Any]:
 class VoiceChatModel:
     """A loaded VoiceChat checkpoint (the RealtimeModel the engine serves)."""
 
-    def __init__(self, runtime: Any, path: Path) -> None:
+    def __init__(self, runtime: Any, path: Path, figures: ModelFigures | None = None) -> None:
         self._runtime = runtime  # mlx-vlm VoiceChatSession: model + tokenizer
         self._path = path
         self._model_id = model_id_for(path)
+        self._figures = figures_of(runtime.model.config) if figures is None else figures
 
     @property
     def model_id(self) -> str:
@@ -304,6 +373,11 @@ class VoiceChatModel:
     def path(self) -> str:
         """The absolute checkpoint folder."""
         return os.path.abspath(self._path)
+
+    @property
+    def figures(self) -> ModelFigures:
+        """Read from the checkpoint's config when it loaded (:func:`figures_of`)."""
+        return self._figures
 
     @property
     def runtime(self) -> Any:
@@ -350,7 +424,8 @@ class VoiceChatModel:
                 if not isinstance(exc, ValueError)
                 else one_line(str(exc))
             ) from exc
-        return VoiceChatSession(inner)
+        _check_streaming(inner, self._figures)
+        return VoiceChatSession(inner, self._figures)
 
     def count_tokens(self, text: str) -> int:
         """Prefill steps for ``text`` as the system prompt: its tokens plus BOS and EOS
@@ -374,7 +449,7 @@ class VoiceChatModel:
         value = _check_seed(seed)
         max_frames = None
         if max_seconds is not None:
-            max_frames = max(2, int(max_seconds / 0.08))
+            max_frames = max(2, int(max_seconds / self._figures.frame_seconds))
         try:
             result = self._runtime.generate(
                 mx.array(np.asarray(samples, dtype=np.float32)),
@@ -387,10 +462,10 @@ class VoiceChatModel:
         except Exception as exc:
             raise InferenceError(f"{type(exc).__name__}: {one_line(str(exc))}") from exc
         tokenizer = self._runtime.tokenizer
-        special = _special_ids(self._runtime.model.config)
+        hidden = self._figures.hidden_token_ids
         function_ids = [int(t) for t in np.array(result.function_tokens).tolist()]
         function_text = tokenizer.decode(
-            [t for t in function_ids if t not in special], skip_special_tokens=False
+            [t for t in function_ids if t not in hidden], skip_special_tokens=False
         )
         return OfflineResult(
             samples=audio,
@@ -410,13 +485,17 @@ class VoiceChatModel:
         mx.clear_cache()
 
 
-def _special_ids(config: Any) -> set[int]:
-    return {
-        int(config.pad_token_id),
-        int(config.silence_token_id),
-        int(config.bos_token_id),
-        int(config.eos_token_id),
-    }
+def _check_streaming(inner: Any, figures: ModelFigures) -> None:
+    """The streaming session must cut and speak what the figures say: the server slices
+    appends and the clients frame audio by them."""
+    seen = (inner.input_sample_rate, inner.frame_samples, inner.output_sample_rate)
+    want = (figures.input_sample_rate, figures.frame_samples, figures.output_sample_rate)
+    if seen != want:
+        inner.cancel()
+        raise SessionInitializationError(
+            f"the streaming session runs {seen[1]}-sample frames at {seen[0]} Hz in, "
+            f"{seen[2]} Hz out; the model's figures say {want[1]} at {want[0]} Hz, {want[2]} Hz"
+        )
 
 
 def _describe(info: CheckpointInfo) -> str:
@@ -448,15 +527,19 @@ def load_voicechat(
     log.info("loading %s from %s (%s)", info.model_id, info.path, _describe(info))
     model, processor = mlx_vlm_load(str(info.path), lazy=True, strict=True, trust_remote_code=False)
     log.info("model graph built and weights mapped in %.1f s", time.perf_counter() - started)
+    figures = _loaded_figures(model.config, info.model_id)  # before reading the weights in
+    log.debug("%s: %s", info.model_id, figures)
     _materialize(model, started)
     runtime = model.create_session(processor)
     log.info("loaded %s in %.1f s", info.model_id, time.perf_counter() - started)
-    return VoiceChatModel(runtime, info.path)
+    return VoiceChatModel(runtime, info.path, figures)
 
 
 __all__ = [
     "OfflineResult",
     "VoiceChatModel",
     "VoiceChatSession",
+    "checkpoint_figures",
+    "figures_of",
     "load_voicechat",
 ]

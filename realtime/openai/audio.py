@@ -15,7 +15,7 @@ import numpy as np
 import soxr
 
 from realtime.audio import float_to_pcm16, pcm16_from_base64, pcm16_to_float
-from realtime.models.base import FRAME_SAMPLES, INPUT_SAMPLE_RATE, Samples
+from realtime.models.base import VOICECHAT_FIGURES, ModelFigures, Samples
 
 WIRE_RATE: Final = 24_000
 """The only PCM rate the GA dialect speaks, both ways."""
@@ -41,15 +41,19 @@ def encode_pcm16(samples: Samples) -> str:
 
 
 class InputFramer:
-    """24 kHz client audio → 16 kHz model frames of exactly 1280 samples.
+    """24 kHz client audio → whole model frames at the model's rate (``figures``:
+    1280 samples at 16 kHz for VoiceChat).
 
     Clients send any chunk size (20 ms from a microphone, whole seconds from a
     file); the resampler's state carries across them and the output is regrouped
-    so the model always gets whole 80 ms frames, in order.
+    so the model always gets whole frames, in order.
     """
 
-    def __init__(self, in_rate: int = WIRE_RATE) -> None:
-        self._stream = soxr.ResampleStream(in_rate, INPUT_SAMPLE_RATE, 1, "float32", _QUALITY)
+    def __init__(self, in_rate: int = WIRE_RATE, figures: ModelFigures = VOICECHAT_FIGURES) -> None:
+        self._frame = figures.frame_samples
+        self._stream = soxr.ResampleStream(
+            in_rate, figures.input_sample_rate, 1, "float32", _QUALITY
+        )
         self._pending = np.zeros(0, np.float32)
         self.samples_in = 0
         """Client samples received (at ``in_rate``)."""
@@ -60,18 +64,17 @@ class InputFramer:
         out = self._stream.resample_chunk(np.asarray(samples, np.float32))
         if out.shape[0]:
             self._pending = np.concatenate([self._pending, out.astype(np.float32, copy=False)])
-        n = self._pending.shape[0] // FRAME_SAMPLES
+        size = self._frame
+        n = self._pending.shape[0] // size
         if not n:
             return []
-        frames = [
-            self._pending[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES].copy() for i in range(n)
-        ]
-        self._pending = self._pending[n * FRAME_SAMPLES :]
+        frames = [self._pending[i * size : (i + 1) * size].copy() for i in range(n)]
+        self._pending = self._pending[n * size :]
         return frames
 
     @property
     def partial(self) -> int:
-        """16 kHz samples waiting for the rest of their frame."""
+        """Model-rate samples waiting for the rest of their frame."""
         return int(self._pending.shape[0])
 
     def drop_partial(self) -> None:
@@ -80,7 +83,8 @@ class InputFramer:
 
 
 class OutputResampler:
-    """Model audio (22.05 kHz) → 24 kHz, one stateful stream for the whole session.
+    """Model audio (at each frame's own rate: 22.05 kHz from VoiceChat) → 24 kHz, one
+    stateful stream for the whole session.
 
     Every model frame goes through it, spoken or not, so the stream never jumps;
     the dialect decides afterwards which frames reach the client.
