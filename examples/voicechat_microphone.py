@@ -17,6 +17,14 @@ hand it to trio with ``TrioToken.run_sync_soon`` (input) or read a lock-guarded
 buffer (output), so they never block on the network or the event loop. The
 protocol goes through :mod:`realtime.client`; failing to get a session exits with
 the code ``--help`` lists for it.
+
+A session is a handful of small units, each with its own state, that
+:class:`LiveSession` wires together once ``session.updated`` has said the frame and
+the rates (:class:`SessionAudio`): :class:`CaptureQueue` (audio thread -> trio),
+:class:`Capture` and :class:`Uplink` (frames out, then the commit),
+:class:`Downlink` (answer frames to the speaker, the drain), :class:`StopControl`
+(the two Ctrl-Cs), :class:`StallWatch`, :class:`Meter`, :class:`RoundTrips` and
+:class:`Devices` (bounded starts and stops).
 """
 
 from __future__ import annotations
@@ -28,12 +36,12 @@ import math
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Protocol, TextIO, cast
+from typing import Any, Final, Protocol, TextIO, TypeVar, cast
 
 import numpy as np
 import trio
@@ -66,15 +74,18 @@ from realtime.client import (
     ServerBusy,
     ServerClosed,
     ServerEvent,
+    SessionUpdated,
     TextDelta,
     TranscriptDelta,
     connect,
 )
-from realtime.models.base import INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE, Samples
+from realtime.models.base import VOICECHAT_FIGURES, Samples
 
 ECHO_WARNING = (
     "warning: there is no echo cancellation; use headphones or the model will hear itself"
 )
+
+T = TypeVar("T")
 
 Deliver = Callable[[Samples], None]
 """Called by an input with each captured block, (frames,) or (frames, channels), on
@@ -117,6 +128,55 @@ class AudioOutput(Protocol):
     def stop(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class SessionAudio:
+    """The frame and the rates a session runs at, as its ``session.updated`` states them.
+
+    VoiceChat's figures are only the defaults for a field the server leaves out. The
+    output frame is ``session.output_frame_samples`` when the server sends it, else
+    the output rate times the input frame's duration.
+    """
+
+    frame_samples: int = VOICECHAT_FIGURES.frame_samples
+    input_rate: int = VOICECHAT_FIGURES.input_sample_rate
+    output_rate: int = VOICECHAT_FIGURES.output_sample_rate
+    output_frame_samples: int = VOICECHAT_FIGURES.output_frame_samples
+
+    @classmethod
+    def from_session(cls, session: Mapping[str, Any]) -> SessionAudio:
+        default = cls()
+        frame = _count(session.get("frame_samples"), default.frame_samples)
+        rate_in = _count(_rate_of(session.get("input_audio_format")), default.input_rate)
+        rate_out = _count(_rate_of(session.get("output_audio_format")), default.output_rate)
+        frame_out = _count(session.get("output_frame_samples"), round(rate_out * frame / rate_in))
+        return cls(frame, rate_in, rate_out, frame_out)
+
+    @classmethod
+    def from_updated(cls, event: SessionUpdated) -> SessionAudio:
+        session = event.raw.get("session")
+        return cls.from_session(session if isinstance(session, Mapping) else {})
+
+
+def _count(value: object, default: int) -> int:
+    """``value`` when it is a positive integer (a bool is not), else ``default``."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return default
+
+
+def _rate_of(audio_format: object) -> object:
+    return audio_format.get("sample_rate") if isinstance(audio_format, Mapping) else None
+
+
+def _latency_figures(round_trips: Sequence[float]) -> str:
+    trips = sorted(round_trips)
+    if not trips:
+        return "round-trip latency n/a"
+    median = trips[len(trips) // 2] * 1000
+    p95 = trips[min(len(trips) - 1, int(len(trips) * 0.95))] * 1000
+    return f"round-trip latency median {median:.0f} ms, p95 {p95:.0f} ms"
+
+
 @dataclass
 class MicrophoneResult:
     frames_sent: int
@@ -129,29 +189,21 @@ class MicrophoneResult:
     skipped_samples: int = 0
     input_stalls: int = 0
     round_trips: list[float] = field(default_factory=list)
-    """Seconds from sending an 80 ms frame to receiving the answer frame of the same index."""
+    """Seconds from sending a frame to receiving the answer frame of the same index."""
     abandoned_device_calls: int = 0
 
     def summary(self, sample_rate: int | None = None) -> str:
         """One line for the end of a session: frames, underruns, round-trip latency."""
-        rate = sample_rate or 1
-        trips = sorted(self.round_trips)
-        if trips:
-            median = trips[len(trips) // 2] * 1000
-            p95 = trips[min(len(trips) - 1, int(len(trips) * 0.95))] * 1000
-            rtt = f"round-trip latency median {median:.0f} ms, p95 {p95:.0f} ms"
-        else:
-            rtt = "round-trip latency n/a"
         parts = [
             f"sent {self.frames_sent} frames",
             f"received {self.audio_frames} audio frames",
             f"{self.underruns} underruns",
-            rtt,
+            _latency_figures(self.round_trips),
         ]
         if sample_rate and (self.skipped_samples or self.dropped_samples):
             parts.append(
-                f"caught up {self.skipped_samples / rate * 1000:.0f} ms, "
-                f"dropped {self.dropped_samples / rate * 1000:.0f} ms"
+                f"caught up {self.skipped_samples / sample_rate * 1000:.0f} ms, "
+                f"dropped {self.dropped_samples / sample_rate * 1000:.0f} ms"
             )
         if self.input_stalls:
             parts.append(f"input stalled {self.input_stalls}x")
@@ -169,6 +221,17 @@ DEVICE_STOP_SECONDS = 2.0
 """How long a device's stop may take before it is abandoned."""
 
 DEVICE_START_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class LiveOptions:
+    """The bounds and switches of one live session (see :func:`run_microphone_client`)."""
+
+    drain_timeout: float = 10.0
+    event_timeout: float = 60.0
+    meter: bool = False
+    stall_seconds: float = STALL_SECONDS
+    device_stop_seconds: float = DEVICE_STOP_SECONDS
 
 
 def level_dbfs(samples: Samples) -> float:
@@ -277,6 +340,438 @@ async def device_call(fn: Callable[[], None], seconds: float) -> bool:
     return False
 
 
+def jitter_of(sink: AudioOutput) -> JitterBuffer | None:
+    """The sink's jitter buffer, when it has one: the meter and the summary read it."""
+    buffer = getattr(sink, "buffer", None)
+    return buffer if isinstance(buffer, JitterBuffer) else None
+
+
+# --- the units of one live session ----------------------------------------------------
+
+
+class RoundTrips:
+    """When each frame went out, by its index, and the seconds until the answer frame
+    with the same ``frame_index`` came back."""
+
+    def __init__(self) -> None:
+        self._sent_at: dict[int, float] = {}
+        self.seconds: list[float] = []
+
+    def sent(self, index: int, now: float) -> None:
+        self._sent_at[index] = now
+
+    def answered(self, index: int, now: float) -> None:
+        started = self._sent_at.pop(index, None)
+        if started is not None:
+            self.seconds.append(now - started)
+
+
+class StopControl:
+    """The turn: the first interrupt commits (and wakes whatever waits for captured
+    audio), the second quits at once by cancelling the session's scope."""
+
+    def __init__(self) -> None:
+        self.commit_requested = trio.Event()
+        self.interrupted = False
+        self._waiting: set[trio.CancelScope] = set()
+
+    @property
+    def committing(self) -> bool:
+        return self.commit_requested.is_set()
+
+    def commit(self) -> None:
+        self.commit_requested.set()
+        for scope in list(self._waiting):
+            scope.cancel()
+
+    async def until_commit(self, receive: Callable[[], Awaitable[T]]) -> T | None:
+        """``await receive()``; None when the commit comes first."""
+        with trio.CancelScope() as scope:
+            self._waiting.add(scope)
+            try:
+                return await receive()
+            finally:
+                self._waiting.discard(scope)
+        return None
+
+    async def watch(
+        self, interrupts: trio.abc.ReceiveChannel[None], quit_scope: trio.CancelScope
+    ) -> None:
+        async for _ in interrupts:
+            if not self.committing:
+                self.commit()
+                continue
+            self.interrupted = True
+            quit_scope.cancel()
+            return
+
+
+class CaptureQueue:
+    """Captured blocks from the audio thread into trio, bounded: counts the blocks it
+    had to drop, and when the last one came (the stall watch reads it)."""
+
+    def __init__(self, stop: StopControl, size: int = 64) -> None:
+        self._send, self._recv = trio.open_memory_channel[Samples](size)
+        self._token = trio.lowlevel.current_trio_token()
+        self._stop = stop
+        self.dropped_blocks = 0
+        self.last_block_at = trio.current_time()
+
+    def deliver(self, block: Samples) -> None:
+        """On the audio thread: copy and hand over, never block."""
+        data = np.array(block, dtype=np.float32, copy=True)
+        with contextlib.suppress(trio.RunFinishedError):
+            self._token.run_sync_soon(self._accept, data)
+
+    def _accept(self, block: Samples) -> None:  # runs in trio, scheduled by deliver
+        if self._stop.committing:
+            return  # captured after Ctrl-C: not part of the question
+        self.last_block_at = trio.current_time()
+        try:
+            self._send.send_nowait(block)
+        except trio.WouldBlock:
+            self.dropped_blocks += 1
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
+
+    def restart_clock(self) -> None:
+        """The device has just started: quiet time counts from now."""
+        self.last_block_at = trio.current_time()
+
+    def quiet_seconds(self) -> float:
+        return trio.current_time() - self.last_block_at
+
+    async def receive(self) -> Samples | None:
+        """The next block; None once closed."""
+        try:
+            return await self._recv.receive()
+        except trio.EndOfChannel:
+            return None
+
+    def leftovers(self) -> list[Samples]:
+        """What was captured before the commit and not taken yet."""
+        blocks: list[Samples] = []
+        while True:
+            try:
+                blocks.append(self._recv.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                return blocks
+
+    def close(self) -> None:
+        self._send.close()
+
+
+class Uplink:
+    """Captured audio to the server: resampled to the session's input rate, cut into
+    whole frames, each append stamped for the round trip."""
+
+    def __init__(
+        self, conn: RealtimeClient, source_rate: int, audio: SessionAudio, trips: RoundTrips
+    ) -> None:
+        self._conn = conn
+        self._resampler = StreamResampler(source_rate, audio.input_rate)
+        self._framer = FrameFramer(audio.frame_samples)
+        self._trips = trips
+        self.frames_sent = 0
+
+    async def send(self, samples: Samples, *, last: bool = False) -> None:
+        pcm = float_to_pcm16(self._resampler.process(samples, last=last))
+        for frame in self._framer.push(pcm):
+            await self._append(frame)
+
+    async def commit(self) -> None:
+        """The resampler's tail, the partial frame (the server pads it), the commit."""
+        await self.send(np.zeros(0, np.float32), last=True)
+        partial = self._framer.flush()
+        if partial.size:
+            await self._append(partial)
+        await self._conn.commit()
+
+    async def _append(self, frame: PCM16) -> None:
+        self._trips.sent(self.frames_sent, trio.current_time())
+        await self._conn.append(frame)
+        self.frames_sent += 1
+
+
+class Meter:
+    """The live figures: input and output level, playback latency against its target,
+    the latest round trip."""
+
+    def __init__(self, jitter: JitterBuffer | None, trips: RoundTrips) -> None:
+        self.input_db = -100.0
+        self.output_db = -100.0
+        self._jitter = jitter
+        self._trips = trips
+
+    def figures(self) -> str:
+        parts = [f"in {_bar(self.input_db)} {self.input_db:4.0f} dB", f"out {_bar(self.output_db)}"]
+        jitter = self._jitter
+        if jitter is not None and jitter.sample_rate:
+            parts.append(
+                f"playback {jitter.latency_seconds() * 1000:3.0f} ms "
+                f"(target {jitter.target_seconds() * 1000:.0f}, {jitter.underruns} underruns)"
+            )
+        if self._trips.seconds:
+            parts.append(f"rtt {self._trips.seconds[-1] * 1000:.0f} ms")
+        return " | ".join(parts)
+
+    async def run(self, console: Console) -> None:
+        while True:
+            console.figures = self.figures()
+            console.draw()
+            await trio.sleep(0.2)
+
+
+class StallWatch:
+    """Says so when the input device has delivered nothing for ``seconds``, and again
+    when it delivers once more."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.stalls = 0
+        self._stalled = False
+
+    def observe(self, quiet: float) -> str | None:
+        """The notice for an input quiet for ``quiet`` seconds, when that changes its state."""
+        if not self._stalled and quiet >= self.seconds:
+            self._stalled = True
+            self.stalls += 1
+            return (
+                f"warning: the input device has delivered no audio for {quiet:.1f} s "
+                "(stalled, muted or unplugged?); Ctrl-C commits what was captured"
+            )
+        if self._stalled and quiet < self.seconds:
+            self._stalled = False
+            return "input device delivering again"
+        return None
+
+    async def run(self, queue: CaptureQueue, stop: StopControl, console: Console) -> None:
+        while not stop.committing:
+            await trio.sleep(min(0.1, self.seconds / 4))
+            message = self.observe(queue.quiet_seconds())
+            if message is not None:
+                console.note(message)
+
+
+class Devices:
+    """Both audio devices, only ever called off the trio thread: each start bounded (a
+    failure is a ClientError), each stop done once and abandoned after ``stop_seconds``."""
+
+    def __init__(
+        self, source: AudioInput, sink: AudioOutput, console: Console, stop_seconds: float
+    ) -> None:
+        self._source, self._sink, self._console = source, sink, console
+        self._stop_seconds = stop_seconds
+        self._stopped: set[str] = set()
+        self.abandoned = 0
+
+    async def start(self, deliver: Deliver) -> None:
+        if not await device_call(self._sink.start, DEVICE_START_SECONDS):
+            raise ClientError("the output device did not start")
+        if not await device_call(partial(self._source.start, deliver), DEVICE_START_SECONDS):
+            raise ClientError("the input device did not start")
+
+    async def stop_input(self) -> None:
+        await self._stop("input", self._source.stop)
+
+    async def stop_all(self) -> None:
+        with trio.CancelScope(shield=True):  # runs on the way out, cancelled or not
+            await self.stop_input()
+            await self._stop("output", self._sink.stop)
+
+    async def _stop(self, which: str, fn: Callable[[], None]) -> None:
+        if which in self._stopped:
+            return
+        self._stopped.add(which)
+        with trio.CancelScope(shield=True):  # bounded by its own timeout
+            returned = await device_call(fn, self._stop_seconds)
+        if not returned:
+            self.abandoned += 1
+            self._console.note(
+                f"warning: the {which} device did not stop within "
+                f"{self._stop_seconds:g} s; abandoned it"
+            )
+
+
+@dataclass(frozen=True)
+class Capture:
+    """The capture side: blocks to the input meter and the uplink until the commit; then
+    what was captured before it, the commit, and the input device's stop."""
+
+    queue: CaptureQueue
+    uplink: Uplink
+    stop: StopControl
+    meter: Meter
+    console: Console
+    devices: Devices
+
+    async def run(self) -> None:
+        with contextlib.suppress(ServerClosed, ServerBusy):  # the receiver reports why
+            await self._stream()
+            await self._commit()
+
+    async def _stream(self) -> None:
+        while not self.stop.committing:
+            block = await self.stop.until_commit(self.queue.receive)
+            if block is None:
+                return
+            mono = to_mono(block)
+            self.meter.input_db = level_dbfs(mono)
+            await self.uplink.send(mono)
+
+    async def _commit(self) -> None:
+        for block in self.queue.leftovers():  # captured before the interrupt: still asked
+            await self.uplink.send(to_mono(block))
+        await self.uplink.commit()
+        self.console.note("[committed: waiting for the end of the answer]")
+        await self.devices.stop_input()
+
+
+class Downlink:
+    """The playback side: each answer frame checked, metered, resampled from the
+    session's output rate to the device's and queued; text to the console; the drain."""
+
+    def __init__(
+        self,
+        conn: RealtimeClient,
+        sink: AudioOutput,
+        audio: SessionAudio,
+        console: Console,
+        meter: Meter,
+        trips: RoundTrips,
+        event_timeout: float,
+    ) -> None:
+        self._conn, self._sink, self._console = conn, sink, console
+        self._meter, self._trips, self._timeout = meter, trips, event_timeout
+        self._resampler = StreamResampler(audio.output_rate, sink.sample_rate)
+        self.checker = AudioDeltaChecker(audio.output_frame_samples, audio.output_rate)
+        self.dropped_samples = 0
+
+    async def until_done(self) -> bool:
+        """Play and print events until ``response.done`` (True) or ``response.cancelled``."""
+        while True:
+            event = await self._next()
+            if isinstance(event, AudioDelta):
+                self._play(event)
+            elif isinstance(event, ResponseDone | ResponseCancelled):
+                return isinstance(event, ResponseDone)
+            else:
+                self._console.feed(event)
+
+    async def _next(self) -> ServerEvent:
+        try:
+            with trio.fail_after(self._timeout):
+                return await self._conn.receive()
+        except trio.TooSlowError:
+            raise ClientError(f"no event from the server for {self._timeout:g} s") from None
+
+    def _play(self, event: AudioDelta) -> None:
+        pcm = self.checker.check(event)
+        self._trips.answered(event.frame_index, trio.current_time())
+        samples = pcm16_to_float(pcm)
+        self._meter.output_db = level_dbfs(samples)
+        dropped = self._sink.play(self._resampler.process(samples))
+        if dropped:
+            self._console.note(
+                f"warning: playback buffer full, dropped "
+                f"{dropped / self._sink.sample_rate:.2f} s of the oldest audio"
+            )
+            self.dropped_samples += dropped
+
+    async def drain(self, seconds: float) -> None:
+        """The resampler's tail, then wait (at most ``seconds``) for the device to play
+        what is queued."""
+        self._sink.play(self._resampler.process(np.zeros(0, np.float32), last=True))
+        self._sink.finish()
+        with trio.move_on_after(seconds):
+            # The audio thread empties the buffer; polling keeps it lock-only.
+            while self._sink.pending_seconds() > 0:  # noqa: ASYNC110
+                await trio.sleep(0.02)
+
+
+class LiveSession:
+    """One configured connection: its units, the nursery that runs them, its result."""
+
+    def __init__(
+        self,
+        conn: RealtimeClient,
+        audio: SessionAudio,
+        source: AudioInput,
+        sink: AudioOutput,
+        console: Console,
+        options: LiveOptions,
+    ) -> None:
+        self._console, self._options = console, options
+        self._jitter = jitter_of(sink)
+        self.stop = StopControl()
+        self.trips = RoundTrips()
+        self.queue = CaptureQueue(self.stop)
+        self.meter = Meter(self._jitter, self.trips)
+        self.devices = Devices(source, sink, console, options.device_stop_seconds)
+        self.uplink = Uplink(conn, source.sample_rate, audio, self.trips)
+        self.capture = Capture(
+            self.queue, self.uplink, self.stop, self.meter, console, self.devices
+        )
+        self.stall = StallWatch(options.stall_seconds)
+        self.downlink = Downlink(
+            conn, sink, audio, console, self.meter, self.trips, options.event_timeout
+        )
+        self.done = False
+        self.failure: ClientError | None = None
+
+    async def run(self, interrupts: trio.abc.ReceiveChannel[None]) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.stop.watch, interrupts, nursery.cancel_scope)
+                await self.devices.start(self.queue.deliver)
+                self.queue.restart_clock()
+                nursery.start_soon(self.capture.run)
+                nursery.start_soon(self.stall.run, self.queue, self.stop, self._console)
+                if self._options.meter:
+                    nursery.start_soon(self.meter.run, self._console)
+                await self._answer()
+                nursery.cancel_scope.cancel()
+        finally:
+            self.queue.close()
+            await self.devices.stop_all()
+
+    async def _answer(self) -> None:
+        try:
+            self.done = await self.downlink.until_done()
+            await self.downlink.drain(self._options.drain_timeout)
+        except ClientError as exc:
+            self.failure = exc  # raised by result(), once the devices are stopped
+        finally:
+            self._console.finish()
+
+    def result(self, err: TextIO) -> MicrophoneResult:
+        """The summary's figures; raises :class:`Interrupted` or the session's failure."""
+        if self.stop.interrupted:
+            raise Interrupted
+        if self.failure is not None:
+            raise self.failure
+        if self.queue.dropped_blocks:
+            print(
+                f"warning: {self.queue.dropped_blocks} captured blocks were dropped "
+                "(the network could not keep up)",
+                file=err,
+            )
+        jitter = self._jitter
+        return MicrophoneResult(
+            frames_sent=self.uplink.frames_sent,
+            audio_frames=self.downlink.checker.frames,
+            dropped_samples=self.downlink.dropped_samples,
+            texts=dict(self._console.texts),
+            committed=self.stop.committing,
+            done=self.done,
+            underruns=jitter.underruns if jitter is not None else 0,
+            skipped_samples=jitter.skipped if jitter is not None else 0,
+            input_stalls=self.stall.stalls,
+            round_trips=self.trips.seconds,
+            abandoned_device_calls=self.devices.abandoned,
+        )
+
+
 async def run_microphone_client(
     url: str,
     source: AudioInput,
@@ -295,263 +790,34 @@ async def run_microphone_client(
     stall_seconds: float = STALL_SECONDS,
     device_stop_seconds: float = DEVICE_STOP_SECONDS,
 ) -> MicrophoneResult:
-    """One live session: capture -> 80 ms appends, deltas -> ``sink``, text -> ``out``.
+    """One live session: capture -> frame appends, deltas -> ``sink``, text -> ``out``.
 
-    The first item on ``interrupts`` commits: what was captured goes out, then the
-    commit, and only then are the devices stopped (off the trio thread, abandoned
-    after ``device_stop_seconds``); the server flushes and ends with
-    ``response.done``, then the sink drains. A second item raises
-    :class:`Interrupted`. Server errors and early closes raise :class:`ClientError`.
-    No audio-device call ever runs on the trio thread.
+    The frame and the rates are the ones ``session.updated`` states. The first item
+    on ``interrupts`` commits: what was captured goes out, then the commit, and only
+    then are the devices stopped (off the trio thread, abandoned after
+    ``device_stop_seconds``); the server flushes and ends with ``response.done``,
+    then the sink drains. A second item raises :class:`Interrupted`. Server errors
+    and early closes raise :class:`ClientError`. No audio-device call ever runs on
+    the trio thread.
     """
-    out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
-    console = Console(out, err, meter=meter)
-    checker = AudioDeltaChecker()
-    to_model = StreamResampler(source.sample_rate, INPUT_SAMPLE_RATE)
-    to_device = StreamResampler(OUTPUT_SAMPLE_RATE, sink.sample_rate)
-    framer = FrameFramer()
-    captured_send, captured_recv = trio.open_memory_channel[Samples](64)
-    token = trio.lowlevel.current_trio_token()
-    commit_requested = trio.Event()
-    state = {
-        "frames_sent": 0,
-        "dropped_blocks": 0,
-        "dropped_samples": 0,
-        "interrupted": 0,
-        "stalls": 0,
-        "abandoned": 0,
-    }
-    levels = {"in": -100.0, "out": -100.0}
-    last_block = [trio.current_time()]
-    sent_at: dict[int, float] = {}
-    round_trips: list[float] = []
-    waiting: list[trio.CancelScope] = []
-    stopped = {"source": False, "sink": False}
-
-    def accept_block(block: Samples) -> None:  # runs in trio, scheduled by deliver
-        if commit_requested.is_set():
-            return  # captured after Ctrl-C: not part of the question
-        last_block[0] = trio.current_time()
-        try:
-            captured_send.send_nowait(block)
-        except trio.WouldBlock:
-            state["dropped_blocks"] += 1
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            pass
-
-    def deliver(block: Samples) -> None:  # runs on the audio thread: copy and hand over
-        data = np.array(block, dtype=np.float32, copy=True)
-        with contextlib.suppress(trio.RunFinishedError):
-            token.run_sync_soon(accept_block, data)
-
-    async def send_pcm(conn: RealtimeClient, samples: Samples, *, last: bool = False) -> None:
-        pcm = float_to_pcm16(to_model.process(samples, last=last))
-        for frame in framer.push(pcm):
-            sent_at[state["frames_sent"]] = trio.current_time()
-            await conn.append(frame)
-            state["frames_sent"] += 1
-
-    async def stop_device(which: str, fn: Callable[[], None]) -> None:
-        if stopped[which]:
-            return
-        stopped[which] = True
-        with trio.CancelScope(shield=True):  # bounded by its own timeout
-            returned = await device_call(fn, device_stop_seconds)
-        if not returned:
-            state["abandoned"] += 1
-            console.note(
-                f"warning: the {'input' if which == 'source' else 'output'} device did not "
-                f"stop within {device_stop_seconds:g} s; abandoned it"
-            )
-
-    async def capture(conn: RealtimeClient) -> None:
-        """Send every whole 80 ms frame as it fills; on commit send the rest and commit,
-        then stop the input device."""
-        while not commit_requested.is_set():
-            with trio.CancelScope() as scope:
-                waiting.append(scope)
-                try:
-                    block = await captured_recv.receive()
-                except trio.EndOfChannel:
-                    break
-                finally:
-                    waiting.remove(scope)
-            if scope.cancelled_caught:
-                break
-            mono = to_mono(block)
-            levels["in"] = level_dbfs(mono)
-            await send_pcm(conn, mono)
-        while True:  # audio captured before the interrupt still belongs to the question
-            try:
-                block = captured_recv.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel):
-                break
-            await send_pcm(conn, to_mono(block))
-        await send_pcm(conn, np.zeros(0, np.float32), last=True)
-        partial = framer.flush()
-        if partial.size:
-            sent_at[state["frames_sent"]] = trio.current_time()
-            await conn.append(partial)
-            state["frames_sent"] += 1
-        await conn.commit()
-        console.note("[committed: waiting for the end of the answer]")
-        await stop_device("source", source.stop)
-
-    async def watch_input() -> None:
-        """Say so when the input device delivers nothing for ``stall_seconds``."""
-        stalled = False
-        while not commit_requested.is_set():
-            await trio.sleep(min(0.1, stall_seconds / 4))
-            quiet = trio.current_time() - last_block[0]
-            if not stalled and quiet >= stall_seconds:
-                stalled = True
-                state["stalls"] += 1
-                console.note(
-                    f"warning: the input device has delivered no audio for {quiet:.1f} s "
-                    "(stalled, muted or unplugged?); Ctrl-C commits what was captured"
-                )
-            elif stalled and quiet < stall_seconds:
-                stalled = False
-                console.note("input device delivering again")
-
-    async def draw_meter() -> None:
-        while True:
-            figures = [f"in {_bar(levels['in'])} {levels['in']:4.0f} dB"]
-            figures.append(f"out {_bar(levels['out'])}")
-            buffer = getattr(sink, "buffer", None)
-            if isinstance(buffer, JitterBuffer) and buffer.sample_rate:
-                figures.append(
-                    f"playback {buffer.latency_seconds() * 1000:3.0f} ms "
-                    f"(target {buffer.target_seconds() * 1000:.0f}, "
-                    f"{buffer.underruns} underruns)"
-                )
-            if round_trips:
-                figures.append(f"rtt {round_trips[-1] * 1000:.0f} ms")
-            console.figures = " | ".join(figures)
-            console.draw()
-            await trio.sleep(0.2)
-
-    async def watch_interrupts(nursery: trio.Nursery) -> None:
-        count = 0
-        async for _ in interrupts:
-            count += 1
-            if count == 1:
-                commit_requested.set()
-                for scope in list(waiting):
-                    scope.cancel()
-            else:
-                state["interrupted"] = 1
-                nursery.cancel_scope.cancel()
-                return
-
-    async def quiet_capture(conn: RealtimeClient) -> None:
-        with contextlib.suppress(ServerClosed, ServerBusy):  # the receiver reports why
-            await capture(conn)
-
-    def on_audio(event: AudioDelta, pcm: PCM16) -> None:
-        started = sent_at.pop(event.frame_index, None)
-        if started is not None:
-            round_trips.append(trio.current_time() - started)
-        levels["out"] = level_dbfs(pcm16_to_float(pcm))
-
+    console = Console(out if out is not None else sys.stdout, err, meter=meter)
+    options = LiveOptions(
+        drain_timeout=drain_timeout,
+        event_timeout=event_timeout,
+        meter=meter,
+        stall_seconds=stall_seconds,
+        device_stop_seconds=device_stop_seconds,
+    )
     print(ECHO_WARNING, file=err, flush=True)
-    done = False
-    failure: ClientError | None = None
     async with connect(url, api_key=api_key, origin=origin) as conn:
         with trio.fail_after(event_timeout):
-            await conn.configure(system_prompt=system_prompt, seed=seed)
+            updated = await conn.configure(system_prompt=system_prompt, seed=seed)
         print("[connected: speak now; Ctrl-C to finish, twice to quit]", file=err, flush=True)
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(watch_interrupts, nursery)
-                if not await device_call(sink.start, DEVICE_START_SECONDS):
-                    raise ClientError("the output device did not start")
-                if not await device_call(partial(source.start, deliver), DEVICE_START_SECONDS):
-                    raise ClientError("the input device did not start")
-                last_block[0] = trio.current_time()
-                nursery.start_soon(quiet_capture, conn)
-                nursery.start_soon(watch_input)
-                if meter:
-                    nursery.start_soon(draw_meter)
-                try:
-                    done = await _receive_until_done(
-                        conn, sink, checker, console, to_device, state, event_timeout, on_audio
-                    )
-                    sink.play(to_device.process(np.zeros(0, np.float32), last=True))
-                    sink.finish()
-                    with trio.move_on_after(drain_timeout):
-                        # The audio thread empties the buffer; polling keeps it lock-only.
-                        while sink.pending_seconds() > 0:  # noqa: ASYNC110
-                            await trio.sleep(0.02)
-                except ClientError as exc:
-                    failure = exc
-                finally:
-                    console.finish()
-                nursery.cancel_scope.cancel()
-        finally:
-            captured_send.close()
-            with trio.CancelScope(shield=True):
-                await stop_device("source", source.stop)
-                await stop_device("sink", sink.stop)
-    if state["interrupted"]:
-        raise Interrupted
-    if failure is not None:
-        raise failure
-    if state["dropped_blocks"]:
-        print(
-            f"warning: {state['dropped_blocks']} captured blocks were dropped "
-            "(the network could not keep up)",
-            file=err,
-        )
-    buffer = getattr(sink, "buffer", None)
-    jitter = buffer if isinstance(buffer, JitterBuffer) else None
-    return MicrophoneResult(
-        frames_sent=state["frames_sent"],
-        audio_frames=checker.frames,
-        dropped_samples=state["dropped_samples"],
-        texts=dict(console.texts),
-        committed=commit_requested.is_set(),
-        done=done,
-        underruns=jitter.underruns if jitter is not None else 0,
-        skipped_samples=jitter.skipped if jitter is not None else 0,
-        input_stalls=state["stalls"],
-        round_trips=round_trips,
-        abandoned_device_calls=state["abandoned"],
-    )
-
-
-async def _receive_until_done(
-    conn: RealtimeClient,
-    sink: AudioOutput,
-    checker: AudioDeltaChecker,
-    console: Console,
-    to_device: StreamResampler,
-    state: dict[str, int],
-    event_timeout: float,
-    on_audio: Callable[[AudioDelta, PCM16], None],
-) -> bool:
-    """Play and print events until ``response.done`` (True) or ``response.cancelled``."""
-    while True:
-        try:
-            with trio.fail_after(event_timeout):
-                event = await conn.receive()
-        except trio.TooSlowError:
-            raise ClientError(f"no event from the server for {event_timeout:g} s") from None
-        if isinstance(event, AudioDelta):
-            pcm = checker.check(event)
-            on_audio(event, pcm)
-            dropped = sink.play(to_device.process(pcm16_to_float(pcm)))
-            if dropped:
-                console.note(
-                    f"warning: playback buffer full, dropped "
-                    f"{dropped / sink.sample_rate:.2f} s of the oldest audio"
-                )
-                state["dropped_samples"] += dropped
-        elif isinstance(event, ResponseDone | ResponseCancelled):
-            return isinstance(event, ResponseDone)
-        else:
-            console.feed(event)
+        audio = SessionAudio.from_updated(updated)
+        session = LiveSession(conn, audio, source, sink, console, options)
+        await session.run(interrupts)
+    return session.result(err)
 
 
 # --- sounddevice implementations of the seams -------------------------------------
@@ -614,6 +880,31 @@ def pick_rate(
     return int(default), None
 
 
+PREFERRED_RATES: Final = {
+    "input": VOICECHAT_FIGURES.input_sample_rate,
+    "output": VOICECHAT_FIGURES.output_sample_rate,
+}
+"""VoiceChat's rates, asked of a device first. The devices open before there is a
+session, so this is only a preference: audio is resampled to and from whatever rates
+``session.updated`` states."""
+
+
+def _choose_rate(
+    sd: ModuleType, device: str | int | None, kind: str, requested: int | None
+) -> tuple[int, str | None, str]:
+    """The ``kind`` ("input" or "output") device's rate, its notice and its name."""
+    info = sd.query_devices(device, kind)
+    rate, notice = pick_rate(
+        sd.check_input_settings if kind == "input" else sd.check_output_settings,
+        device,
+        requested=requested,
+        preferred=PREFERRED_RATES[kind],
+        default=info["default_samplerate"],
+        what=kind,
+    )
+    return rate, notice, str(info["name"])
+
+
 def _close_stream(stream: Any) -> None:
     """Stop and close a PortAudio stream; blocks (see :func:`device_call`)."""
     if stream is not None:
@@ -627,16 +918,7 @@ class SoundDeviceInput:
     def __init__(self, sd: ModuleType, device: str | int | None, rate: int | None = None) -> None:
         self._sd = sd
         self._device = device
-        info = sd.query_devices(device, "input")
-        self._rate, self.notice = pick_rate(
-            sd.check_input_settings,
-            device,
-            requested=rate,
-            preferred=INPUT_SAMPLE_RATE,
-            default=info["default_samplerate"],
-            what="input",
-        )
-        self.name = str(info["name"])
+        self._rate, self.notice, self.name = _choose_rate(sd, device, "input", rate)
         self._stream: Any = None
 
     @property
@@ -700,22 +982,13 @@ class SoundDeviceOutput(BufferedOutput):
     ) -> None:
         self._sd = sd
         self._device = device
-        info = sd.query_devices(device, "output")
-        chosen, self.notice = pick_rate(
-            sd.check_output_settings,
-            device,
-            requested=rate,
-            preferred=OUTPUT_SAMPLE_RATE,
-            default=info["default_samplerate"],
-            what="output",
-        )
+        chosen, self.notice, self.name = _choose_rate(sd, device, "output", rate)
         super().__init__(
             chosen,
             JitterBuffer(
                 int(buffer_seconds * chosen), int(prebuffer_seconds * chosen), sample_rate=chosen
             ),
         )
-        self.name = str(info["name"])
         self._stream: Any = None
 
     def start(self) -> None:
@@ -802,26 +1075,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not args.list_devices and not args.url:
-        parser.error("URL is required (or --list-devices)")
-    if args.seed < 0:
-        parser.error("--seed must be >= 0")
+def _open_devices(args: argparse.Namespace) -> tuple[SoundDeviceInput, SoundDeviceOutput]:
+    """The two PortAudio devices the flags name; AudioUnavailable when there are none."""
+    sd = load_sounddevice()
     try:
-        sd = load_sounddevice()
-        if args.list_devices:
-            list_devices(sd, sys.stdout)
-            return 0
-        try:
-            source = SoundDeviceInput(sd, _device_arg(args.input_device), args.input_rate)
-            sink = SoundDeviceOutput(sd, _device_arg(args.output_device), args.output_rate)
-        except (ValueError, sd.PortAudioError) as exc:
-            raise AudioUnavailable(f"no usable audio device: {exc} (see --list-devices)") from None
-    except AudioUnavailable as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        source = SoundDeviceInput(sd, _device_arg(args.input_device), args.input_rate)
+        sink = SoundDeviceOutput(sd, _device_arg(args.output_device), args.output_rate)
+    except (ValueError, sd.PortAudioError) as exc:
+        raise AudioUnavailable(f"no usable audio device: {exc} (see --list-devices)") from None
     for notice in (source.notice, sink.notice):
         if notice:
             print(f"note: {notice}", file=sys.stderr)
@@ -830,37 +1091,68 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"output: {sink.name} at {sink.sample_rate} Hz",
         file=sys.stderr,
     )
-    meter = args.meter if args.meter is not None else sys.stderr.isatty()
+    return source, sink
 
-    async def session() -> MicrophoneResult:
-        send, recv = trio.open_memory_channel[None](math.inf)
-        failure: Exception | None = None
-        result: MicrophoneResult | None = None
-        with trio.open_signal_receiver(signal.SIGINT) as signals:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_forward_signals, signals, send)
-                try:
-                    result = await run_microphone_client(
-                        args.url,
-                        source,
-                        sink,
-                        recv,
-                        system_prompt=args.system_prompt,
-                        seed=args.seed,
-                        api_key=args.api_key,
-                        origin=args.origin,
-                        meter=meter,
-                    )
-                except (ClientError, Interrupted) as exc:
-                    failure = exc  # re-raised outside the nursery: no ExceptionGroup
-                nursery.cancel_scope.cancel()
-        if failure is not None:
-            raise failure
-        assert result is not None
-        return result
 
+async def _session(
+    args: argparse.Namespace, source: AudioInput, sink: AudioOutput, meter: bool
+) -> MicrophoneResult:
+    """The live session with SIGINT forwarded to it as interrupts."""
+    send, recv = trio.open_memory_channel[None](math.inf)
+    failure: Exception | None = None
+    result: MicrophoneResult | None = None
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_forward_signals, signals, send)
+            try:
+                result = await run_microphone_client(
+                    args.url,
+                    source,
+                    sink,
+                    recv,
+                    system_prompt=args.system_prompt,
+                    seed=args.seed,
+                    api_key=args.api_key,
+                    origin=args.origin,
+                    meter=meter,
+                )
+            except (ClientError, Interrupted) as exc:
+                failure = exc  # re-raised outside the nursery: no ExceptionGroup
+            nursery.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    assert result is not None
+    return result
+
+
+def _exit(code: int, abandoned_device_calls: int) -> int:
+    if abandoned_device_calls:
+        # A device call is still blocked inside PortAudio: its atexit teardown
+        # (Pa_Terminate) could block as well, so leave without it.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.list_devices and not args.url:
+        parser.error("URL is required (or --list-devices)")
+    if args.seed < 0:
+        parser.error("--seed must be >= 0")
     try:
-        result = trio.run(session)
+        if args.list_devices:
+            list_devices(load_sounddevice(), sys.stdout)
+            return 0
+        source, sink = _open_devices(args)
+    except AudioUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    meter = args.meter if args.meter is not None else sys.stderr.isatty()
+    try:
+        result = trio.run(_session, args, source, sink, meter)
     except Interrupted:
         print("\nquit", file=sys.stderr)
         return 130
@@ -869,14 +1161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     print(result.summary(sink.sample_rate), file=sys.stderr, flush=True)
-    code = 0 if result.done else 1
-    if result.abandoned_device_calls:
-        # A device call is still blocked inside PortAudio: its atexit teardown
-        # (Pa_Terminate) could block as well, so leave without it.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
+    return _exit(0 if result.done else 1, result.abandoned_device_calls)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ is missing, unless REALTIME_REQUIRE_BROWSER=1 (CI), where that is a failure.
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import re
 import shutil
@@ -344,11 +346,16 @@ def _recovered_at(trace: list[list[float]], after_ms: float, within_ms: float) -
     return last_off
 
 
+def _evaluate(server: ServerProcess, browser: _Browser, script: str, module: str) -> Any:
+    """``script`` (an async function of a module's URL) run on the served page."""
+    page = browser.new_page()
+    page.goto(server.http + "/")
+    return page.evaluate(script, module)
+
+
 @pytest.mark.browser
 def test_browser_jitter_buffer_scenarios(demo_server: ServerProcess, browser: _Browser) -> None:
-    page = browser.new_page()
-    page.goto(demo_server.http + "/")
-    runs = page.evaluate(JITTER_SCENARIOS, "/static/jitter.js")
+    runs = _evaluate(demo_server, browser, JITTER_SCENARIOS, "/static/jitter.js")
 
     steady = runs["steady"]
     assert steady["underruns"] == 0
@@ -469,3 +476,168 @@ async def test_browser_key_subprotocol_accepted(key_server: ServerProcess) -> No
     assert _get(key_server.http + "/v1/models")[0] == 401
     auth = {"Authorization": f"Bearer {API_KEY}"}
     assert _get(key_server.http + "/v1/models", auth)[0] == 200
+
+
+# The page's pure units, imported from the module the page itself runs.
+APP_UNITS = """
+async (url) => {
+  const m = await import(url);
+  const formats = {
+    empty: m.sessionFormat(undefined),
+    computed: m.sessionFormat({ frame_samples: 320, input_audio_format: { sample_rate: 8000 },
+                                output_audio_format: { sample_rate: 24000 } }),
+    given: m.sessionFormat({ frame_samples: 1280, output_frame_samples: 1000 }),
+    junk: m.sessionFormat({ frame_samples: "1280", input_audio_format: { sample_rate: -1 } }),
+  };
+  const timing = new m.Timing(40);
+  timing.sent(0, 1000);
+  timing.sent(1, 1040);
+  const first = timing.answered(0, 1100);
+  const unknown = timing.answered(7, 2100);
+  const format = formats.computed;
+  const mic = [new Int16Array(320).fill(1000), new Int16Array(320).fill(1000)];
+  const model = [new Int16Array(960).fill(-7), undefined, new Int16Array(960).fill(9)];
+  const wav = new Uint8Array(m.conversationWav(mic, model, format));
+  const recording = new m.Recording({ ...format, frameMs: 600000 });  // 3 frames in 30 min
+  for (let i = 0; i < 5; i++) recording.addMic(new Int16Array(1));
+  recording.addModel(2, new Int16Array(1));
+  recording.addModel(3, new Int16Array(1));
+  const list = document.createElement("ol"), counter = document.createElement("small");
+  const log = new m.EventLog(list, counter, 3);
+  for (let i = 0; i < 4; i++) log.append(40);
+  log.audioFrame(5);
+  log.audioFrame(6);
+  log.event("←", "session.pong", "");
+  log.event("←", "session.pong", "");
+  return {
+    formats, first, unknown,
+    wav: Array.from(wav),
+    micFirst: new DataView(wav.buffer).getInt16(44, true),
+    modelFrames: [0, 960, 1920].map((j) => new DataView(wav.buffer).getInt16(46 + j * 4, true)),
+    recorded: [recording.mic.length, recording.model.length, recording.empty],
+    log: [...list.children].map((li) => li.textContent.replace(/^\\S+ /, "")),
+    logCount: counter.textContent,
+    fn: m.formatFunction('{"a": 1}\\nnot json'),
+    update: m.sessionUpdate("  Hi. ", "-3"),
+  };
+}
+"""
+
+
+@pytest.mark.browser
+def test_browser_app_units(demo_server: ServerProcess, browser: _Browser) -> None:
+    units = _evaluate(demo_server, browser, APP_UNITS, "/static/app.js")
+    formats = units["formats"]
+    assert formats["empty"] == {
+        "frameSamples": 1280,
+        "inputRate": 16000,
+        "outputRate": 22050,
+        "outputFrameSamples": 1764,
+        "frameMs": 80,
+    }
+    assert formats["computed"]["outputFrameSamples"] == 960 and formats["computed"]["frameMs"] == 40
+    assert formats["given"]["outputFrameSamples"] == 1000  # the server's word wins
+    assert formats["junk"] == formats["empty"]
+    assert units["first"] == {"rttMs": 100, "rttMedianMs": 100}
+    assert units["unknown"] == {"rtf": pytest.approx(2 * 40 / 1100)}  # no rtt: never sent
+    # Three output frames of 960 at 24 kHz; the microphone resampled from 8 kHz.
+    assert _wav_header(bytes(units["wav"])) == (2, 24_000, 16, 3 * 960)
+    assert units["micFirst"] == 1000 and units["modelFrames"] == [-7, 0, 9]
+    assert units["recorded"] == [3, 3, False]
+    assert units["log"] == [
+        "\u2190 response.audio.delta \u00d72 (frames 5\u20136)",
+        "\u2190 session.pong",
+        "\u2190 session.pong",
+    ]
+    assert units["logCount"] == "(4)"  # entries made; the list keeps the last 3
+    assert units["fn"] == '{\n  "a": 1\n}\nnot json'  # pretty-printed line by line
+    assert units["update"] == {
+        "type": "session.update",
+        "session": {"system_prompt": "Hi.", "seed": 0},
+    }
+    assert browser.page_errors == []
+
+
+class _FiguresServer:
+    """Stands in for the server behind the page's WebSocket, announcing other figures
+    than VoiceChat's in session.updated: 40 ms frames of 320 samples at 8 kHz in,
+    24 kHz out (no output_frame_samples: the page works out 960)."""
+
+    FRAME, IN_RATE, OUT_RATE, OUT_FRAME = 320, 8_000, 24_000, 960
+
+    def __init__(self) -> None:
+        self.appends: list[tuple[int, int]] = []  # (sample_rate, samples) of each append
+        self.committed = False
+        self._ws: Any = None
+
+    def route(self, ws: Any) -> None:
+        self._ws = ws
+        ws.on_message(self._on_message)
+        self._send({"type": "session.created", "session": {"id": "sess_figures"}})
+
+    def _send(self, event: dict[str, Any]) -> None:
+        self._ws.send(json.dumps(event))
+
+    def _on_message(self, message: str | bytes) -> None:
+        event = json.loads(message)
+        if event["type"] == "session.update":
+            session = {
+                "id": "sess_figures",
+                "frame_samples": self.FRAME,
+                "input_audio_format": {"type": "pcm16", "sample_rate": self.IN_RATE},
+                "output_audio_format": {"type": "pcm16", "sample_rate": self.OUT_RATE},
+            }
+            self._send({"type": "session.updated", "session": session})
+        elif event["type"] == "input_audio_buffer.append":
+            self._answer(event)
+        elif event["type"] == "input_audio_buffer.commit":
+            self.committed = True
+            self._send({"type": "input_audio_buffer.committed"})
+            self._send({"type": "response.done", "frame_index": len(self.appends)})
+            self._ws.close(code=1000)
+
+    def _answer(self, append: dict[str, Any]) -> None:
+        index = len(self.appends)
+        self.appends.append((append["sample_rate"], len(base64.b64decode(append["audio"])) // 2))
+        t = np.arange(self.OUT_FRAME) / self.OUT_RATE
+        tone = (3000 * np.sin(2 * np.pi * 440 * t)).astype("<i2").tobytes()
+        delta = base64.b64encode(tone).decode()
+        audio = {"frame_index": index, "delta": delta, "sample_rate": self.OUT_RATE}
+        self._send({"type": "response.audio.delta", **audio})
+        if index == 2:  # a turn at frame 25: 1.0 s on a 40 ms timeline
+            transcript = {"frame_index": 25, "delta": "hello", "transcript": "hello"}
+            self._send({"type": "conversation.item.input_audio_transcription.delta", **transcript})
+
+
+@pytest.mark.browser
+def test_browser_page_follows_the_session_figures(
+    demo_server: ServerProcess, browser: _Browser
+) -> None:
+    """Appends, the answer's playback, the timeline and the download all use the frame
+    and the rates session.updated states, not VoiceChat's."""
+    server = _FiguresServer()
+    page = browser.new_page()
+    page.route_web_socket("**/v1/realtime", server.route)
+    page.goto(demo_server.http + "/")
+    page.click("#start")
+    _wait_state(page, "live", 15_000)
+    _wait_stat(page, "audioDeltas", 6, 15_000)
+    page.click("#stop")
+    _wait_state(page, "closed", 15_000)
+    assert "finished" in page.text_content("#state") and server.committed
+    assert server.appends and all(a == (server.IN_RATE, server.FRAME) for a in server.appends)
+    assert "(40 ms PCM16 each)" in page.text_content("#log")
+    assert "You · 1.0 s" in page.text_content("#conversation")
+    final = _stats(page)
+    assert int(final["audioDeltas"]) == len(server.appends) == int(final["lastFrameIndex"]) + 1
+    page.wait_for_selector("#downloads:not([hidden])")
+    with page.expect_download() as wav_download:
+        page.click("#download-wav")
+    wav = Path(wav_download.value.path()).read_bytes()
+    assert _wav_header(wav) == (2, server.OUT_RATE, 16, len(server.appends) * server.OUT_FRAME)
+    with page.expect_download() as json_download:
+        page.click("#download-json")
+    record = json.loads(Path(json_download.value.path()).read_text())
+    assert record["frame_ms"] == 40 and record["turns"][0]["start_s"] == 1.0
+    assert page.text_content("#errors").strip() == ""
+    assert browser.page_errors == []

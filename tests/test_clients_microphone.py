@@ -11,14 +11,26 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
 import trio
+import trio.testing
 
 from realtime.audio import resample
+from realtime.client import (
+    AudioDelta,
+    ClientError,
+    RealtimeClient,
+    ResponseDone,
+    ServerEvent,
+    SessionUpdated,
+    TranscriptDelta,
+    encode_pcm16,
+)
 from realtime.engine import Engine
-from realtime.models.base import FRAME_SAMPLES, OUTPUT_FRAME_SAMPLES, OUTPUT_SAMPLE_RATE, Samples
+from realtime.models.base import VOICECHAT_FIGURES, Samples
 from realtime.models.fake import FakeModel, FakeOptions
 from tests.helpers import REPO, ServerProcess, running_server
 
@@ -28,6 +40,9 @@ import voicechat_microphone as mic
 from _common import StreamResampler
 
 SCRIPT = REPO / "examples" / "voicechat_microphone.py"
+FRAME_SAMPLES = VOICECHAT_FIGURES.frame_samples
+OUTPUT_FRAME_SAMPLES = VOICECHAT_FIGURES.output_frame_samples
+OUTPUT_SAMPLE_RATE = VOICECHAT_FIGURES.output_sample_rate
 
 
 class ArrayInput:
@@ -650,3 +665,186 @@ def test_requested_rate_the_device_refuses_is_resampled_with_a_notice() -> None:
     assert mic.pick_rate(
         only_48k, None, requested=48_000, preferred=16_000, default=48_000.0, what="input"
     ) == (48_000, None)
+
+
+# --- the session's units, one at a time ---------------------------------------------
+
+
+def test_session_audio_follows_session_updated() -> None:
+    default = mic.SessionAudio()
+    assert default == mic.SessionAudio.from_session({})
+    assert (default.frame_samples, default.input_rate) == (1280, 16_000)
+    assert (default.output_rate, default.output_frame_samples) == (22_050, 1764)
+    session = {
+        "frame_samples": 320,
+        "input_audio_format": {"type": "pcm16", "sample_rate": 8000},
+        "output_audio_format": {"type": "pcm16", "sample_rate": 24_000},
+    }
+    assert mic.SessionAudio.from_session(session) == mic.SessionAudio(320, 8000, 24_000, 960)
+    given = mic.SessionAudio.from_session({**session, "output_frame_samples": 1000})
+    assert given.output_frame_samples == 1000  # the server's word wins over the arithmetic
+    junk = {"frame_samples": True, "input_audio_format": {"sample_rate": "8000"}}
+    assert mic.SessionAudio.from_session(junk) == default
+    updated = SessionUpdated("sess_1", "m", 320, {"type": "session.updated", "session": session})
+    assert mic.SessionAudio.from_updated(updated).input_rate == 8000
+
+
+def test_round_trips_pair_frames_by_index() -> None:
+    trips = mic.RoundTrips()
+    trips.sent(0, 10.0)
+    trips.sent(1, 10.08)
+    trips.answered(1, 10.3)
+    trips.answered(1, 10.4)  # answered once only
+    trips.answered(7, 10.5)  # never sent
+    assert trips.seconds == [pytest.approx(0.22)]
+
+
+def test_stall_watch_reports_a_stall_once_and_the_recovery() -> None:
+    watch = mic.StallWatch(1.0)
+    assert watch.observe(0.5) is None
+    first = watch.observe(1.2)
+    assert first is not None and "no audio for 1.2 s" in first
+    assert watch.observe(3.0) is None  # still the same stall
+    assert watch.observe(0.1) == "input device delivering again"
+    assert watch.observe(0.2) is None
+    assert watch.stalls == 1
+
+
+def test_meter_figures_line() -> None:
+    trips = mic.RoundTrips()
+    jitter = mic.JitterBuffer(RATE, int(0.16 * RATE), sample_rate=RATE)
+    meter = mic.Meter(jitter, trips)
+    meter.input_db, meter.output_db = -30.0, -100.0
+    assert meter.figures() == (
+        "in #####.....  -30 dB | out .......... | playback   0 ms (target 160, 0 underruns)"
+    )
+    trips.sent(0, 0.0)
+    trips.answered(0, 0.125)
+    assert mic.Meter(None, trips).figures().endswith("| rtt 125 ms")
+
+
+async def test_stop_control_first_interrupt_commits_second_quits() -> None:
+    stop = mic.StopControl()
+    send, recv = trio.open_memory_channel[None](2)
+    never: trio.MemoryReceiveChannel[int]
+    _, never = trio.open_memory_channel[int](0)
+    async with trio.open_nursery() as nursery:
+        quit_scope = trio.CancelScope()
+
+        async def watch() -> None:
+            with quit_scope:
+                await stop.watch(recv, quit_scope)
+
+        nursery.start_soon(watch)
+        send.send_nowait(None)
+        with trio.fail_after(5):
+            assert await stop.until_commit(never.receive) is None  # woken by the commit
+        assert stop.committing and not stop.interrupted
+        send.send_nowait(None)
+    assert stop.interrupted and quit_scope.cancel_called
+
+
+async def test_capture_queue_hands_over_and_refuses_after_the_commit() -> None:
+    stop = mic.StopControl()
+    queue = mic.CaptureQueue(stop, size=1)
+    thread = threading.Thread(target=queue.deliver, args=(np.ones(4, np.float32),))
+    thread.start()
+    thread.join()
+    with trio.fail_after(5):
+        block = await queue.receive()
+    assert block is not None and block.tolist() == [1.0] * 4
+    queue.deliver(np.zeros(2, np.float32))
+    queue.deliver(np.zeros(3, np.float32))  # the queue holds one: this one is dropped
+    await trio.testing.wait_all_tasks_blocked()
+    assert queue.dropped_blocks == 1
+    stop.commit()
+    queue.deliver(np.zeros(5, np.float32))  # after Ctrl-C: not part of the question
+    await trio.testing.wait_all_tasks_blocked()
+    assert [b.size for b in queue.leftovers()] == [2]
+    queue.close()
+    assert await queue.receive() is None
+
+
+class _RecordingConnection:
+    """What the uplink and downlink see of a RealtimeClient."""
+
+    def __init__(self, events: list[ServerEvent] | None = None) -> None:
+        self.appends: list[Samples] = []
+        self.commits = 0
+        self._events = list(events or [])
+
+    async def append(self, pcm: Samples) -> None:
+        self.appends.append(pcm)
+
+    async def commit(self) -> None:
+        self.commits += 1
+
+    async def receive(self) -> ServerEvent:
+        return self._events.pop(0)
+
+
+class _ListOutput:
+    def __init__(self, sample_rate: int) -> None:
+        self.sample_rate = sample_rate
+        self.played: list[Samples] = []
+        self.finished = False
+
+    def start(self) -> None:
+        pass
+
+    def play(self, samples: Samples) -> int:
+        self.played.append(samples)
+        return 0
+
+    def finish(self) -> None:
+        self.finished = True
+
+    def pending_seconds(self) -> float:
+        return 0.0
+
+    def stop(self) -> None:
+        pass
+
+
+async def test_uplink_frames_at_the_session_rate_and_frame() -> None:
+    conn = _RecordingConnection()
+    trips = mic.RoundTrips()
+    audio = mic.SessionAudio(320, 8000, 24_000, 960)
+    uplink = mic.Uplink(cast(RealtimeClient, conn), 16_000, audio, trips)
+    await uplink.send(_speech_like(1.0, 16_000, channels=1))
+    await uplink.commit()
+    sizes = [a.size for a in conn.appends]
+    assert sizes[:-1] == [320] * (len(sizes) - 1) and 0 < sizes[-1] <= 320
+    assert abs(sum(sizes) - 8000) <= 16  # 1 s resampled to 8 kHz
+    assert uplink.frames_sent == len(sizes) and conn.commits == 1
+    trips.answered(len(sizes) - 1, trio.current_time())
+    assert len(trips.seconds) == 1  # every append was stamped by its index
+
+
+def _delta(index: int, samples: int, rate: int) -> AudioDelta:
+    pcm = np.full(samples, 1000, np.int16)
+    raw = {"type": "response.audio.delta", "frame_index": index, "sample_rate": rate}
+    return AudioDelta(index, encode_pcm16(pcm), raw)
+
+
+async def test_downlink_plays_what_the_session_announced() -> None:
+    audio = mic.SessionAudio(320, 8000, 24_000, 960)
+    console = mic.Console(io.StringIO(), io.StringIO(), meter=False)
+    events: list[ServerEvent] = [
+        _delta(0, 960, 24_000),
+        TranscriptDelta(0, "hi", "hi", {}),
+        _delta(1, 960, 24_000),
+        ResponseDone(2, {}),
+    ]
+    sink = _ListOutput(48_000)
+    meter = mic.Meter(None, mic.RoundTrips())
+    conn = cast(RealtimeClient, _RecordingConnection(events))
+    downlink = mic.Downlink(conn, sink, audio, console, meter, mic.RoundTrips(), 5.0)
+    assert await downlink.until_done() is True
+    await downlink.drain(1.0)
+    assert downlink.checker.frames == 2 and sink.finished
+    assert abs(sum(p.size for p in sink.played) - 2 * 960 * 2) < 64  # 24 -> 48 kHz
+    assert meter.output_db > -40 and console.texts["user"] == "hi"
+    wrong = cast(RealtimeClient, _RecordingConnection([_delta(0, 1764, 22_050)]))
+    with pytest.raises(ClientError, match="1764 samples, expected 960"):
+        await mic.Downlink(wrong, sink, audio, console, meter, mic.RoundTrips(), 5.0).until_done()

@@ -25,10 +25,13 @@ import numpy as np
 import pytest
 
 from realtime.audio import load_input_wav
-from realtime.models.base import FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
+from realtime.models.base import VOICECHAT_FIGURES
 from tests.helpers import REPO, ServerProcess
 
 SCRIPT = REPO / "examples" / "voicechat_microphone.py"
+FRAME_SAMPLES = VOICECHAT_FIGURES.frame_samples
+INPUT_SAMPLE_RATE = VOICECHAT_FIGURES.input_sample_rate
+OUTPUT_SAMPLE_RATE = VOICECHAT_FIGURES.output_sample_rate
 FRAME_BYTES = FRAME_SAMPLES * 2
 ALSA_PULSE = (
     "/usr/lib/x86_64-linux-gnu/alsa-lib/libasound_module_pcm_pulse.so",

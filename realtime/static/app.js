@@ -1,241 +1,81 @@
-// The browser client for /v1/realtime: mic -> 80 ms PCM16 appends, answer audio ->
+// The browser client for /v1/realtime: mic -> PCM16 frame appends, answer audio ->
 // speakers through an adaptive jitter buffer; conversation, function channel, live
 // figures, event log and downloads. No external resources, no build step.
+//
+// One App holds the page's state, split into small units that each keep their own:
+// Figures (the live numbers and their rendering), StatusView (state, banner, errors),
+// EventLog, Transcript, Downloads, Waveform, ServedModel, and per call a Call (the
+// WebSocket session), its CallAudio (capture and playback nodes), Timing and
+// Recording. The frame and the rates are the server's, from session.updated
+// (sessionFormat); nothing before that message needs them.
 
-const FRAME_SAMPLES = 1280; // 80 ms at 16 kHz: one model step
-const FRAME_MS = 80;
-const INPUT_RATE = 16000;
-const OUTPUT_RATE = 22050;
-const OUTPUT_FRAME = 1764; // 80 ms at 22.05 kHz
 const SUBPROTOCOL = "realtime";
 const KEY_PREFIX = "realtime-key.";
 const LOG_LIMIT = 300; // event log entries kept
-const RECORD_LIMIT_FRAMES = 30 * 60 * 12.5; // 30 min kept for the download
+const RECORD_LIMIT_MS = 30 * 60 * 1000; // 30 min kept for the download
 const METER_FLOOR_DB = -60;
-
-const $ = (id) => document.getElementById(id);
-const ui = {
-  form: $("settings"),
-  apiKey: $("api-key"),
-  mic: $("mic"),
-  micRefresh: $("mic-refresh"),
-  echo: $("echo"),
-  echoApplied: $("echo-applied"),
-  prompt: $("system-prompt"),
-  seed: $("seed"),
-  preview: $("update-preview"),
-  volume: $("volume"),
-  volumeValue: $("volume-value"),
-  start: $("start"),
-  stop: $("stop"),
-  state: $("state"),
-  model: $("model"),
-  demo: $("demo-banner"),
-  demoName: $("demo-name"),
-  notice: $("notice"),
-  stats: $("stats"),
-  conversation: $("conversation"),
-  conversationEmpty: $("conversation-empty"),
-  user: $("user-transcript"),
-  assistant: $("assistant-text"),
-  fn: $("function-text"),
-  errors: $("errors"),
-  log: $("log"),
-  logCount: $("log-count"),
-  downloads: $("downloads"),
-  wave: $("wave"),
-};
-
-const stats = {};
-function resetStats() {
-  Object.assign(stats, {
-    appendsSent: 0,
-    audioDeltas: 0,
-    transcriptDeltas: 0,
-    textDeltas: 0,
-    functionDeltas: 0,
-    lastFrameIndex: -1,
-    bufferedMs: 0,
-    latencyMs: 0,
-    targetMs: 0,
-    underruns: 0,
-    droppedMs: 0,
-    errors: 0,
-    inputLevelDb: -120,
-    outputLevelDb: -120,
-    rttMs: -1,
-    rttMedianMs: -1,
-    rtf: 0,
-  });
-}
-resetStats();
-
-let call = null; // the one live call: {ws, ctx, stream, capture, playback, ...}
-let served = null; // {id, demo} from GET /v1/models
-
-// ---------------------------------------------------------------- state, notices
-
+const RTT_KEPT = 50; // round trips in the median
+const RTF_WINDOW_MS = 5000; // audio received over this much wall time
 const ACTIVE = ["connecting", "configuring", "live", "committing"];
 
-function setState(state, label) {
-  ui.state.dataset.state = state;
-  ui.state.textContent = label || state;
-  document.body.dataset.state = state;
-  const active = ACTIVE.includes(state);
-  ui.start.disabled = active;
-  ui.stop.disabled = !active;
-  for (const el of [ui.apiKey, ui.mic, ui.echo, ui.prompt, ui.seed]) el.disabled = active;
-  renderStats(); // figures and state change together for anyone watching both
+// VoiceChat's figures: only for a field a server's session.updated leaves out.
+export const DEFAULT_FORMAT = Object.freeze({ frameSamples: 1280, inputRate: 16000, outputRate: 22050 });
+
+const INITIAL_FIGURES = Object.freeze({
+  appendsSent: 0,
+  audioDeltas: 0,
+  transcriptDeltas: 0,
+  textDeltas: 0,
+  functionDeltas: 0,
+  lastFrameIndex: -1,
+  bufferedMs: 0,
+  latencyMs: 0,
+  targetMs: 0,
+  underruns: 0,
+  droppedMs: 0,
+  errors: 0,
+  inputLevelDb: -120,
+  outputLevelDb: -120,
+  rttMs: -1,
+  rttMedianMs: -1,
+  rtf: 0,
+});
+
+const $ = (id) => document.getElementById(id);
+
+// ---------------------------------------------------------------- pure helpers
+
+function positive(value, fallback) {
+  return Number.isInteger(value) && value > 0 ? value : fallback;
 }
 
-function notice(kind, title, text) {
-  if (!kind) {
-    ui.notice.hidden = true;
-    delete ui.notice.dataset.kind;
-    return;
-  }
-  ui.notice.dataset.kind = kind;
-  $("notice-title").textContent = title;
-  $("notice-text").textContent = text || "";
-  ui.notice.hidden = false;
+// A session's audio figures from session.updated's `session`: samples per input
+// frame, both rates, and samples per output frame (`output_frame_samples` when the
+// server sends it, else the output rate over one input frame's duration).
+export function sessionFormat(session) {
+  const s = session || {};
+  const inFormat = s.input_audio_format || {};
+  const outFormat = s.output_audio_format || {};
+  const frameSamples = positive(s.frame_samples, DEFAULT_FORMAT.frameSamples);
+  const inputRate = positive(inFormat.sample_rate, DEFAULT_FORMAT.inputRate);
+  const outputRate = positive(outFormat.sample_rate, DEFAULT_FORMAT.outputRate);
+  const outputFrameSamples = positive(
+    s.output_frame_samples,
+    Math.round((outputRate * frameSamples) / inputRate),
+  );
+  const frameMs = (1000 * frameSamples) / inputRate;
+  return Object.freeze({ frameSamples, inputRate, outputRate, outputFrameSamples, frameMs });
 }
 
-function showError(message) {
-  stats.errors += 1;
-  const li = document.createElement("li");
-  li.textContent = `${new Date().toLocaleTimeString()} ${message}`;
-  ui.errors.appendChild(li);
-  scheduleRender();
-}
-
-// ---------------------------------------------------------------- figures
-
-let renderQueued = false;
-function scheduleRender() {
-  if (renderQueued) return;
-  renderQueued = true;
-  const render = () => {
-    renderQueued = false;
-    renderStats();
-  };
-  // Once per frame; a hidden tab gets no animation frames, so a timer there.
-  if (document.hidden) setTimeout(render, 100);
-  else requestAnimationFrame(render);
-}
-
-const fmtMs = (ms) => `${Math.round(ms)} ms`;
-
-function renderStats() {
-  for (const [key, value] of Object.entries(stats)) {
-    ui.stats.dataset[key] = String(key === "rtf" ? Math.round(value * 100) / 100 : Math.round(value));
-  }
-  $("stat-frames").textContent = `${stats.appendsSent} / ${stats.audioDeltas}`;
-  $("stat-rtt").textContent =
-    stats.rttMs < 0 ? "–" : `${fmtMs(stats.rttMs)} (median ${fmtMs(stats.rttMedianMs)})`;
-  $("stat-latency").textContent = stats.targetMs
-    ? `${fmtMs(stats.latencyMs)} (${fmtMs(stats.targetMs)})`
-    : "–";
-  $("stat-rtf").textContent = stats.rtf ? `${stats.rtf.toFixed(2)}×` : "–";
-  $("stat-glitches").textContent = `${stats.underruns} / ${fmtMs(stats.droppedMs)}`;
-  setMeter("in", stats.inputLevelDb, stats.appendsSent > 0);
-  setMeter("out", stats.outputLevelDb, stats.audioDeltas > 0);
-}
-
-function setMeter(which, db, active) {
-  const meter = $(`meter-${which}`);
-  const value = Math.max(METER_FLOOR_DB, Math.min(0, Math.round(db)));
-  meter.setAttribute("aria-valuenow", String(value));
-  meter.setAttribute("aria-valuetext", active ? `${value} dBFS` : "silent");
-  const fill = (100 * (value - METER_FLOOR_DB)) / -METER_FLOOR_DB;
-  meter.firstElementChild.style.width = `${fill}%`;
-  meter.dataset.hot = String(value > -6);
-  $(`meter-${which}-db`).textContent = active ? `${value} dB` : "–";
-}
-
-function median(values) {
+export function median(values) {
   if (!values.length) return 0;
   const sorted = [...values].sort((a, b) => a - b);
   return sorted[sorted.length >> 1];
 }
 
-// ---------------------------------------------------------------- model, key
+const fmtMs = (ms) => `${Math.round(ms)} ms`;
 
-function authHeaders() {
-  const key = ui.apiKey.value.trim();
-  return key ? { Authorization: `Bearer ${key}` } : {};
-}
-
-// GET /v1/models: {status, entry} or status 0 when the server cannot be reached.
-async function probeModels() {
-  try {
-    const response = await fetch("/v1/models", { headers: authHeaders(), cache: "no-store" });
-    if (!response.ok) return { status: response.status, entry: null };
-    const body = await response.json();
-    return { status: 200, entry: (body.data && body.data[0]) || null };
-  } catch {
-    return { status: 0, entry: null };
-  }
-}
-
-async function loadModel() {
-  const { status, entry } = await probeModels();
-  if (status === 200 && entry) {
-    const demo = entry.demo === true || String(entry.id).startsWith("realtime-demo");
-    served = { id: entry.id, demo };
-    ui.model.textContent = entry.id;
-    ui.model.dataset.modelId = entry.id;
-    ui.model.title = entry.path ? `${entry.id} (${entry.path})` : entry.id;
-    ui.demoName.textContent = entry.id;
-    ui.demo.hidden = !demo;
-    if (["key", "unauthorized", "gone"].includes(ui.notice.dataset.kind)) notice(null);
-  } else if (status === 401) {
-    ui.model.textContent = "model: API key needed";
-    ui.model.dataset.modelId = "";
-    const typed = ui.apiKey.value.trim() !== "";
-    notice(
-      "key",
-      typed ? "Wrong API key." : "This server needs an API key.",
-      typed
-        ? "The server refused it (HTTP 401). Check the key it was started with (--api-key)."
-        : "Enter the key the server was started with (--api-key) above.",
-    );
-  } else if (status === 0) {
-    ui.model.textContent = "model: server unreachable";
-    notice("gone", "The server cannot be reached.", "Is `realtime serve` still running?");
-  } else {
-    ui.model.textContent = `model: HTTP ${status}`;
-  }
-  return status;
-}
-
-// ---------------------------------------------------------------- microphones
-
-async function listMics() {
-  if (!navigator.mediaDevices || !navigator.mediaDevices.enumerateDevices) return;
-  const devices = await navigator.mediaDevices.enumerateDevices();
-  const mics = devices.filter((d) => d.kind === "audioinput" && d.deviceId !== "default");
-  const chosen = ui.mic.value;
-  ui.mic.textContent = "";
-  ui.mic.append(new Option("System default", ""));
-  mics.forEach((d, i) => ui.mic.append(new Option(d.label || `Microphone ${i + 1}`, d.deviceId)));
-  ui.mic.value = [...ui.mic.options].some((o) => o.value === chosen) ? chosen : "";
-}
-
-// ---------------------------------------------------------------- wire helpers
-
-function realtimeUrl() {
-  const url = new URL("/v1/realtime", window.location.href);
-  url.protocol = window.location.protocol === "https:" ? "wss:" : "ws:";
-  return url.href;
-}
-
-// Browsers cannot set headers on a WebSocket, so the key travels as a second
-// subprotocol; the server answers with plain "realtime" and never echoes it.
-function subprotocols(key) {
-  return key ? [SUBPROTOCOL, KEY_PREFIX + key] : [SUBPROTOCOL];
-}
-
-function bytesToBase64(buffer) {
+export function bytesToBase64(buffer) {
   const bytes = new Uint8Array(buffer);
   let binary = "";
   for (let i = 0; i < bytes.length; i += 0x8000) {
@@ -244,116 +84,15 @@ function bytesToBase64(buffer) {
   return btoa(binary);
 }
 
-function base64ToInt16(data) {
+export function base64ToInt16(data) {
   const binary = atob(data);
   const bytes = new Uint8Array(binary.length & ~1);
   for (let i = 0; i < bytes.length; i++) bytes[i] = binary.charCodeAt(i);
   return new Int16Array(bytes.buffer); // little-endian, as every browser platform is
 }
 
-function sessionUpdate() {
-  const session = {};
-  const prompt = ui.prompt.value.trim();
-  if (prompt) session.system_prompt = prompt;
-  const seed = Number.parseInt(ui.seed.value || "0", 10);
-  session.seed = Number.isFinite(seed) && seed >= 0 ? seed : 0;
-  return { type: "session.update", session };
-}
-
-function showPreview() {
-  ui.preview.textContent = JSON.stringify(sessionUpdate());
-}
-
-function send(message) {
-  if (call && call.ws.readyState === WebSocket.OPEN) {
-    call.ws.send(JSON.stringify(message));
-    if (message.type === "input_audio_buffer.append") logAppend();
-    else log("→", message.type, summarize(message));
-    return true;
-  }
-  return false;
-}
-
-// ---------------------------------------------------------------- event log
-
-const logState = { count: 0, append: null, audio: null };
-
-function logEntry(text) {
-  const li = document.createElement("li");
-  li.textContent = text;
-  ui.log.appendChild(li);
-  while (ui.log.childElementCount > LOG_LIMIT) ui.log.firstElementChild.remove();
-  logState.count += 1;
-  ui.logCount.textContent = `(${logState.count})`;
-  return li;
-}
-
-function stamp() {
-  return call && call.t0 ? `${((performance.now() - call.t0) / 1000).toFixed(2)}s` : "0.00s";
-}
-
-function log(dir, type, detail) {
-  logState.append = null;
-  logState.audio = null;
-  logEntry(`${stamp()} ${dir} ${type}${detail ? " " + detail : ""}`);
-}
-
-function logAppend() {
-  const a = logState.append;
-  if (a) {
-    a.n += 1;
-    a.li.textContent = `${a.t} → input_audio_buffer.append ×${a.n} (80 ms PCM16 each)`;
-  } else {
-    const t = stamp();
-    logState.append = { t, n: 1, li: logEntry(`${t} → input_audio_buffer.append ×1 (80 ms PCM16 each)`) };
-  }
-}
-
-function logAudio(index) {
-  const a = logState.audio;
-  if (a) {
-    a.n += 1;
-    a.li.textContent = `${a.t} ← response.audio.delta ×${a.n} (frames ${a.first}–${index})`;
-  } else {
-    const t = stamp();
-    logState.audio = { t, n: 1, first: index, li: logEntry(`${t} ← response.audio.delta ×1 (frames ${index}–${index})`) };
-  }
-}
-
-function summarize(event) {
-  const { type, event_id: _id, ...rest } = event;
-  const text = JSON.stringify(rest);
-  return text.length > 400 ? text.slice(0, 400) + "…" : text;
-}
-
-// ---------------------------------------------------------------- conversation
-
-function addToTurn(role, delta, frameIndex) {
-  if (!delta) return;
-  const turns = call.turns;
-  let turn = turns[turns.length - 1];
-  if (!turn || turn.role !== role) {
-    turn = { role, frame: frameIndex, text: "" };
-    turns.push(turn);
-    const li = document.createElement("li");
-    li.className = `turn ${role}`;
-    const head = document.createElement("span");
-    head.className = "who";
-    const at = frameIndex >= 0 ? ` · ${((frameIndex * FRAME_MS) / 1000).toFixed(1)} s` : "";
-    head.textContent = (role === "user" ? "You" : "Assistant") + at;
-    const body = document.createElement("p");
-    li.append(head, body);
-    ui.conversation.appendChild(li);
-    ui.conversationEmpty.hidden = true;
-    turn.el = body;
-  }
-  turn.text += delta;
-  turn.el.textContent = turn.text.trimStart();
-  ui.conversation.scrollTop = ui.conversation.scrollHeight;
-}
-
 // The function channel: pretty-printed JSON when it parses (whole or line by line).
-function formatFunction(text) {
+export function formatFunction(text) {
   const trimmed = text.trim();
   if (!trimmed) return "";
   try {
@@ -372,517 +111,1097 @@ function formatFunction(text) {
   }
 }
 
-// ---------------------------------------------------------------- capture, playback
+export function summarize(event) {
+  const { type, event_id: _id, ...rest } = event;
+  const text = JSON.stringify(rest);
+  return text.length > 400 ? text.slice(0, 400) + "…" : text;
+}
 
-function startCapture() {
-  const { ctx, stream } = call;
-  call.source = ctx.createMediaStreamSource(stream);
-  call.capture = new AudioWorkletNode(ctx, "capture-processor", {
-    numberOfInputs: 1,
-    numberOfOutputs: 1,
-    outputChannelCount: [1],
-    processorOptions: { targetRate: INPUT_RATE, frameSamples: FRAME_SAMPLES },
-  });
-  call.capture.port.onmessage = (e) => {
-    if (e.data.type !== "frame" || !call || call.state !== "live") return;
-    const index = stats.appendsSent;
-    const ok = send({
-      type: "input_audio_buffer.append",
-      audio: bytesToBase64(e.data.pcm),
-      sample_rate: INPUT_RATE,
-    });
-    if (ok) {
-      const now = performance.now();
-      call.sentAt[index] = now;
-      if (!call.firstSent) call.firstSent = now;
-      if (call.mic.length < RECORD_LIMIT_FRAMES) call.mic.push(new Int16Array(e.data.pcm));
-      stats.appendsSent += 1;
-      stats.inputLevelDb = Math.max(-120, e.data.levelDb);
-      scheduleRender();
+export function sessionUpdate(promptText, seedText) {
+  const session = {};
+  const prompt = promptText.trim();
+  if (prompt) session.system_prompt = prompt;
+  const seed = Number.parseInt(seedText || "0", 10);
+  session.seed = Number.isFinite(seed) && seed >= 0 ? seed : 0;
+  return { type: "session.update", session };
+}
+
+function realtimeUrl() {
+  const url = new URL("/v1/realtime", window.location.href);
+  url.protocol = window.location.protocol === "https:" ? "wss:" : "ws:";
+  return url.href;
+}
+
+// Browsers cannot set headers on a WebSocket, so the key travels as a second
+// subprotocol; the server answers with plain "realtime" and never echoes it.
+function subprotocols(key) {
+  return key ? [SUBPROTOCOL, KEY_PREFIX + key] : [SUBPROTOCOL];
+}
+
+function authHeaders(key) {
+  return key ? { Authorization: `Bearer ${key}` } : {};
+}
+
+// GET /v1/models: {status, entry} or status 0 when the server cannot be reached.
+async function probeModels(key) {
+  try {
+    const response = await fetch("/v1/models", { headers: authHeaders(key), cache: "no-store" });
+    if (!response.ok) return { status: response.status, entry: null };
+    const body = await response.json();
+    return { status: 200, entry: (body.data && body.data[0]) || null };
+  } catch {
+    return { status: 0, entry: null };
+  }
+}
+
+async function listMics(select) {
+  if (!navigator.mediaDevices || !navigator.mediaDevices.enumerateDevices) return;
+  const devices = await navigator.mediaDevices.enumerateDevices();
+  const mics = devices.filter((d) => d.kind === "audioinput" && d.deviceId !== "default");
+  const chosen = select.value;
+  select.textContent = "";
+  select.append(new Option("System default", ""));
+  mics.forEach((d, i) => select.append(new Option(d.label || `Microphone ${i + 1}`, d.deviceId)));
+  select.value = [...select.options].some((o) => o.value === chosen) ? chosen : "";
+}
+
+// ---------------------------------------------------------------- one call's figures
+
+// Round trips (an append's send -> the audio frame with its frame_index) and the
+// real-time factor (audio received over the last 5 s of wall time).
+export class Timing {
+  constructor(frameMs) {
+    this.frameMs = frameMs;
+    this.sentAt = [];
+    this.rtts = [];
+    this.arrivals = [];
+    this.firstSent = 0;
+  }
+
+  sent(index, now) {
+    this.sentAt[index] = now;
+    if (!this.firstSent) this.firstSent = now;
+  }
+
+  // The figures frame `index` arriving at `now` updates: rttMs and rttMedianMs when
+  // its append is known, rtf once a second has passed since the first append.
+  answered(index, now) {
+    const figures = {};
+    const sent = this.sentAt[index];
+    if (sent !== undefined) {
+      figures.rttMs = now - sent;
+      this.rtts.push(figures.rttMs);
+      if (this.rtts.length > RTT_KEPT) this.rtts.shift();
+      figures.rttMedianMs = median(this.rtts);
     }
-  };
-  call.source.connect(call.capture);
-  call.source.connect(call.micAnalyser);
-  // The capture node outputs silence; connecting it keeps it pulled by the graph.
-  call.capture.connect(ctx.destination);
-}
-
-function stopCapture(c = call) {
-  if (!c) return;
-  if (c.capture) {
-    c.capture.port.postMessage({ type: "stop" });
-    c.capture.disconnect();
-    c.capture = null;
-  }
-  if (c.source) {
-    c.source.disconnect();
-    c.source = null;
-  }
-  if (c.stream) {
-    for (const track of c.stream.getTracks()) track.stop();
+    this.arrivals.push(now);
+    while (this.arrivals.length && this.arrivals[0] < now - RTF_WINDOW_MS) this.arrivals.shift();
+    const span = Math.min(RTF_WINDOW_MS, now - this.firstSent);
+    if (span >= 1000) figures.rtf = (this.arrivals.length * this.frameMs) / span;
+    return figures;
   }
 }
 
-function onPlaybackStats(msg) {
-  stats.bufferedMs = msg.bufferedMs;
-  stats.latencyMs = msg.latencyMs;
-  stats.targetMs = msg.targetMs;
-  stats.underruns = msg.underruns;
-  stats.droppedMs = msg.droppedMs;
-  if (stats.audioDeltas > 0) stats.outputLevelDb = Math.max(-120, msg.levelDb);
-  scheduleRender();
-}
-
-function onAudio(event) {
-  const now = performance.now();
-  stats.audioDeltas += 1;
-  const index = event.frame_index;
-  if (index <= stats.lastFrameIndex) showError(`audio frame_index went backwards (${index})`);
-  stats.lastFrameIndex = index;
-  logAudio(index);
-  const sent = call.sentAt[index];
-  if (sent !== undefined) {
-    stats.rttMs = now - sent;
-    call.rtts.push(stats.rttMs);
-    if (call.rtts.length > 50) call.rtts.shift();
-    stats.rttMedianMs = median(call.rtts);
+// The audio kept for the download: microphone frames in order, model frames by
+// frame_index, 30 minutes of each at most.
+export class Recording {
+  constructor(format) {
+    this.format = format;
+    this.limit = Math.floor(RECORD_LIMIT_MS / format.frameMs);
+    this.mic = [];
+    this.model = [];
   }
-  // Real-time factor: audio received over the last 5 s of wall time.
-  call.arrivals.push(now);
-  while (call.arrivals.length && call.arrivals[0] < now - 5000) call.arrivals.shift();
-  const span = Math.min(5000, now - call.firstSent);
-  if (span >= 1000) stats.rtf = (call.arrivals.length * FRAME_MS) / span;
-  const pcm = base64ToInt16(event.delta);
-  if (index < RECORD_LIMIT_FRAMES) call.model[index] = pcm;
-  const samples = new Float32Array(pcm.length);
-  for (let i = 0; i < pcm.length; i++) samples[i] = pcm[i] / 32768;
-  call.playback.port.postMessage({ type: "audio", samples }, [samples.buffer]);
-}
 
-// ---------------------------------------------------------------- events
-
-function onEvent(event) {
-  if (event.type !== "response.audio.delta") log("←", event.type, summarize(event));
-  switch (event.type) {
-    case "session.created":
-      call.state = "configuring";
-      call.sessionId = event.session && event.session.id;
-      $("stat-session").textContent = call.sessionId || "–";
-      ui.stats.dataset.sessionId = call.sessionId || "";
-      setState("configuring", "configuring");
-      send(sessionUpdate());
-      break;
-    case "session.updated":
-      call.state = "live";
-      call.t0 = call.t0 || performance.now();
-      setState("live", "live: speak now");
-      startCapture();
-      break;
-    case "conversation.item.input_audio_transcription.delta": {
-      stats.transcriptDeltas += 1;
-      const before = call.user;
-      call.user = event.transcript != null ? event.transcript : call.user + (event.delta || "");
-      const delta = event.delta != null ? event.delta : call.user.slice(before.length);
-      ui.user.textContent = call.user;
-      addToTurn("user", delta, event.frame_index);
-      break;
-    }
-    case "response.text.delta": {
-      stats.textDeltas += 1;
-      const before = call.assistant;
-      call.assistant = event.text != null ? event.text : call.assistant + (event.delta || "");
-      const delta = event.delta != null ? event.delta : call.assistant.slice(before.length);
-      ui.assistant.textContent = call.assistant;
-      addToTurn("assistant", delta, event.frame_index);
-      break;
-    }
-    case "response.function.delta":
-      stats.functionDeltas += 1;
-      call.fn = event.text != null ? event.text : call.fn + (event.delta || "");
-      ui.fn.textContent = formatFunction(call.fn);
-      break;
-    case "response.audio.delta":
-      onAudio(event);
-      break;
-    case "input_audio_buffer.committed":
-      setState("committing", "finishing the answer…");
-      break;
-    case "response.done":
-      call.state = "done";
-      call.playback.port.postMessage({ type: "finish" });
-      setState("done", "done");
-      break;
-    case "response.cancelled":
-      call.state = "done";
-      setState("done", "cancelled");
-      break;
-    case "error": {
-      const err = event.error || {};
-      if (err.code === "server_busy") {
-        call.busy = true;
-        setState("busy", "busy: another session is active");
-        notice("busy", "The server is busy.", "Another session is active; try again when it ends.");
-      }
-      showError(`${err.code || "error"}: ${err.message || ""}`);
-      break;
-    }
-    default:
-      break;
+  get empty() {
+    return this.mic.length === 0 && this.model.length === 0;
   }
-  scheduleRender();
-}
 
-async function onClose(event) {
-  if (!call) return;
-  const closing = call;
-  call = null;
-  stopCapture(closing);
-  stats.inputLevelDb = -120; // the microphone is off now
-  log("×", "close", `code ${event.code}${event.reason ? " " + event.reason : ""}`);
-  ui.stats.dataset.closeCode = String(event.code);
-  // Let queued speech finish, then release the audio device.
-  const ctx = closing.ctx;
-  setTimeout(() => ctx.close().catch(() => {}), Math.max(0, stats.bufferedMs) + 500);
-  if (closing.mic.length || closing.model.length) offerDownloads(closing);
-
-  if (event.code === 1013 || closing.busy) {
-    setState("busy", "busy: another session is active");
-    notice("busy", "The server is busy.", "Another session is active; try again when it ends.");
-    if (!closing.busy) showError("server busy (1013): another session is active, try again later");
-  } else if (event.code === 1006 && closing.state === "connecting") {
-    // Browsers hide the HTTP status of a refused upgrade: ask /v1/models why.
-    setState("connecting", "checking why…");
-    const status = await probeModels();
-    if (status.status === 401) {
-      setState("unauthorized", "wrong API key");
-      notice("unauthorized", "Wrong or missing API key.", "The server refused the key (HTTP 401). Enter the key it was started with (--api-key).");
-      showError("could not connect: missing or wrong API key (HTTP 401)");
-    } else if (status.status === 0) {
-      setState("gone", "server unreachable");
-      notice("gone", "The server cannot be reached.", "Is `realtime serve` still running?");
-      showError("could not connect: the server is unreachable");
-    } else {
-      setState("error", "refused");
-      notice("error", "The server refused the WebSocket.", "The key is fine, so the page's Origin is probably not allowed: start the server with --allowed-origin.");
-      showError("could not connect: the server refused the WebSocket upgrade (Origin not allowed?)");
-    }
-  } else if (event.code === 1006) {
-    const status = await probeModels();
-    const gone = status.status === 0;
-    setState(gone ? "gone" : "error", gone ? "server gone" : "connection lost");
-    notice(gone ? "gone" : "error", gone ? "The server went away." : "The connection was lost.",
-      gone ? "The session ended when the server stopped." : "The network dropped the connection.");
-    showError(`connection lost (code 1006)${gone ? ": the server is gone" : ""}`);
-  } else if (closing.state === "done" && event.code === 1000) {
-    setState("closed", "finished");
-  } else if (event.code === 1000 || event.code === 1005) {
-    setState("closed", "closed");
-  } else {
-    const why = event.reason ? `: ${event.reason}` : "";
-    showError(`connection closed (code ${event.code})${why}`);
-    setState("error", `closed (${event.code})`);
+  addMic(pcm) {
+    if (this.mic.length < this.limit) this.mic.push(pcm);
   }
-  scheduleRender();
+
+  addModel(index, pcm) {
+    if (index < this.limit) this.model[index] = pcm;
+  }
+
+  wav() {
+    return new Blob([conversationWav(this.mic, this.model, this.format)], { type: "audio/wav" });
+  }
 }
 
-// ---------------------------------------------------------------- downloads
-
-// Stereo PCM16 WAV at 22.05 kHz: left = microphone (16 kHz, linearly resampled),
-// right = model, both on the model's frame timeline (frame k at k × 80 ms).
-function conversationWav(c) {
-  const frames = Math.max(c.mic.length, c.model.length);
-  const n = frames * OUTPUT_FRAME;
-  const mic = new Float32Array(c.mic.length * FRAME_SAMPLES);
-  c.mic.forEach((f, k) => {
-    for (let i = 0; i < f.length; i++) mic[k * FRAME_SAMPLES + i] = f[i];
-  });
-  const bytes = new ArrayBuffer(44 + n * 4);
-  const view = new DataView(bytes);
+function writeWavHeader(view, frames, rate) {
   const text = (at, s) => [...s].forEach((ch, i) => view.setUint8(at + i, ch.charCodeAt(0)));
   text(0, "RIFF");
-  view.setUint32(4, 36 + n * 4, true);
+  view.setUint32(4, 36 + frames * 4, true);
   text(8, "WAVE");
   text(12, "fmt ");
   view.setUint32(16, 16, true);
   view.setUint16(20, 1, true); // PCM
   view.setUint16(22, 2, true); // channels
-  view.setUint32(24, OUTPUT_RATE, true);
-  view.setUint32(28, OUTPUT_RATE * 4, true);
+  view.setUint32(24, rate, true);
+  view.setUint32(28, rate * 4, true);
   view.setUint16(32, 4, true);
   view.setUint16(34, 16, true);
   text(36, "data");
-  view.setUint32(40, n * 4, true);
-  const step = INPUT_RATE / OUTPUT_RATE;
+  view.setUint32(40, frames * 4, true);
+}
+
+// Stereo PCM16 WAV at the output rate: left = microphone (at the input rate, linearly
+// resampled), right = model, both on the model's frame timeline (frame k at k frames).
+export function conversationWav(mic, model, format) {
+  const { frameSamples, outputFrameSamples: outFrame, inputRate, outputRate } = format;
+  const n = Math.max(mic.length, model.length) * outFrame;
+  const input = new Float32Array(mic.length * frameSamples);
+  mic.forEach((f, k) => input.set(f, k * frameSamples));
+  const bytes = new ArrayBuffer(44 + n * 4);
+  const view = new DataView(bytes);
+  writeWavHeader(view, n, outputRate);
+  const step = inputRate / outputRate;
   for (let j = 0; j < n; j++) {
     const p = j * step;
     const i = Math.floor(p);
-    const a = i < mic.length ? mic[i] : 0;
-    const b = i + 1 < mic.length ? mic[i + 1] : 0;
+    const a = i < input.length ? input[i] : 0;
+    const b = i + 1 < input.length ? input[i + 1] : 0;
     view.setInt16(44 + j * 4, Math.round(a + (b - a) * (p - i)), true);
-    const frame = c.model[Math.floor(j / OUTPUT_FRAME)];
-    view.setInt16(46 + j * 4, frame ? frame[j % OUTPUT_FRAME] || 0 : 0, true);
+    const frame = model[Math.floor(j / outFrame)];
+    view.setInt16(46 + j * 4, frame ? frame[j % outFrame] || 0 : 0, true);
   }
-  return new Blob([bytes], { type: "audio/wav" });
+  return bytes;
 }
 
-function conversationRecord(c) {
+const turnStart = (t, frameMs) => (t.frame >= 0 ? (t.frame * frameMs) / 1000 : null);
+
+// `c`: {model, sessionId, started, frameMs, turns, fn, figures} of a finished call.
+export function conversationRecord(c) {
   return {
-    model: served ? served.id : null,
+    model: c.model,
     session_id: c.sessionId || null,
     started: c.started,
-    frame_ms: FRAME_MS,
-    turns: c.turns.map((t) => ({
-      role: t.role,
-      start_s: t.frame >= 0 ? (t.frame * FRAME_MS) / 1000 : null,
-      text: t.text.trim(),
-    })),
+    frame_ms: c.frameMs,
+    turns: c.turns.map((t) => ({ role: t.role, start_s: turnStart(t, c.frameMs), text: t.text.trim() })),
     function_channel: c.fn,
-    figures: { ...stats },
+    figures: { ...c.figures },
   };
 }
 
-function conversationMarkdown(c) {
-  const lines = [`# Conversation with ${served ? served.id : "the model"}`, ""];
+export function conversationMarkdown(c) {
+  const lines = [`# Conversation with ${c.model || "the model"}`, ""];
   lines.push(`Session \`${c.sessionId || "?"}\`, started ${c.started}.`, "");
   for (const t of c.turns) {
-    const at = t.frame >= 0 ? ` (${((t.frame * FRAME_MS) / 1000).toFixed(1)} s)` : "";
+    const start = turnStart(t, c.frameMs);
+    const at = start === null ? "" : ` (${start.toFixed(1)} s)`;
     lines.push(`**${t.role === "user" ? "You" : "Assistant"}**${at}: ${t.text.trim()}`, "");
   }
   if (c.fn.trim()) lines.push("## Function channel", "", "```", formatFunction(c.fn), "```", "");
   return lines.join("\n");
 }
 
-function offerDownloads(c) {
-  clearDownloads();
-  const stampName = c.started.replace(/[:.]/g, "-");
-  const links = [
-    ["download-wav", conversationWav(c), `conversation-${stampName}.wav`],
-    ["download-md", new Blob([conversationMarkdown(c)], { type: "text/markdown" }), `conversation-${stampName}.md`],
-    ["download-json", new Blob([JSON.stringify(conversationRecord(c), null, 2)], { type: "application/json" }), `conversation-${stampName}.json`],
-  ];
-  for (const [id, blob, name] of links) {
-    const a = $(id);
-    a.href = URL.createObjectURL(blob);
-    a.download = name;
+// ---------------------------------------------------------------- page units
+
+// The live numbers (also mirrored as data-* on #stats for scripts and tests) and
+// their rendering, at most once per animation frame.
+class Figures {
+  constructor(ui) {
+    this.ui = ui;
+    this.values = { ...INITIAL_FIGURES };
+    this.queued = false;
   }
-  ui.downloads.hidden = false;
-}
 
-function clearDownloads() {
-  for (const id of ["download-wav", "download-md", "download-json"]) {
-    const a = $(id);
-    if (a.href) URL.revokeObjectURL(a.href);
-    a.removeAttribute("href");
+  reset() {
+    Object.assign(this.values, INITIAL_FIGURES);
   }
-  ui.downloads.hidden = true;
-}
 
-// ---------------------------------------------------------------- waveform
+  schedule() {
+    if (this.queued) return;
+    this.queued = true;
+    const render = () => {
+      this.queued = false;
+      this.render();
+    };
+    // Once per frame; a hidden tab gets no animation frames, so a timer there.
+    if (document.hidden) setTimeout(render, 100);
+    else requestAnimationFrame(render);
+  }
 
-function drawWave() {
-  const canvas = ui.wave;
-  const g = canvas.getContext("2d");
-  const w = canvas.width;
-  const h = canvas.height;
-  g.clearRect(0, 0, w, h);
-  const styles = getComputedStyle(document.documentElement);
-  g.strokeStyle = styles.getPropertyValue("--line");
-  g.beginPath();
-  g.moveTo(0, h / 2);
-  g.lineTo(w, h / 2);
-  g.stroke();
-  if (call && call.micAnalyser) {
-    const traces = [
-      [call.micAnalyser, styles.getPropertyValue("--accent")],
-      [call.outAnalyser, styles.getPropertyValue("--model")],
-    ];
-    for (const [analyser, color] of traces) {
-      const data = new Float32Array(analyser.fftSize);
-      analyser.getFloatTimeDomainData(data);
-      g.strokeStyle = color;
-      g.lineWidth = 1.5;
-      g.beginPath();
-      for (let x = 0; x < w; x++) {
-        const v = data[Math.floor((x / w) * data.length)];
-        const y = h / 2 - Math.max(-1, Math.min(1, v * 2)) * (h / 2 - 2);
-        if (x === 0) g.moveTo(x, y);
-        else g.lineTo(x, y);
-      }
-      g.stroke();
+  // The playback worklet's report (about 20 a second).
+  playback(msg) {
+    const v = this.values;
+    v.bufferedMs = msg.bufferedMs;
+    v.latencyMs = msg.latencyMs;
+    v.targetMs = msg.targetMs;
+    v.underruns = msg.underruns;
+    v.droppedMs = msg.droppedMs;
+    if (v.audioDeltas > 0) v.outputLevelDb = Math.max(-120, msg.levelDb);
+    this.schedule();
+  }
+
+  render() {
+    const { ui, values: v } = this;
+    for (const [key, value] of Object.entries(v)) {
+      ui.stats.dataset[key] = String(key === "rtf" ? Math.round(value * 100) / 100 : Math.round(value));
     }
-    requestAnimationFrame(drawWave);
+    ui.statFrames.textContent = `${v.appendsSent} / ${v.audioDeltas}`;
+    ui.statRtt.textContent = v.rttMs < 0 ? "–" : `${fmtMs(v.rttMs)} (median ${fmtMs(v.rttMedianMs)})`;
+    ui.statLatency.textContent = v.targetMs ? `${fmtMs(v.latencyMs)} (${fmtMs(v.targetMs)})` : "–";
+    ui.statRtf.textContent = v.rtf ? `${v.rtf.toFixed(2)}×` : "–";
+    ui.statGlitches.textContent = `${v.underruns} / ${fmtMs(v.droppedMs)}`;
+    this.meter("in", v.inputLevelDb, v.appendsSent > 0);
+    this.meter("out", v.outputLevelDb, v.audioDeltas > 0);
+  }
+
+  meter(which, db, active) {
+    const meter = $(`meter-${which}`);
+    const value = Math.max(METER_FLOOR_DB, Math.min(0, Math.round(db)));
+    meter.setAttribute("aria-valuenow", String(value));
+    meter.setAttribute("aria-valuetext", active ? `${value} dBFS` : "silent");
+    const fill = (100 * (value - METER_FLOOR_DB)) / -METER_FLOOR_DB;
+    meter.firstElementChild.style.width = `${fill}%`;
+    meter.dataset.hot = String(value > -6);
+    $(`meter-${which}-db`).textContent = active ? `${value} dB` : "–";
   }
 }
 
-// ---------------------------------------------------------------- start, stop
-
-function micProblem(err) {
-  const name = err && err.name;
-  if (name === "NotAllowedError" || name === "SecurityError") {
-    setState("denied", "microphone blocked");
-    notice("denied", "Microphone permission denied.", "Allow the microphone for this page (the icon in the address bar) and press Start again.");
-  } else if (name === "NotFoundError" || name === "OverconstrainedError" || name === "NotReadableError") {
-    setState("nomic", "no microphone");
-    notice("nomic", "No usable microphone.",
-      name === "NotReadableError"
-        ? "The microphone is in use by another program or failed to start."
-        : "Plug one in, or pick another in the Microphone list.");
-  } else {
-    return false;
+// The state badge and the controls it enables, the banner, the error list.
+class StatusView {
+  constructor(ui, figures) {
+    this.ui = ui;
+    this.figures = figures;
   }
-  showError(`microphone: ${name}: ${err.message || ""}`);
-  return true;
-}
 
-async function start() {
-  if (call) return;
-  resetStats();
-  ui.errors.textContent = "";
-  ui.conversation.textContent = "";
-  ui.conversationEmpty.hidden = false;
-  for (const el of [ui.user, ui.assistant, ui.fn]) el.textContent = "";
-  delete ui.stats.dataset.closeCode;
-  $("stat-session").textContent = "–";
-  notice(null);
-  clearDownloads();
-  renderStats();
-  if (!navigator.mediaDevices || !navigator.mediaDevices.getUserMedia) {
-    setState("nomic", "no microphone");
-    notice("nomic", "The microphone needs a secure page.", "Open it from localhost or over HTTPS.");
-    return;
+  get noticeKind() {
+    return this.ui.notice.dataset.kind;
   }
-  setState("connecting", "opening microphone…");
 
-  let ctx = null;
-  let stream = null;
-  try {
-    ctx = new AudioContext({ latencyHint: "interactive" });
-    await ctx.audioWorklet.addModule("/static/audio-worklet.js");
-    const echo = ui.echo.checked;
-    try {
-      stream = await navigator.mediaDevices.getUserMedia({
-        audio: {
-          deviceId: ui.mic.value ? { exact: ui.mic.value } : undefined,
-          channelCount: 1,
-          echoCancellation: echo,
-          noiseSuppression: echo,
-          autoGainControl: echo,
-        },
-      });
-    } catch (err) {
-      ctx.close().catch(() => {});
-      if (!micProblem(err)) throw err;
+  set(state, label) {
+    const { ui } = this;
+    ui.state.dataset.state = state;
+    ui.state.textContent = label || state;
+    document.body.dataset.state = state;
+    const active = ACTIVE.includes(state);
+    ui.start.disabled = active;
+    ui.stop.disabled = !active;
+    for (const el of [ui.apiKey, ui.mic, ui.echo, ui.prompt, ui.seed]) el.disabled = active;
+    this.figures.render(); // figures and state change together for anyone watching both
+  }
+
+  notice(kind, title, text) {
+    const { notice } = this.ui;
+    if (!kind) {
+      notice.hidden = true;
+      delete notice.dataset.kind;
       return;
     }
-    const settings = stream.getAudioTracks()[0].getSettings();
-    ui.echoApplied.textContent =
-      settings.echoCancellation === undefined
-        ? ""
-        : `Browser reports: echo cancellation ${settings.echoCancellation ? "on" : "off"}.`;
-    listMics().catch(() => {});
+    notice.dataset.kind = kind;
+    this.ui.noticeTitle.textContent = title;
+    this.ui.noticeText.textContent = text || "";
+    notice.hidden = false;
+  }
 
-    const playback = new AudioWorkletNode(ctx, "playback-processor", {
+  busy() {
+    this.set("busy", "busy: another session is active");
+    this.notice("busy", "The server is busy.", "Another session is active; try again when it ends.");
+  }
+
+  gone() {
+    this.notice("gone", "The server cannot be reached.", "Is `realtime serve` still running?");
+  }
+
+  error(message) {
+    this.figures.values.errors += 1;
+    const li = document.createElement("li");
+    li.textContent = `${new Date().toLocaleTimeString()} ${message}`;
+    this.ui.errors.appendChild(li);
+    this.figures.schedule();
+  }
+
+  clearErrors() {
+    this.ui.errors.textContent = "";
+  }
+}
+
+// The event log: the last LOG_LIMIT entries, runs of appends and of audio deltas
+// counted in one line each, times from the call's start.
+export class EventLog {
+  constructor(list, counter, limit = LOG_LIMIT) {
+    this.list = list;
+    this.counter = counter;
+    this.limit = limit;
+    this.count = 0;
+    this.appends = null;
+    this.audio = null;
+    this.t0 = 0;
+  }
+
+  startClock(t0) {
+    this.t0 = t0;
+  }
+
+  stopClock() {
+    this.t0 = 0;
+  }
+
+  stamp() {
+    return this.t0 ? `${((performance.now() - this.t0) / 1000).toFixed(2)}s` : "0.00s";
+  }
+
+  entry(text) {
+    const li = document.createElement("li");
+    li.textContent = text;
+    this.list.appendChild(li);
+    while (this.list.childElementCount > this.limit) this.list.firstElementChild.remove();
+    this.count += 1;
+    this.counter.textContent = `(${this.count})`;
+    return li;
+  }
+
+  event(dir, type, detail) {
+    this.appends = null;
+    this.audio = null;
+    this.entry(`${this.stamp()} ${dir} ${type}${detail ? " " + detail : ""}`);
+  }
+
+  append(frameMs) {
+    const text = (run) => `${run.t} → input_audio_buffer.append ×${run.n} (${Math.round(frameMs)} ms PCM16 each)`;
+    this.appends = this.grow(this.appends, {}, text);
+  }
+
+  audioFrame(index) {
+    const text = (run) => `${run.t} ← response.audio.delta ×${run.n} (frames ${run.first}–${index})`;
+    this.audio = this.grow(this.audio, { first: index }, text);
+  }
+
+  // One more in `run` (or a new run with `fields`): its line rewritten in place.
+  grow(run, fields, text) {
+    if (run) {
+      run.n += 1;
+      run.li.textContent = text(run);
+      return run;
+    }
+    const fresh = { t: this.stamp(), n: 1, ...fields };
+    fresh.li = this.entry(text(fresh));
+    return fresh;
+  }
+}
+
+// The conversation: your transcript and the assistant's text in alternating turns,
+// the whole texts so far, and the function channel.
+class Transcript {
+  constructor(ui) {
+    this.ui = ui;
+    this.views = { user: ui.user, assistant: ui.assistant };
+    this.frameMs = 0; // the session's, once session.updated has come
+    this.reset();
+  }
+
+  reset() {
+    this.user = "";
+    this.assistant = "";
+    this.fn = "";
+    this.turns = [];
+    const { ui } = this;
+    ui.conversation.textContent = "";
+    ui.conversationEmpty.hidden = false;
+    for (const el of [ui.user, ui.assistant, ui.fn]) el.textContent = "";
+  }
+
+  // A transcript or text delta: `whole` is the text so far when the server sends it.
+  grow(role, event, whole) {
+    const before = this[role];
+    this[role] = whole != null ? whole : before + (event.delta || "");
+    const delta = event.delta != null ? event.delta : this[role].slice(before.length);
+    this.views[role].textContent = this[role];
+    this.addToTurn(role, delta, event.frame_index);
+  }
+
+  functionDelta(event) {
+    this.fn = event.text != null ? event.text : this.fn + (event.delta || "");
+    this.ui.fn.textContent = formatFunction(this.fn);
+  }
+
+  addToTurn(role, delta, frameIndex) {
+    if (!delta) return;
+    let turn = this.turns[this.turns.length - 1];
+    if (!turn || turn.role !== role) {
+      turn = { role, frame: frameIndex, text: "", el: this.turnElement(role, frameIndex) };
+      this.turns.push(turn);
+    }
+    turn.text += delta;
+    turn.el.textContent = turn.text.trimStart();
+    this.ui.conversation.scrollTop = this.ui.conversation.scrollHeight;
+  }
+
+  turnElement(role, frameIndex) {
+    const li = document.createElement("li");
+    li.className = `turn ${role}`;
+    const head = document.createElement("span");
+    head.className = "who";
+    const known = frameIndex >= 0 && this.frameMs > 0;
+    const at = known ? ` · ${((frameIndex * this.frameMs) / 1000).toFixed(1)} s` : "";
+    head.textContent = (role === "user" ? "You" : "Assistant") + at;
+    const body = document.createElement("p");
+    li.append(head, body);
+    this.ui.conversation.appendChild(li);
+    this.ui.conversationEmpty.hidden = true;
+    return body;
+  }
+}
+
+// The three download links offered when a call with audio ends.
+class Downloads {
+  constructor(ui) {
+    this.ui = ui;
+    this.links = [ui.downloadWav, ui.downloadMd, ui.downloadJson];
+  }
+
+  clear() {
+    for (const a of this.links) {
+      if (a.href) URL.revokeObjectURL(a.href);
+      a.removeAttribute("href");
+    }
+    this.ui.downloads.hidden = true;
+  }
+
+  offer(recording, conversation) {
+    this.clear();
+    const name = `conversation-${conversation.started.replace(/[:.]/g, "-")}`;
+    const json = JSON.stringify(conversationRecord(conversation), null, 2);
+    const blobs = [
+      [recording.wav(), `${name}.wav`],
+      [new Blob([conversationMarkdown(conversation)], { type: "text/markdown" }), `${name}.md`],
+      [new Blob([json], { type: "application/json" }), `${name}.json`],
+    ];
+    blobs.forEach(([blob, file], i) => {
+      this.links[i].href = URL.createObjectURL(blob);
+      this.links[i].download = file;
+    });
+    this.ui.downloads.hidden = false;
+  }
+}
+
+// The two-trace waveform, redrawn every animation frame while `traces()` gives
+// analysers (while a call is on).
+class Waveform {
+  constructor(canvas) {
+    this.canvas = canvas;
+    this.traces = () => null;
+  }
+
+  start(traces) {
+    this.traces = traces;
+    requestAnimationFrame(() => this.draw());
+  }
+
+  draw() {
+    const { canvas } = this;
+    const g = canvas.getContext("2d");
+    const { width: w, height: h } = canvas;
+    g.clearRect(0, 0, w, h);
+    const styles = getComputedStyle(document.documentElement);
+    g.strokeStyle = styles.getPropertyValue("--line");
+    g.beginPath();
+    g.moveTo(0, h / 2);
+    g.lineTo(w, h / 2);
+    g.stroke();
+    const analysers = this.traces();
+    if (!analysers) return;
+    const colors = [styles.getPropertyValue("--accent"), styles.getPropertyValue("--model")];
+    analysers.forEach((analyser, k) => this.trace(g, analyser, colors[k]));
+    requestAnimationFrame(() => this.draw());
+  }
+
+  trace(g, analyser, color) {
+    const { width: w, height: h } = this.canvas;
+    const data = new Float32Array(analyser.fftSize);
+    analyser.getFloatTimeDomainData(data);
+    g.strokeStyle = color;
+    g.lineWidth = 1.5;
+    g.beginPath();
+    for (let x = 0; x < w; x++) {
+      const v = data[Math.floor((x / w) * data.length)];
+      const y = h / 2 - Math.max(-1, Math.min(1, v * 2)) * (h / 2 - 2);
+      if (x === 0) g.moveTo(x, y);
+      else g.lineTo(x, y);
+    }
+    g.stroke();
+  }
+}
+
+// The served model (GET /v1/models) and what the page says about it.
+class ServedModel {
+  constructor(ui, status) {
+    this.ui = ui;
+    this.status = status;
+    this.served = null; // {id, demo}
+  }
+
+  get id() {
+    return this.served ? this.served.id : null;
+  }
+
+  async load() {
+    const { ui } = this;
+    const key = ui.apiKey.value.trim();
+    const { status, entry } = await probeModels(key);
+    if (status === 200 && entry) {
+      this.show(entry);
+    } else if (status === 401) {
+      ui.model.textContent = "model: API key needed";
+      ui.model.dataset.modelId = "";
+      this.status.notice(
+        "key",
+        key ? "Wrong API key." : "This server needs an API key.",
+        key
+          ? "The server refused it (HTTP 401). Check the key it was started with (--api-key)."
+          : "Enter the key the server was started with (--api-key) above.",
+      );
+    } else if (status === 0) {
+      ui.model.textContent = "model: server unreachable";
+      this.status.gone();
+    } else {
+      ui.model.textContent = `model: HTTP ${status}`;
+    }
+    return status;
+  }
+
+  show(entry) {
+    const { ui } = this;
+    const demo = entry.demo === true || String(entry.id).startsWith("realtime-demo");
+    this.served = { id: entry.id, demo };
+    ui.model.textContent = entry.id;
+    ui.model.dataset.modelId = entry.id;
+    ui.model.title = entry.path ? `${entry.id} (${entry.path})` : entry.id;
+    ui.demoName.textContent = entry.id;
+    ui.demo.hidden = !demo;
+    if (["key", "unauthorized", "gone"].includes(this.status.noticeKind)) this.status.notice(null);
+  }
+}
+
+// ---------------------------------------------------------------- one call
+
+// getUserMedia refused: the page explains some of these (App.micProblem).
+class MicError extends Error {
+  constructor(cause) {
+    super(cause && cause.message ? cause.message : String(cause));
+    this.cause = cause;
+  }
+}
+
+// One call's audio graph: microphone -> capture worklet (frames for the appends),
+// playback worklet -> volume -> speakers, and an analyser on each side.
+class CallAudio {
+  static async open(deviceId, echo, volume) {
+    const ctx = new AudioContext({ latencyHint: "interactive" });
+    try {
+      await ctx.audioWorklet.addModule("/static/audio-worklet.js");
+      const stream = await navigator.mediaDevices
+        .getUserMedia({
+          audio: {
+            deviceId: deviceId ? { exact: deviceId } : undefined,
+            channelCount: 1,
+            echoCancellation: echo,
+            noiseSuppression: echo,
+            autoGainControl: echo,
+          },
+        })
+        .catch((err) => Promise.reject(new MicError(err)));
+      return new CallAudio(ctx, stream, volume);
+    } catch (err) {
+      ctx.close().catch(() => {});
+      throw err;
+    }
+  }
+
+  constructor(ctx, stream, volume) {
+    this.ctx = ctx;
+    this.stream = stream;
+    this.gain = ctx.createGain();
+    this.gain.gain.value = volume;
+    this.gain.connect(ctx.destination);
+    this.micAnalyser = new AnalyserNode(ctx, { fftSize: 2048 });
+    this.outAnalyser = new AnalyserNode(ctx, { fftSize: 2048 });
+    this.source = null;
+    this.capture = null;
+    this.playback = null;
+  }
+
+  echoReport() {
+    const settings = this.stream.getAudioTracks()[0].getSettings();
+    if (settings.echoCancellation === undefined) return "";
+    return `Browser reports: echo cancellation ${settings.echoCancellation ? "on" : "off"}.`;
+  }
+
+  async resume() {
+    if (this.ctx.state === "suspended") await this.ctx.resume();
+  }
+
+  // Frames of `format.frameSamples` at `format.inputRate` to onFrame({pcm, levelDb}).
+  startCapture(format, onFrame) {
+    const { ctx } = this;
+    this.source = ctx.createMediaStreamSource(this.stream);
+    this.capture = new AudioWorkletNode(ctx, "capture-processor", {
+      numberOfInputs: 1,
+      numberOfOutputs: 1,
+      outputChannelCount: [1],
+      processorOptions: { targetRate: format.inputRate, frameSamples: format.frameSamples },
+    });
+    this.capture.port.onmessage = (e) => {
+      if (e.data.type === "frame") onFrame(e.data);
+    };
+    this.source.connect(this.capture);
+    this.source.connect(this.micAnalyser);
+    // The capture node outputs silence; connecting it keeps it pulled by the graph.
+    this.capture.connect(ctx.destination);
+  }
+
+  // The microphone off for good: the capture nodes and the tracks.
+  stopCapture() {
+    if (this.capture) {
+      this.capture.port.postMessage({ type: "stop" });
+      this.capture.disconnect();
+      this.capture = null;
+    }
+    if (this.source) {
+      this.source.disconnect();
+      this.source = null;
+    }
+    for (const track of this.stream.getTracks()) track.stop();
+  }
+
+  // Answer audio arrives at `format.outputRate`; the worklet resamples it.
+  openPlayback(format, onStats) {
+    this.playback = new AudioWorkletNode(this.ctx, "playback-processor", {
       numberOfInputs: 0,
       numberOfOutputs: 1,
       outputChannelCount: [1],
-      processorOptions: { inputRate: OUTPUT_RATE },
+      processorOptions: { inputRate: format.outputRate },
     });
-    playback.port.onmessage = (e) => {
-      if (e.data.type === "stats") onPlaybackStats(e.data);
+    this.playback.port.onmessage = (e) => {
+      if (e.data.type === "stats") onStats(e.data);
     };
-    const gain = ctx.createGain();
-    gain.gain.value = Number(ui.volume.value) / 100;
-    const micAnalyser = new AnalyserNode(ctx, { fftSize: 2048 });
-    const outAnalyser = new AnalyserNode(ctx, { fftSize: 2048 });
-    playback.connect(gain).connect(ctx.destination);
-    playback.connect(outAnalyser);
-    if (ctx.state === "suspended") await ctx.resume();
-    ui.stats.dataset.sampleRate = String(ctx.sampleRate);
+    this.playback.connect(this.gain);
+    this.playback.connect(this.outAnalyser);
+  }
 
-    setState("connecting", "connecting…");
+  play(pcm) {
+    const samples = new Float32Array(pcm.length);
+    for (let i = 0; i < pcm.length; i++) samples[i] = pcm[i] / 32768;
+    this.playback.port.postMessage({ type: "audio", samples }, [samples.buffer]);
+  }
+
+  finish() {
+    if (this.playback) this.playback.port.postMessage({ type: "finish" });
+  }
+
+  setVolume(volume) {
+    this.gain.gain.setTargetAtTime(volume, this.ctx.currentTime, 0.02);
+  }
+
+  close(afterMs = 0) {
+    const { ctx } = this;
+    setTimeout(() => ctx.close().catch(() => {}), afterMs);
+  }
+}
+
+// One WebSocket session: its phase, the server's figures once session.updated has
+// come, and the handling of every server event.
+class Call {
+  constructor(app, audio, ws) {
+    this.app = app;
+    this.audio = audio;
+    this.ws = ws;
+    this.state = "connecting";
+    this.sessionId = null;
+    this.busy = false;
+    this.format = null; // from session.updated
+    this.timing = null;
+    this.recording = null;
+    this.started = new Date().toISOString();
+    ws.onmessage = (e) => this.receive(e.data);
+    ws.onerror = () => {}; // the details (close code) arrive with onclose
+    ws.onclose = (e) => app.closed(this, e);
+  }
+
+  get current() {
+    return this.app.call === this;
+  }
+
+  send(message) {
+    if (this.ws.readyState !== WebSocket.OPEN) return false;
+    this.ws.send(JSON.stringify(message));
+    if (message.type === "input_audio_buffer.append") this.app.log.append(this.format.frameMs);
+    else this.app.log.event("→", message.type, summarize(message));
+    return true;
+  }
+
+  receive(data) {
+    if (!this.current) return;
+    let event;
+    try {
+      event = JSON.parse(data);
+    } catch (err) {
+      this.app.status.error(`server sent invalid JSON: ${err.message}`);
+      return;
+    }
+    this.dispatch(event);
+  }
+
+  dispatch(event) {
+    const { figures, transcript, status, log } = this.app;
+    if (event.type !== "response.audio.delta") log.event("←", event.type, summarize(event));
+    switch (event.type) {
+      case "session.created":
+        this.created(event.session || {});
+        break;
+      case "session.updated":
+        this.updated(event.session || {});
+        break;
+      case "conversation.item.input_audio_transcription.delta":
+        figures.values.transcriptDeltas += 1;
+        transcript.grow("user", event, event.transcript);
+        break;
+      case "response.text.delta":
+        figures.values.textDeltas += 1;
+        transcript.grow("assistant", event, event.text);
+        break;
+      case "response.function.delta":
+        figures.values.functionDeltas += 1;
+        transcript.functionDelta(event);
+        break;
+      case "response.audio.delta":
+        this.audioDelta(event);
+        break;
+      case "input_audio_buffer.committed":
+        status.set("committing", "finishing the answer…");
+        break;
+      case "response.done":
+        this.state = "done";
+        this.audio.finish();
+        status.set("done", "done");
+        break;
+      case "response.cancelled":
+        this.state = "done";
+        status.set("done", "cancelled");
+        break;
+      case "error":
+        this.serverError(event.error || {});
+        break;
+      default:
+        break;
+    }
+    figures.schedule();
+  }
+
+  created(session) {
+    const { ui, status } = this.app;
+    this.state = "configuring";
+    this.sessionId = session.id;
+    ui.statSession.textContent = this.sessionId || "–";
+    ui.stats.dataset.sessionId = this.sessionId || "";
+    status.set("configuring", "configuring");
+    this.send(sessionUpdate(ui.prompt.value, ui.seed.value));
+  }
+
+  // The session is ready, with its frame and rates: audio can flow both ways.
+  updated(session) {
+    const { app, audio } = this;
+    this.format = sessionFormat(session);
+    this.timing = new Timing(this.format.frameMs);
+    this.recording = new Recording(this.format);
+    app.transcript.frameMs = this.format.frameMs;
+    audio.openPlayback(this.format, (msg) => app.figures.playback(msg));
+    this.state = "live";
+    app.status.set("live", "live: speak now");
+    audio.startCapture(this.format, (frame) => this.captured(frame));
+  }
+
+  captured(frame) {
+    if (!this.current || this.state !== "live") return;
+    const { figures } = this.app;
+    const index = figures.values.appendsSent;
+    const sent = this.send({
+      type: "input_audio_buffer.append",
+      audio: bytesToBase64(frame.pcm),
+      sample_rate: this.format.inputRate,
+    });
+    if (!sent) return;
+    this.timing.sent(index, performance.now());
+    this.recording.addMic(new Int16Array(frame.pcm));
+    figures.values.appendsSent += 1;
+    figures.values.inputLevelDb = Math.max(-120, frame.levelDb);
+    figures.schedule();
+  }
+
+  audioDelta(event) {
+    const { figures, status, log } = this.app;
+    if (!this.format) {
+      status.error("response.audio.delta before session.updated");
+      return;
+    }
+    const now = performance.now();
+    const values = figures.values;
+    values.audioDeltas += 1;
+    const index = event.frame_index;
+    if (index <= values.lastFrameIndex) status.error(`audio frame_index went backwards (${index})`);
+    values.lastFrameIndex = index;
+    log.audioFrame(index);
+    Object.assign(values, this.timing.answered(index, now));
+    const pcm = base64ToInt16(event.delta);
+    this.recording.addModel(index, pcm);
+    this.audio.play(pcm);
+  }
+
+  serverError(err) {
+    if (err.code === "server_busy") {
+      this.busy = true;
+      this.app.status.busy();
+    }
+    this.app.status.error(`${err.code || "error"}: ${err.message || ""}`);
+  }
+
+  // Stop: a live call commits (the answer ends with what was said so far); one
+  // still setting up is closed.
+  stop() {
+    if (this.state === "live") {
+      this.state = "committing";
+      this.audio.stopCapture();
+      this.send({ type: "input_audio_buffer.commit", pad_partial: true });
+      this.app.status.set("committing", "finishing the answer…");
+    } else if (this.state !== "done") {
+      this.ws.close(1000, "stopped by the user");
+    }
+  }
+
+  // What the downloads say about this call.
+  conversation() {
+    const { transcript, figures, model } = this.app;
+    return {
+      model: model.id,
+      sessionId: this.sessionId,
+      started: this.started,
+      frameMs: this.format.frameMs,
+      turns: transcript.turns,
+      fn: transcript.fn,
+      figures: figures.values,
+    };
+  }
+}
+
+// ---------------------------------------------------------------- the app
+
+function findElements() {
+  const ids = {
+    form: "settings", apiKey: "api-key", mic: "mic", micRefresh: "mic-refresh",
+    echo: "echo", echoApplied: "echo-applied", prompt: "system-prompt", seed: "seed",
+    preview: "update-preview", volume: "volume", volumeValue: "volume-value",
+    start: "start", stop: "stop", state: "state", model: "model", demo: "demo-banner",
+    demoName: "demo-name", notice: "notice", noticeTitle: "notice-title",
+    noticeText: "notice-text", stats: "stats", statFrames: "stat-frames",
+    statRtt: "stat-rtt", statLatency: "stat-latency", statRtf: "stat-rtf",
+    statGlitches: "stat-glitches", statSession: "stat-session",
+    conversation: "conversation", conversationEmpty: "conversation-empty",
+    user: "user-transcript", assistant: "assistant-text", fn: "function-text",
+    errors: "errors", log: "log", logCount: "log-count", downloads: "downloads",
+    downloadWav: "download-wav", downloadMd: "download-md", downloadJson: "download-json",
+    wave: "wave",
+  };
+  return Object.freeze(Object.fromEntries(Object.entries(ids).map(([k, id]) => [k, $(id)])));
+}
+
+class App {
+  constructor(ui) {
+    this.ui = ui;
+    this.figures = new Figures(ui);
+    this.status = new StatusView(ui, this.figures);
+    this.log = new EventLog(ui.log, ui.logCount);
+    this.transcript = new Transcript(ui);
+    this.downloads = new Downloads(ui);
+    this.waveform = new Waveform(ui.wave);
+    this.model = new ServedModel(ui, this.status);
+    this.call = null; // the one live call
+    this.keyTimer = 0;
+  }
+
+  get volume() {
+    return Number(this.ui.volume.value) / 100;
+  }
+
+  showPreview() {
+    this.ui.preview.textContent = JSON.stringify(sessionUpdate(this.ui.prompt.value, this.ui.seed.value));
+  }
+
+  resetView() {
+    this.figures.reset();
+    this.status.clearErrors();
+    this.transcript.reset();
+    delete this.ui.stats.dataset.closeCode;
+    this.ui.statSession.textContent = "–";
+    this.status.notice(null);
+    this.downloads.clear();
+    this.figures.render();
+  }
+
+  async start() {
+    if (this.call) return;
+    this.resetView();
+    if (!navigator.mediaDevices || !navigator.mediaDevices.getUserMedia) {
+      this.status.set("nomic", "no microphone");
+      this.status.notice("nomic", "The microphone needs a secure page.", "Open it from localhost or over HTTPS.");
+      return;
+    }
+    this.status.set("connecting", "opening microphone…");
+    let audio = null;
+    try {
+      audio = await CallAudio.open(this.ui.mic.value, this.ui.echo.checked, this.volume);
+      this.ui.echoApplied.textContent = audio.echoReport();
+      listMics(this.ui.mic).catch(() => {});
+      await audio.resume();
+      this.ui.stats.dataset.sampleRate = String(audio.ctx.sampleRate);
+      this.status.set("connecting", "connecting…");
+      this.connect(audio);
+    } catch (err) {
+      if (err instanceof MicError && this.micProblem(err.cause)) return;
+      this.status.error(err && err.message ? err.message : String(err));
+      this.status.set("error", "could not start");
+      this.call = null;
+      if (audio) {
+        audio.stopCapture();
+        audio.close();
+      }
+    }
+  }
+
+  connect(audio) {
     let ws;
     try {
-      ws = new WebSocket(realtimeUrl(), subprotocols(ui.apiKey.value.trim()));
+      ws = new WebSocket(realtimeUrl(), subprotocols(this.ui.apiKey.value.trim()));
     } catch (err) {
       throw new Error(`cannot open the WebSocket (is the API key a plain token?): ${err.message}`);
     }
-    call = {
-      ws, ctx, stream, playback, gain, micAnalyser, outAnalyser,
-      state: "connecting", user: "", assistant: "", fn: "", turns: [],
-      sentAt: [], rtts: [], arrivals: [], firstSent: 0, t0: performance.now(),
-      mic: [], model: [], started: new Date().toISOString(),
-    };
-    logState.append = null;
-    logState.audio = null;
-    log("→", "connect", realtimeUrl());
-    requestAnimationFrame(drawWave);
-    ws.onmessage = (e) => {
-      if (!call || call.ws !== ws) return;
-      let event;
-      try {
-        event = JSON.parse(e.data);
-      } catch (err) {
-        showError(`server sent invalid JSON: ${err.message}`);
-        return;
-      }
-      onEvent(event);
-    };
-    ws.onerror = () => {}; // the details (close code) arrive with onclose
-    ws.onclose = (e) => {
-      if (call && call.ws === ws) onClose(e);
-    };
-  } catch (err) {
-    showError(err && err.message ? err.message : String(err));
-    setState("error", "could not start");
-    if (call) {
-      stopCapture();
-      call = null;
-    } else if (stream) {
-      for (const track of stream.getTracks()) track.stop();
+    this.call = new Call(this, audio, ws);
+    this.log.startClock(performance.now());
+    this.log.event("→", "connect", realtimeUrl());
+    this.waveform.start(() => (this.call ? [this.call.audio.micAnalyser, this.call.audio.outAnalyser] : null));
+  }
+
+  micProblem(err) {
+    const name = err && err.name;
+    if (name === "NotAllowedError" || name === "SecurityError") {
+      this.status.set("denied", "microphone blocked");
+      this.status.notice("denied", "Microphone permission denied.", "Allow the microphone for this page (the icon in the address bar) and press Start again.");
+    } else if (name === "NotFoundError" || name === "OverconstrainedError" || name === "NotReadableError") {
+      this.status.set("nomic", "no microphone");
+      this.status.notice("nomic", "No usable microphone.",
+        name === "NotReadableError"
+          ? "The microphone is in use by another program or failed to start."
+          : "Plug one in, or pick another in the Microphone list.");
+    } else {
+      return false;
     }
-    if (ctx) ctx.close().catch(() => {});
+    this.status.error(`microphone: ${name}: ${err.message || ""}`);
+    return true;
+  }
+
+  stop() {
+    if (this.call) this.call.stop();
+  }
+
+  async closed(call, event) {
+    if (this.call !== call) return;
+    this.call = null;
+    call.audio.stopCapture();
+    const { values } = this.figures;
+    values.inputLevelDb = -120; // the microphone is off now
+    this.log.stopClock();
+    this.log.event("×", "close", `code ${event.code}${event.reason ? " " + event.reason : ""}`);
+    this.ui.stats.dataset.closeCode = String(event.code);
+    // Let queued speech finish, then release the audio device.
+    call.audio.close(Math.max(0, values.bufferedMs) + 500);
+    if (call.recording && !call.recording.empty) this.downloads.offer(call.recording, call.conversation());
+    await this.explainClose(call, event);
+    this.figures.schedule();
+  }
+
+  async explainClose(call, event) {
+    const { status } = this;
+    if (event.code === 1013 || call.busy) {
+      status.busy();
+      if (!call.busy) status.error("server busy (1013): another session is active, try again later");
+    } else if (event.code === 1006 && call.state === "connecting") {
+      await this.explainRefusal();
+    } else if (event.code === 1006) {
+      const gone = (await probeModels(this.ui.apiKey.value.trim())).status === 0;
+      status.set(gone ? "gone" : "error", gone ? "server gone" : "connection lost");
+      status.notice(gone ? "gone" : "error", gone ? "The server went away." : "The connection was lost.",
+        gone ? "The session ended when the server stopped." : "The network dropped the connection.");
+      status.error(`connection lost (code 1006)${gone ? ": the server is gone" : ""}`);
+    } else if (call.state === "done" && event.code === 1000) {
+      status.set("closed", "finished");
+    } else if (event.code === 1000 || event.code === 1005) {
+      status.set("closed", "closed");
+    } else {
+      const why = event.reason ? `: ${event.reason}` : "";
+      status.error(`connection closed (code ${event.code})${why}`);
+      status.set("error", `closed (${event.code})`);
+    }
+  }
+
+  // Browsers hide the HTTP status of a refused upgrade: ask /v1/models why.
+  async explainRefusal() {
+    const { status } = this;
+    status.set("connecting", "checking why…");
+    const probe = await probeModels(this.ui.apiKey.value.trim());
+    if (probe.status === 401) {
+      status.set("unauthorized", "wrong API key");
+      status.notice("unauthorized", "Wrong or missing API key.", "The server refused the key (HTTP 401). Enter the key it was started with (--api-key).");
+      status.error("could not connect: missing or wrong API key (HTTP 401)");
+    } else if (probe.status === 0) {
+      status.set("gone", "server unreachable");
+      status.gone();
+      status.error("could not connect: the server is unreachable");
+    } else {
+      status.set("error", "refused");
+      status.notice("error", "The server refused the WebSocket.", "The key is fine, so the page's Origin is probably not allowed: start the server with --allowed-origin.");
+      status.error("could not connect: the server refused the WebSocket upgrade (Origin not allowed?)");
+    }
+  }
+
+  wire() {
+    const { ui } = this;
+    const mics = () => listMics(ui.mic).catch(() => {});
+    ui.form.addEventListener("submit", (e) => {
+      e.preventDefault();
+      this.start();
+    });
+    ui.stop.addEventListener("click", () => this.stop());
+    ui.apiKey.addEventListener("input", () => {
+      clearTimeout(this.keyTimer);
+      this.keyTimer = setTimeout(() => this.model.load(), 400);
+    });
+    ui.prompt.addEventListener("input", () => this.showPreview());
+    ui.seed.addEventListener("input", () => this.showPreview());
+    ui.volume.addEventListener("input", () => {
+      ui.volumeValue.textContent = `${ui.volume.value} %`;
+      if (this.call) this.call.audio.setVolume(this.volume);
+    });
+    ui.micRefresh.addEventListener("click", mics);
+    if (navigator.mediaDevices && navigator.mediaDevices.addEventListener) {
+      navigator.mediaDevices.addEventListener("devicechange", mics);
+    }
+    window.addEventListener("beforeunload", () => {
+      if (this.call) this.call.ws.close(1000, "page closed");
+    });
+  }
+
+  boot() {
+    this.wire();
+    this.status.set("idle", "idle");
+    this.showPreview();
+    this.figures.render();
+    listMics(this.ui.mic).catch(() => {});
+    this.model.load();
   }
 }
 
-function stop() {
-  if (!call) return;
-  if (call.state === "live") {
-    call.state = "committing";
-    stopCapture();
-    send({ type: "input_audio_buffer.commit", pad_partial: true });
-    setState("committing", "finishing the answer…");
-  } else if (call.state !== "done") {
-    call.ws.close(1000, "stopped by the user");
-  }
-}
-
-// ---------------------------------------------------------------- wiring
-
-ui.form.addEventListener("submit", (e) => {
-  e.preventDefault();
-  start();
-});
-ui.stop.addEventListener("click", stop);
-let keyTimer = 0;
-ui.apiKey.addEventListener("input", () => {
-  clearTimeout(keyTimer);
-  keyTimer = setTimeout(loadModel, 400);
-});
-ui.prompt.addEventListener("input", showPreview);
-ui.seed.addEventListener("input", showPreview);
-ui.volume.addEventListener("input", () => {
-  ui.volumeValue.textContent = `${ui.volume.value} %`;
-  if (call) call.gain.gain.setTargetAtTime(Number(ui.volume.value) / 100, call.ctx.currentTime, 0.02);
-});
-ui.micRefresh.addEventListener("click", () => listMics().catch(() => {}));
-if (navigator.mediaDevices && navigator.mediaDevices.addEventListener) {
-  navigator.mediaDevices.addEventListener("devicechange", () => listMics().catch(() => {}));
-}
-window.addEventListener("beforeunload", () => {
-  if (call) call.ws.close(1000, "page closed");
-});
-setState("idle", "idle");
-showPreview();
-renderStats();
-listMics().catch(() => {});
-loadModel();
+// The page's one App. A test page that imports this module for its pure units (and
+// has no settings form) gets none.
+if ($("settings")) new App(findElements()).boot();

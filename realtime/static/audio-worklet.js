@@ -1,6 +1,8 @@
-// Audio thread side of the page: capture (mic -> 16 kHz PCM16 frames) and
-// playback (22 050 Hz answer -> device rate through an adaptive jitter buffer).
-// Both run in the AudioWorkletGlobalScope, where `sampleRate` is the context rate.
+// Audio thread side of the page: capture (mic -> PCM16 frames at the session's
+// input rate) and playback (the answer at the session's output rate -> device rate
+// through an adaptive jitter buffer). The page passes the figures session.updated
+// stated; the fallbacks below are VoiceChat's. Both run in the
+// AudioWorkletGlobalScope, where `sampleRate` is the context rate.
 
 import { JitterBuffer } from "./jitter.js";
 
@@ -60,8 +62,9 @@ class StreamResampler {
   }
 }
 
-// Mic -> mono -> 16 kHz -> little-endian PCM16, posted one 1280-sample (80 ms)
-// frame at a time; the page sends each as one input_audio_buffer.append.
+// Mic -> mono -> `targetRate` -> little-endian PCM16, posted one `frameSamples`
+// frame at a time (1280 at 16 kHz: 80 ms for VoiceChat); the page sends each as one
+// input_audio_buffer.append.
 class CaptureProcessor extends AudioWorkletProcessor {
   constructor(options) {
     super();
@@ -112,7 +115,8 @@ class CaptureProcessor extends AudioWorkletProcessor {
   }
 }
 
-// Answer audio -> device rate -> adaptive jitter buffer (jitter.js) -> speakers.
+// Answer audio at `inputRate` -> device rate -> adaptive jitter buffer (jitter.js)
+// -> speakers.
 // Reports the buffer's figures and the output level about 20 times a second.
 class PlaybackProcessor extends AudioWorkletProcessor {
   constructor(options) {
