@@ -165,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--stream",
         action="store_true",
-        help="push 1280-sample frames through the streaming session the "
+        help="push the model's frames through the streaming session the "
         "server uses and print text as it arrives",
     )
     gen.add_argument("--system-prompt", default=None)

@@ -47,7 +47,7 @@ from realtime.engine import Flush as FlushCommand
 from realtime.engine import Open as OpenCommand
 from realtime.engine import Push as PushCommand
 from realtime.limits import Limits
-from realtime.models.base import FRAME_SAMPLES, INPUT_SAMPLE_RATE, ModelEvent, RealtimeModel
+from realtime.models.base import ModelEvent, RealtimeModel
 from realtime.observe import Observer, SessionOutcome
 from realtime.plumbing import PIPELINE_DEPTH, Audio, Refusal, SessionPlumbing, Transport
 from realtime.work import (
@@ -122,10 +122,11 @@ class NativeRules(Conversation):
             model_path=model.path,
             now=now,
             count_tokens=model.count_tokens,
+            figures=model.figures,
         )
 
     def created_event(self) -> Event:
-        return protocol.session_created(self.session_id)
+        return protocol.session_created(self.session_id, self.figures)
 
     def refusal_event(self, code: Refusal, message: str) -> Event:
         wire: protocol.ErrorCode = "server_busy" if code == "server_busy" else "inference_error"
@@ -135,7 +136,7 @@ class NativeRules(Conversation):
         return protocol.serialize(event)
 
     def pending_seconds(self) -> float:
-        return self.pending_samples / INPUT_SAMPLE_RATE
+        return self.pending_samples / self.figures.input_sample_rate
 
     def ending(self) -> tuple[SessionOutcome, str]:
         return self.outcome or "client_gone", self.close_reason
@@ -192,6 +193,8 @@ class Connection(SessionPlumbing):
             shutdown=shutdown,
             observer=observer,
         )
+        self._frame = engine.model.figures.frame_samples
+        """The model's frame: audio goes to the engine one of these at a time."""
         # Unbounded here: the rules bound it (queued messages, pending audio).
         self._work_send, self._work_recv = trio.open_memory_channel[Work](math.inf)
         self._pipe_send, self._pipe_recv = trio.open_memory_channel[_Stage](PIPELINE_DEPTH - 2)
@@ -310,7 +313,7 @@ class Connection(SessionPlumbing):
         pipeline. A streamed frame then reaches the engine one trip through trio's
         scheduler sooner; anything else goes through the submitter."""
         if (
-            work.samples.shape[0] > FRAME_SAMPLES
+            work.samples.shape[0] > self._frame
             or self._work_send.statistics().tasks_waiting_receive == 0
             or self._pipe_send.statistics().tasks_waiting_receive == 0
         ):
@@ -334,7 +337,7 @@ class Connection(SessionPlumbing):
         offset = 0
         try:
             while offset < total and rules.keep_submitting(work.tag):
-                piece = samples[offset : offset + FRAME_SAMPLES]
+                piece = samples[offset : offset + self._frame]
                 future = self.engine.submit(
                     PushCommand(self.session_id, piece, work.sample_rate, self._stop)
                 )

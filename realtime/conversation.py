@@ -24,11 +24,12 @@ from realtime import protocol
 from realtime.close_codes import CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY, Close
 from realtime.limits import Limits, message_size, prompt_refusal
 from realtime.models.base import (
-    INPUT_SAMPLE_RATE,
+    VOICECHAT_FIGURES,
     AudioDelta,
     Cancelled,
     Done,
     ModelEvent,
+    ModelFigures,
 )
 from realtime.observe import SessionOutcome
 from realtime.work import (
@@ -114,9 +115,12 @@ class Conversation:
         model_path: str | None,
         now: float,
         count_tokens: Callable[[str], int] = len,
+        figures: ModelFigures = VOICECHAT_FIGURES,
     ) -> None:
         self.session_id = session_id
         self.limits = limits
+        self.figures = figures
+        """The served model's rates and frame sizes (``RealtimeModel.figures``)."""
         self.model_id = model_id
         self.model_path = model_path
         self._count_tokens = count_tokens
@@ -132,7 +136,7 @@ class Conversation:
         self._last_message = now
         self._idle_from: float | None = now
         """When the server last stopped owing the client anything (None: it owes)."""
-        self._max_pending = int(limits.max_pending_audio_seconds * INPUT_SAMPLE_RATE)
+        self._max_pending = int(limits.max_pending_audio_seconds * figures.input_sample_rate)
         self.pending_samples = 0
         """Accepted input audio not yet handed to the model (the budget)."""
         self._inflight = 0
@@ -146,9 +150,9 @@ class Conversation:
         """A drop was decided or the plumbing ended the connection: no deadline remains."""
         self._next_append = 0
         self._failed_append = -1
+        """The append whose remaining slices are dropped after a model error."""
         self._asked: protocol.SessionUpdate | None = None
         """The ``session.update`` being opened: ``session.updated`` echoes it."""
-        """The append whose remaining slices are dropped after a model error."""
 
     # --- client frames ------------------------------------------------------------
 
@@ -169,7 +173,7 @@ class Conversation:
                 ),
             ]
         try:
-            message = protocol.parse_client_message(frame)
+            message = protocol.parse_client_message(frame, self.figures)
         except protocol.ProtocolError as exc:
             return [self._refuse(exc.message)]
         match message:
@@ -241,16 +245,17 @@ class Conversation:
         return out
 
     def _append(self, append: protocol.AudioAppend, now: float) -> list[Output]:
-        if append.sample_rate != INPUT_SAMPLE_RATE:
+        rate = self.figures.input_sample_rate
+        if append.sample_rate != rate:
             return [
                 protocol.error_event(
                     "inference_error",
-                    f"expected {INPUT_SAMPLE_RATE} Hz PCM, received {append.sample_rate} Hz; "
-                    "resample to 16000 Hz mono before sending",
+                    f"expected {rate} Hz PCM, received {append.sample_rate} Hz; "
+                    f"resample to {rate} Hz mono before sending",
                 )
             ]
         n = int(append.samples.shape[0])
-        seconds = n / INPUT_SAMPLE_RATE
+        seconds = n / rate
         limit = self.limits.max_pending_audio_seconds
         if n > self._max_pending:
             return [
@@ -265,7 +270,7 @@ class Conversation:
                 LimitRefused("max_pending_audio_seconds"),
                 self._refuse(
                     f"input audio backlog is full: "
-                    f"{self.pending_samples / INPUT_SAMPLE_RATE:.2f} s waiting, limit "
+                    f"{self.pending_samples / rate:.2f} s waiting, limit "
                     f"{limit:g} s; this append of {seconds:.2f} s was refused "
                     "(send audio no faster than real time)"
                 ),
@@ -342,7 +347,7 @@ class Conversation:
             return [
                 StopModel(),
                 protocol.error_event(error_code_for(failure), failure.message),
-                protocol.wire_event(Done(self.frames)),
+                protocol.wire_event(Done(self.frames), self.figures),
                 self._close(CLOSE_NORMAL, "context limit reached", "done"),
             ]
         if append_id == self._failed_append:
@@ -361,7 +366,7 @@ class Conversation:
             self.session_open = True
             if self.phase is Phase.CONFIGURING:
                 self._enter(Phase.READY)
-            return [protocol.session_updated(self.session_id, self.model_id, update)]
+            return [protocol.session_updated(self.session_id, self.model_id, update, self.figures)]
         if failure.kind == "engine_dead":
             return self._fail(failure)
         if self.phase in (Phase.CANCELLED, Phase.CLOSED):
@@ -405,7 +410,7 @@ class Conversation:
         for event in sorted(events, key=_audio_first):
             if isinstance(event, AudioDelta):
                 self.frames += 1
-            out.append(protocol.wire_event(event))
+            out.append(protocol.wire_event(event, self.figures))
         return out
 
     def _fail(self, failure: Failure) -> list[Output]:

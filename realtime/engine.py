@@ -540,7 +540,7 @@ class Engine:
                     return None
                 session = self._session(session_id, "push")
                 started = time.perf_counter()
-                events = session.push_audio(samples, sample_rate)
+                (events,) = self.model.step([(session, samples, sample_rate)])
                 return Step(events, time.perf_counter() - started)
             case Open():
                 self._open(command)

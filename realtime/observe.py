@@ -57,10 +57,12 @@ class SessionReport:
     """Engine time of each audio slice, in order (for p50/p95)."""
     close_code: int | None
     close_reason: str
+    frame_seconds: float = 0.08
+    """One model frame (``ModelFigures.frame_seconds``; VoiceChat's 80 ms)."""
 
     @property
     def audio_seconds(self) -> float:
-        return self.frames * 0.08
+        return self.frames * self.frame_seconds
 
     @property
     def realtime_factor(self) -> float | None:

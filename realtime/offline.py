@@ -36,7 +36,6 @@ from realtime.models.base import (
     FunctionDelta,
     InferenceError,
     ModelEvent,
-    ModelFigures,
     ModelSession,
     RealtimeModel,
     Samples,
@@ -145,11 +144,13 @@ def _open_stream(model: RealtimeModel, args: argparse.Namespace) -> ModelSession
 
 
 def stream_session(
-    session: ModelSession, samples: Samples, figures: ModelFigures, out: TextIO
+    model: RealtimeModel, session: ModelSession, samples: Samples, out: TextIO
 ) -> tuple[list[Samples], int]:
-    """Push ``samples`` in the server's slices at the model's input rate, then flush;
+    """Push ``samples`` in the server's slices at the model's input rate, through the
+    model's own step (``RealtimeModel.step``, what the engine runs), then flush;
     print the text channels to ``out``. The audio frames, and 1 after an inference
     error (the rest of the input is not run; what came before is kept)."""
+    figures = model.figures
     audio: list[Samples] = []
     status = 0
     printer = TranscriptPrinter(out)
@@ -165,7 +166,8 @@ def stream_session(
 
     for piece in stream_slices(samples, figures.frame_samples):
         try:
-            emit(session.push_audio(piece, figures.input_sample_rate))
+            (events,) = model.step([(session, piece, figures.input_sample_rate)])
+            emit(events)
         except InferenceError as exc:
             printer.break_line()
             print(f"realtime: inference error: {exc}", file=sys.stderr, flush=True)
@@ -182,7 +184,7 @@ def _run_stream(
     from realtime.models.voicechat import VoiceChatSession
 
     session = _open_stream(model, args)
-    audio, status = stream_session(session, samples, model.figures, sys.stdout)
+    audio, status = stream_session(model, session, samples, sys.stdout)
     if args.profile and isinstance(session, VoiceChatSession):
         summary = session.profile_summary()
         if summary is not None:

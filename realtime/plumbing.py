@@ -159,6 +159,7 @@ class SessionPlumbing:
             step_seconds=tuple(self.step_seconds),
             close_code=self.close_code,
             close_reason=reason,
+            frame_seconds=self.engine.model.figures.frame_seconds,
         )
 
     def task_name(self, role: str) -> str:

@@ -454,3 +454,17 @@ async def test_a_waker_abandoned_mid_wait_then_closed_ignores_late_results(
             await waker.result(late)
         waker.close()
         assert isinstance(late.result(timeout=5), Step)  # its callback ran after close
+
+
+def test_the_model_seam_steps_frames_of_several_sessions() -> None:
+    """``RealtimeModel.step``: one call, each session's events in order (the engine
+    sends one frame today; a batched step takes many, issue of batched frames)."""
+    model = FakeModel()
+    a = model.open_session(system_prompt=None, seed=1, max_streaming_seconds=None)
+    b = model.open_session(system_prompt=None, seed=2, max_streaming_seconds=None)
+    frame = np.zeros(model.figures.frame_samples, np.float32)
+    rate = model.figures.input_sample_rate
+    first, second = model.step([(a, frame, rate), (b, frame[:640], rate)])
+    assert any(isinstance(e, AudioDelta) for e in first)
+    assert second == []  # half a frame: nothing yet for that session
+    assert model.calls_named("push") == [1280, 640]

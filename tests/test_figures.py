@@ -63,12 +63,8 @@ def test_voicechat_figures_and_what_follows_from_them() -> None:
     assert f.frame_seconds == pytest.approx(0.08) and f.frame_ms == pytest.approx(80.0)
     assert f.frames_per_second == pytest.approx(12.5)
     assert f.hidden_token_ids == {1, 2, 11, 12} and f.eos_token_id == 2
-    # The module constants other modules still import are these very figures.
-    assert f.input_sample_rate == model_base.INPUT_SAMPLE_RATE
-    assert f.output_sample_rate == model_base.OUTPUT_SAMPLE_RATE
-    assert f.frame_samples == model_base.FRAME_SAMPLES
-    assert f.output_frame_samples == model_base.OUTPUT_FRAME_SAMPLES
-    assert f.codebooks == model_base.AUDIO_CODEBOOKS
+    # No module constant stands in for them any more: code reads model.figures.
+    assert not hasattr(model_base, "FRAME_SAMPLES")
     assert OTHER.frame_seconds == pytest.approx(0.08) and SHORT.frame_seconds == 0.04
 
 
@@ -362,7 +358,7 @@ def test_offline_streaming_uses_the_models_figures() -> None:
     assert [s.size for s in stream_slices(samples, 1920)] == [1920, 1920, 1920, 7]
     session = model.open_session(system_prompt=None, seed=0, max_streaming_seconds=None)
     out = io.StringIO()
-    audio, status = stream_session(session, samples, OTHER, out)
+    audio, status = stream_session(model, session, samples, out)
     assert status == 0 and [a.size for a in audio] == [1920] * 4
     assert model.calls_named("push") == [1920, 1920, 1920, 7]
     assert "[assistant] t0 " in out.getvalue()

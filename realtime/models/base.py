@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol
 
 import attrs
@@ -147,15 +147,6 @@ VOICECHAT_FIGURES: Final = ModelFigures(
 its tokenizer's ``<SPECIAL_20>`` / ``<SPECIAL_21>`` open and close a tool call, and
 the ``<TOOLCALL>`` tags of its prompt format may appear in their place."""
 
-# The VoiceChat figures, for modules not yet reading ``model.figures``. Code should
-# read ``model.figures`` (clients: ``session.updated``); these go once nothing
-# imports them.
-INPUT_SAMPLE_RATE: Final = VOICECHAT_FIGURES.input_sample_rate
-OUTPUT_SAMPLE_RATE: Final = VOICECHAT_FIGURES.output_sample_rate
-FRAME_SAMPLES: Final = VOICECHAT_FIGURES.frame_samples
-OUTPUT_FRAME_SAMPLES: Final = VOICECHAT_FIGURES.output_frame_samples
-AUDIO_CODEBOOKS: Final = VOICECHAT_FIGURES.codebooks
-
 
 @attrs.frozen(slots=True)
 class AssistantTextDelta:
@@ -290,6 +281,12 @@ class RealtimeModel(Protocol):
         between prefill steps."""
         ...
 
+    def step(self, frames: Sequence[Frame]) -> list[list[ModelEvent]]:
+        """Run one frame of each of these sessions (at most one frame per session);
+        each session's events, in the same order. A model that can run them as one
+        batched step does; :func:`step_each` runs them one after another."""
+        ...
+
     def count_tokens(self, text: str) -> int:
         """How many model steps prefilling ``text`` as the system prompt takes."""
         ...
@@ -297,3 +294,14 @@ class RealtimeModel(Protocol):
     def clear_cache(self) -> None:
         """Free cached device buffers; called when a session closes, never per frame."""
         ...
+
+
+Frame = tuple[ModelSession, Samples, int]
+"""One session's frame for :meth:`RealtimeModel.step`: the session, its samples and
+their sample rate."""
+
+
+def step_each(frames: Sequence[Frame]) -> list[list[ModelEvent]]:
+    """:meth:`RealtimeModel.step` for a model without a batched step: each session's
+    frame in turn, through its own streaming step."""
+    return [session.push_audio(samples, rate) for session, samples, rate in frames]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final, Protocol
 
 import attrs
@@ -29,6 +29,7 @@ from realtime.models.base import (
     Cancelled,
     ContextLimitReached,
     Done,
+    Frame,
     FunctionDelta,
     InferenceError,
     ModelEvent,
@@ -37,6 +38,7 @@ from realtime.models.base import (
     SessionInitializationError,
     StepControl,
     UserTranscriptDelta,
+    step_each,
 )
 
 Script = Callable[[int], str | None]
@@ -312,6 +314,9 @@ class FakeModel:
         self.sessions.append(session)
         return session
 
+    def step(self, frames: Sequence[Frame]) -> list[list[ModelEvent]]:
+        return step_each(frames)
+
     def count_tokens(self, text: str) -> int:
         """One token per character (the real tokenizer needs fewer)."""
         return len(text)
@@ -475,6 +480,9 @@ class NullModel:
         control: StepControl | None = None,
     ) -> NullSession:
         return NullSession(self)
+
+    def step(self, frames: Sequence[Frame]) -> list[list[ModelEvent]]:
+        return step_each(frames)
 
     def count_tokens(self, text: str) -> int:
         return len(text)

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -26,6 +27,7 @@ from realtime.models.base import (
     Cancelled,
     ContextLimitReached,
     Done,
+    Frame,
     FunctionDelta,
     InferenceError,
     ModelEvent,
@@ -35,6 +37,7 @@ from realtime.models.base import (
     SessionStopped,
     StepControl,
     UserTranscriptDelta,
+    step_each,
 )
 from realtime.models.checkpoint import (
     CheckpointInfo,
@@ -426,6 +429,9 @@ class VoiceChatModel:
             ) from exc
         _check_streaming(inner, self._figures)
         return VoiceChatSession(inner, self._figures)
+
+    def step(self, frames: Sequence[Frame]) -> list[list[ModelEvent]]:
+        return step_each(frames)
 
     def count_tokens(self, text: str) -> int:
         """Prefill steps for ``text`` as the system prompt: its tokens plus BOS and EOS

@@ -15,11 +15,6 @@ from typing import Final
 
 import attrs
 
-from realtime.models.base import FRAME_SAMPLES, INPUT_SAMPLE_RATE
-
-FRAME_MS: Final = FRAME_SAMPLES * 1000 // INPUT_SAMPLE_RATE
-FRAME_SECONDS: Final = FRAME_SAMPLES / INPUT_SAMPLE_RATE
-"""One model frame (80 ms for VoiceChat): the unit of the model's clock."""
 SILENCE_SLACK_FRAMES: Final = 2
 """How far the model may fall behind real time before silence is fed: a client
 streaming in real time is never interleaved with silence by network jitter."""
@@ -31,6 +26,8 @@ MAX_ENGINE_BACKLOG: Final = 2
 class FrameClock:
     """Frames handed to the engine and back, against real time since the model opened."""
 
+    frame_seconds: float
+    """One model frame (``ModelFigures.frame_seconds``): the unit of its clock."""
     start: float | None = None
     """When the model session opened (``None``: it has not)."""
     submitted: int = 0
@@ -45,7 +42,7 @@ class FrameClock:
         """How many frames of silence to feed at ``now``."""
         if self.start is None:
             return 0
-        due = math.floor((now - self.start) / FRAME_SECONDS) - SILENCE_SLACK_FRAMES
+        due = math.floor((now - self.start) / self.frame_seconds) - SILENCE_SLACK_FRAMES
         return max(0, min(due - self.submitted, MAX_ENGINE_BACKLOG - self.backlog))
 
     def next_frame(self, now: float) -> float:
@@ -53,8 +50,8 @@ class FrameClock:
         so an engine that falls behind is not polled in a spin)."""
         if self.start is None:
             return math.inf
-        frame = self.start + (self.submitted + SILENCE_SLACK_FRAMES + 1) * FRAME_SECONDS
-        return max(frame, now + FRAME_SECONDS / 4)
+        frame = self.start + (self.submitted + SILENCE_SLACK_FRAMES + 1) * self.frame_seconds
+        return max(frame, now + self.frame_seconds / 4)
 
 
 @attrs.define(slots=True)

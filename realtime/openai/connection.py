@@ -17,7 +17,7 @@ from typing import ClassVar
 from realtime.close_codes import CLOSE_INTERNAL, Close
 from realtime.connection import Connection, Ended, Event, Output, Rules
 from realtime.limits import Limits
-from realtime.models.base import INPUT_SAMPLE_RATE, ModelEvent, RealtimeModel
+from realtime.models.base import ModelEvent, RealtimeModel
 from realtime.observe import SessionOutcome
 from realtime.openai import events as ev
 from realtime.openai.dialect import Dialect, OpenModel, RunFrame
@@ -44,7 +44,12 @@ class OpenAIRules:
     def new(cls, model: RealtimeModel, limits: Limits, now: float) -> OpenAIRules:
         session_id = ev.new_id("sess")
         dialect = Dialect(
-            session_id, model.model_id, limits, now=now, count_tokens=model.count_tokens
+            session_id,
+            model.model_id,
+            limits,
+            now=now,
+            count_tokens=model.count_tokens,
+            figures=model.figures,
         )
         return cls(dialect, session_id)
 
@@ -70,7 +75,8 @@ class OpenAIRules:
             if isinstance(item, OpenModel):
                 out.append(OpenWork(item.system_prompt))
             elif isinstance(item, RunFrame):
-                out.append(RunAudio(next(self._frames), item.samples, INPUT_SAMPLE_RATE, now))
+                rate = self.dialect.figures.input_sample_rate
+                out.append(RunAudio(next(self._frames), item.samples, rate, now))
             elif isinstance(item, Close):
                 self._closing(item)
                 out.append(item)

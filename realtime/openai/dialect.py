@@ -23,20 +23,20 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Sequence
-from typing import Final, assert_never
+from typing import assert_never
 
 import attrs
 import numpy as np
 
 from realtime.close_codes import CLOSE_INTERNAL, CLOSE_POLICY, Close
 from realtime.limits import Limits
-from realtime.models.base import FRAME_SAMPLES, ModelEvent, Samples
+from realtime.models.base import VOICECHAT_FIGURES, ModelEvent, ModelFigures, Samples
 from realtime.openai import events as ev
 from realtime.openai import messages as msg
 from realtime.openai import render
 from realtime.openai import session as sess
 from realtime.openai.audio import InputFramer, OutputResampler
-from realtime.openai.clock import FRAME_SECONDS, Deadlines, FrameClock
+from realtime.openai.clock import Deadlines, FrameClock
 from realtime.openai.items import (
     MAX_ITEM_BYTES,
     VALUE_BYTES,
@@ -47,7 +47,7 @@ from realtime.openai.items import (
 )
 from realtime.openai.responses import Responses
 from realtime.openai.states import ModelState, Phase, Trigger, advance
-from realtime.openai.tools import CallReader
+from realtime.openai.tools import CallReader, Markers
 from realtime.openai.turns import Channels, Turns, UserBeat, channels
 
 # --- outputs ---------------------------------------------------------------------------
@@ -70,8 +70,6 @@ class RunFrame:
 
 Output = ev.Event | OpenModel | RunFrame | Close
 
-_SILENCE: Final = np.zeros(FRAME_SAMPLES, np.float32)
-
 
 class Dialect:
     """One ``/openai/v1/realtime`` connection's state. One trio task at a time calls it."""
@@ -85,8 +83,12 @@ class Dialect:
         now: float,
         new_id: Callable[[str], str] = ev.new_id,
         count_tokens: Callable[[str], int] = len,
+        figures: ModelFigures = VOICECHAT_FIGURES,
     ) -> None:
         self.session_id = session_id
+        self.figures = figures
+        self._silence = np.zeros(figures.frame_samples, np.float32)
+        """One frame of silence, fed while the client is quiet."""
         self.limits = limits
         self.session = ev.default_session(session_id, model_id)
         self._count_tokens = count_tokens
@@ -96,18 +98,18 @@ class Dialect:
         self.model_state = ModelState.CLOSED
         self._applied: sess.Session | None = None
         """Instructions and tools as prefilled (``None``: the model is not opening)."""
-        self._frames = FrameClock()
-        self._max_backlog = max(1, int(limits.max_pending_audio_seconds / FRAME_SECONDS))
+        self._frames = FrameClock(figures.frame_seconds)
+        self._max_backlog = max(1, int(limits.max_pending_audio_seconds / figures.frame_seconds))
         self._deadlines = Deadlines(
             limits.send_timeout, limits.idle_timeout, last_message=now, last_sent=now
         )
-        self._framer = InputFramer()
+        self._framer = InputFramer(figures=figures)
         self._appended = False
         """Audio came since the last commit or clear."""
         self._resampler = OutputResampler()
-        self._calls = CallReader()
+        self._calls = CallReader(Markers.of(figures))
         self._log = ItemLog()
-        self._turns = Turns(new_id)
+        self._turns = Turns(new_id, figures.frame_seconds)
         self._responses = Responses(new_id, self._log)
 
     @property
@@ -181,8 +183,8 @@ class Dialect:
             return _refusal(
                 message,
                 "input_audio_buffer_full",
-                f"input audio backlog is full ({backlog * FRAME_SECONDS:.2f} s waiting for "
-                "the model); send audio no faster than real time",
+                f"input audio backlog is full ({backlog * self.figures.frame_seconds:.2f} s "
+                "waiting for the model); send audio no faster than real time",
             )
         out = self._ensure_open()
         if message.samples.shape[0]:
@@ -401,7 +403,9 @@ class Dialect:
             return [ev.error(message, code="idle_timeout"), Close(CLOSE_POLICY, message)]
         if self.model_state is not ModelState.OPEN:
             return []
-        return [self._frame(_SILENCE, silence=True) for _ in range(self._frames.silence_due(now))]
+        return [
+            self._frame(self._silence, silence=True) for _ in range(self._frames.silence_due(now))
+        ]
 
     def next_tick(self, now: float) -> float:
         """When ``tick`` next has something to do (at the latest). Once closing only

@@ -14,9 +14,32 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-_CALL_START: Final = re.compile(r"<SPECIAL_20>|<TOOLCALL>")
-_CALL_END: Final = re.compile(r"<SPECIAL_21>|</TOOLCALL>")
-_MARKER: Final = re.compile(r"<SPECIAL_\d+>|</?TOOLCALL>|</?TOOL_RESPONSE>")
+import attrs
+
+from realtime.models.base import VOICECHAT_FIGURES, ModelFigures
+
+
+@attrs.frozen(slots=True)
+class Markers:
+    """The function channel's markers as the model's figures name them."""
+
+    start: re.Pattern[str]
+    end: re.Pattern[str]
+    any: re.Pattern[str]
+
+    @classmethod
+    def of(cls, figures: ModelFigures) -> Markers:
+        def one_of(markers: Sequence[str]) -> re.Pattern[str]:
+            return re.compile("|".join(re.escape(m) for m in markers))
+
+        return cls(
+            one_of(figures.tool_call_start),
+            one_of(figures.tool_call_end),
+            re.compile(figures.marker_pattern),
+        )
+
+
+VOICECHAT_MARKERS: Final = Markers.of(VOICECHAT_FIGURES)
 _DECLARED: Final = ("name", "description", "parameters")
 """What of a GA function tool the model is shown."""
 
@@ -42,10 +65,10 @@ def render_prompt(instructions: str | None, tools: Sequence[Mapping[str, Any]]) 
     ).lstrip()
 
 
-def parse_calls(text: str) -> list[Call] | None:
+def parse_calls(text: str, markers: Markers = VOICECHAT_MARKERS) -> list[Call] | None:
     """``(name, arguments JSON)`` of each call in one tool-call payload, or ``None``
     while it does not parse yet."""
-    body = _MARKER.sub("", text).strip()
+    body = markers.any.sub("", text).strip()
     if not body:
         return None
     try:
@@ -68,21 +91,22 @@ class CallReader:
     still does not parse then is skipped, so a malformed call cannot hold back the
     ones after it."""
 
-    def __init__(self) -> None:
+    def __init__(self, markers: Markers = VOICECHAT_MARKERS) -> None:
+        self._markers = markers
         self._pending = ""
         """What arrived after the last call taken (or skipped)."""
 
     def push(self, delta: str) -> list[Call]:
         """The calls ``delta`` completes (usually none)."""
         self._pending += delta
-        start = _CALL_START.search(self._pending)
-        end = _CALL_END.search(self._pending)
+        start = self._markers.start.search(self._pending)
+        end = self._markers.end.search(self._pending)
         if start is not None and end is None:
             return []  # a marked call is still arriving
         payload = self._pending[
             start.end() if start else 0 : end.start() if end else len(self._pending)
         ]
-        calls = parse_calls(payload)
+        calls = parse_calls(payload, self._markers)
         if calls is None:
             if end is not None:  # a malformed marked call: skip it
                 self._pending = self._pending[end.end() :]

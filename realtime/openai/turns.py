@@ -33,7 +33,6 @@ from realtime.models.base import (
     ModelEvent,
     UserTranscriptDelta,
 )
-from realtime.openai.clock import FRAME_MS, FRAME_SECONDS
 from realtime.openai.states import Trigger, TurnPhase, advance
 
 END_TAIL_FRAMES: Final = 2
@@ -151,8 +150,11 @@ class _UserTurn:
 class Turns:
     """The model's turn and the user's, kept from frame to frame."""
 
-    def __init__(self, new_id: Callable[[str], str]) -> None:
+    def __init__(self, new_id: Callable[[str], str], frame_seconds: float) -> None:
         self._new_id = new_id
+        self._frame_seconds = frame_seconds
+        self._frame_ms = round(frame_seconds * 1000)
+        """One model frame, in the whole milliseconds the GA events carry."""
         self.phase = TurnPhase.BETWEEN
         self._quiet = 0
         """Frames of the model's turn without text."""
@@ -227,7 +229,7 @@ class Turns:
             if user is None:
                 user = self._user = _UserTurn(self._new_id("item"), frame)
                 if vad:
-                    beats.append(SpeechStarted(user.item_id, frame * FRAME_MS))
+                    beats.append(SpeechStarted(user.item_id, frame * self._frame_ms))
             user.transcript += said
             user.last_frame = frame
             user.quiet = 0
@@ -256,7 +258,7 @@ class Turns:
         if user is None:
             user = _UserTurn(self._new_id("item"), frame_index)
         elif vad and user.spoke:
-            beats.append(SpeechStopped(user.item_id, (user.last_frame + 1) * FRAME_MS))
+            beats.append(SpeechStopped(user.item_id, (user.last_frame + 1) * self._frame_ms))
         self._user = None
         if self._settling is not None:
             beats.append(self._transcribed(self._settling))
@@ -271,4 +273,4 @@ class Turns:
         if self._settling is user:
             self._settling = None
         frames = max(user.last_frame + 1 - user.start_frame, 0)
-        return Transcribed(user.item_id, user.transcript, frames * FRAME_SECONDS)
+        return Transcribed(user.item_id, user.transcript, frames * self._frame_seconds)

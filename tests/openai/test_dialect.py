@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from realtime.close_codes import Close
 from realtime.limits import Limits
 from realtime.models.base import (
-    AUDIO_CODEBOOKS,
+    VOICECHAT_FIGURES,
     AssistantTextDelta,
     AudioDelta,
     FunctionDelta,
@@ -77,7 +77,7 @@ class Model:
         if function:
             out.append(FunctionDelta(i, 200, function, function))
         samples = self.voice(i, np.zeros(0, np.float32))
-        out.append(AudioDelta(i, samples, (0,) * AUDIO_CODEBOOKS, end_of_turn=end))
+        out.append(AudioDelta(i, samples, (0,) * VOICECHAT_FIGURES.codebooks, end_of_turn=end))
         return out
 
 

@@ -7,10 +7,9 @@ import itertools
 
 import numpy as np
 
-from realtime.models.base import AUDIO_CODEBOOKS, AssistantTextDelta, AudioDelta, ModelEvent
+from realtime.models.base import VOICECHAT_FIGURES, AssistantTextDelta, AudioDelta, ModelEvent
 from realtime.openai import events as ev
 from realtime.openai import session as sess
-from realtime.openai.clock import FRAME_MS
 from realtime.openai.states import TurnPhase
 from realtime.openai.tools import CallReader
 from realtime.openai.turns import (
@@ -27,10 +26,12 @@ from realtime.openai.turns import (
 )
 from tests.openai.scripted import CALL
 
+FRAME_MS = round(VOICECHAT_FIGURES.frame_ms)
+
 
 def ids() -> Turns:
     numbers = itertools.count()
-    return Turns(lambda prefix: f"{prefix}_{next(numbers)}")
+    return Turns(lambda prefix: f"{prefix}_{next(numbers)}", VOICECHAT_FIGURES.frame_seconds)
 
 
 def phase(turns: Turns) -> TurnPhase:
@@ -46,7 +47,9 @@ def frame(
         events.append(AssistantTextDelta(index, 100, text, text))
     if audio:
         samples = np.zeros(1764, np.float32)
-        events.append(AudioDelta(index, samples, (0,) * AUDIO_CODEBOOKS, end_of_turn=end))
+        events.append(
+            AudioDelta(index, samples, (0,) * VOICECHAT_FIGURES.codebooks, end_of_turn=end)
+        )
     channel = channels(events, fallback_index=index)
     if heard:
         return Channels(index, channel.audio, channel.text, channel.spoken, (), heard)
