@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,39 @@ def _time_pushes(
     return times
 
 
+_Run = Callable[..., tuple[list[float], float]]
+
+
+def _session_run(
+    open_session: Callable[[], Any],
+    clear_cache: Callable[[], None],
+    rate: int,
+    chunks: list[Float32],
+    period: float = 0.0,
+) -> tuple[list[float], float]:
+    """``chunks`` through one fresh session: each step's time and the wall time of
+    all. The session is then cancelled and the cache cleared, so no run inherits
+    another's state."""
+    session = open_session()
+    started = time.perf_counter()
+    times = _time_pushes(lambda f: session.push_audio(f, sample_rate=rate), chunks, period)
+    wall = time.perf_counter() - started
+    session.cancel()
+    clear_cache()
+    return times, wall
+
+
+def _step_ms(times: list[float]) -> dict[str, Any]:
+    return summarize([t * 1e3 for t in times]).to_dict()
+
+
+def _unpaced(run: _Run, frames: list[Float32], warmup: list[Float32]) -> dict[str, Any]:
+    """Back-to-back step times and frames per second, after a warm-up run."""
+    run(warmup)
+    times, wall = run(frames)
+    return {"step_ms": _step_ms(times), "fps": len(frames) / wall}
+
+
 def _raw(
     path: Path, frames: list[Float32], warmup: list[Float32], figures: ModelFigures
 ) -> dict[str, Any]:
@@ -51,26 +85,15 @@ def _raw(
 
     model, processor = load(str(path), lazy=True, strict=True, trust_remote_code=False)
     chat = model.create_session(processor)
-    rate = figures.input_sample_rate
-
-    def run(chunks: list[Float32], period: float = 0.0) -> tuple[list[float], float]:
-        session = chat.create_streaming_session(system_prompt=None, seed=0)
-        started = time.perf_counter()
-        times = _time_pushes(lambda f: session.push_audio(f, sample_rate=rate), chunks, period)
-        wall = time.perf_counter() - started
-        session.cancel()
-        mx.clear_cache()
-        return times, wall
-
-    run(warmup)
-    times, wall = run(frames)
+    run = partial(
+        _session_run,
+        lambda: chat.create_streaming_session(system_prompt=None, seed=0),
+        mx.clear_cache,
+        figures.input_sample_rate,
+    )
+    unpaced = _unpaced(run, frames, warmup)
     paced, _ = run(frames, figures.frame_seconds)
-    return {
-        "frames": len(frames),
-        "step_ms": summarize([t * 1e3 for t in times]).to_dict(),
-        "fps": len(frames) / wall,
-        "paced_step_ms": summarize([t * 1e3 for t in paced]).to_dict(),
-    }
+    return {"frames": len(frames), **unpaced, "paced_step_ms": _step_ms(paced)}
 
 
 def _adapter(path: Path, frames: list[Float32], warmup: list[Float32]) -> dict[str, Any]:
@@ -79,20 +102,13 @@ def _adapter(path: Path, frames: list[Float32], warmup: list[Float32]) -> dict[s
     from realtime.models import load_model
 
     model = load_model(path)
-    rate = model.figures.input_sample_rate
-
-    def run(chunks: list[Float32]) -> tuple[list[float], float]:
-        session = model.open_session(system_prompt=None, seed=0, max_streaming_seconds=None)
-        started = time.perf_counter()
-        times = _time_pushes(lambda f: session.push_audio(f, rate), chunks)
-        wall = time.perf_counter() - started
-        session.cancel()
-        model.clear_cache()
-        return times, wall
-
-    run(warmup)
-    times, wall = run(frames)
-    return {"step_ms": summarize([t * 1e3 for t in times]).to_dict(), "fps": len(frames) / wall}
+    run = partial(
+        _session_run,
+        lambda: model.open_session(system_prompt=None, seed=0, max_streaming_seconds=None),
+        model.clear_cache,
+        model.figures.input_sample_rate,
+    )
+    return _unpaced(run, frames, warmup)
 
 
 def _measure(

@@ -1,19 +1,28 @@
-"""What the two example clients share beyond :mod:`realtime.client`: exit codes,
-audio checks, live transcript printing, framing and stream resampling.
+"""What the two example clients share beyond :mod:`realtime.client`: exit codes and
+their flags, audio checks, live transcript printing, framing and stream resampling.
 
 ``voicechat_file_client.py`` and ``voicechat_microphone.py`` speak ``/v1/realtime``
 through :mod:`realtime.client` (see docs/client.md); what is left here is what a
-command-line client needs on top of it.
+command-line client needs on top of it. Both scripts import it before :mod:`realtime`:
+run from a checkout where ``realtime`` is not installed, it puts the checkout on
+``sys.path``.
 """
 
 from __future__ import annotations
 
+import argparse
 import base64
+import importlib.util
 import sys
-from typing import Any, Final, TextIO
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final, TextIO, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+
+if importlib.util.find_spec("realtime") is None:  # a script run from an uninstalled checkout
+    sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from realtime.client import (
     AudioDelta,
@@ -78,6 +87,46 @@ def report(exc: ClientError, err: TextIO | None = None) -> int:
     """Print ``exc`` as one line on stderr; return its exit status."""
     print(f"error: {exc}", file=err if err is not None else sys.stderr)
     return exit_code(exc)
+
+
+N = TypeVar("N", int, float)
+
+
+def checked(
+    kind: Callable[[str], N], message: str
+) -> Callable[[Callable[[N], bool]], Callable[[str], N]]:
+    """Makes a check of a number an argparse type: the text as ``kind``, refused with
+    ``message`` when the check fails. Text that is no ``kind`` at all argparse reports
+    as an ``invalid`` value of the check's name."""
+
+    def as_type(valid: Callable[[N], bool]) -> Callable[[str], N]:
+        def parse(text: str) -> N:
+            value = kind(text)
+            if not valid(value):
+                raise argparse.ArgumentTypeError(message)
+            return value
+
+        parse.__name__ = valid.__name__
+        return parse
+
+    return as_type
+
+
+def client_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """An example client's parser: the exit statuses (:data:`EXIT_EPILOG`) follow the
+    flags in ``--help``, laid out as written."""
+    return argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        epilog=EXIT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def add_connection_options(parser: argparse.ArgumentParser) -> None:
+    """``--api-key`` and ``--origin``: what a client shows a server that checks them."""
+    parser.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
+    parser.add_argument("--origin", default=None, help="send this Origin header (browser-like)")
 
 
 def redact_audio(event: Event) -> Event:

@@ -18,7 +18,6 @@ The protocol goes through :mod:`realtime.client`. Exit status: 0 on
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
@@ -30,22 +29,21 @@ from typing import TextIO
 import attrs
 import numpy as np
 import trio
-
-if importlib.util.find_spec("realtime") is None:  # a script run from an uninstalled checkout
-    sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
-
 from _common import (
-    EXIT_EPILOG,
     PCM16,
     AudioDeltaChecker,
     Event,
     FrameFramer,
     TranscriptPrinter,
+    add_connection_options,
+    checked,
+    client_parser,
     redact_audio,
     report,
 )
 
 from realtime.audio import pcm16_to_float, prepare_input, read_wav, write_wav_pcm16
+from realtime.cli import add_answer_options
 from realtime.client import (
     AudioDelta,
     ClientError,
@@ -281,38 +279,25 @@ async def run_file_client(
     )
 
 
-def _seed(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("seed must be >= 0")
-    return value
+@checked(int, "seed must be >= 0")
+def _seed(value: int) -> bool:
+    return value >= 0
 
 
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError("expected a number >= 0")
-    return value
+@checked(float, "expected a number >= 0")
+def _non_negative(value: float) -> bool:
+    return value >= 0 and value != float("inf")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="voicechat_file_client.py",
-        description="Send a WAV through /v1/realtime and write the spoken answer as a WAV.",
-        epilog=EXIT_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = client_parser(
+        "voicechat_file_client.py",
+        "Send a WAV through /v1/realtime and write the spoken answer as a WAV.",
     )
     p.add_argument("url", metavar="URL", help="ws://HOST:PORT/v1/realtime")
     p.add_argument("input", metavar="IN.wav", type=Path)
     p.add_argument("output", metavar="OUT.wav", type=Path)
-    p.add_argument("--system-prompt", default=None)
-    p.add_argument("--seed", type=_seed, default=0)
-    p.add_argument(
-        "--extra-seconds",
-        type=_non_negative,
-        default=3.0,
-        help="silence appended so the answer can finish (default %(default)s)",
-    )
+    add_answer_options(p, seed=_seed, extra_seconds=_non_negative)  # as `realtime generate`
     p.add_argument(
         "--realtime",
         action="store_true",
@@ -325,8 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="write every received event as JSON lines (audio as sample counts)",
     )
-    p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
-    p.add_argument("--origin", default=None, help="send this Origin header (browser-like)")
+    add_connection_options(p)
     return p
 
 

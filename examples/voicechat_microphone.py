@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import math
 import os
 import signal
@@ -39,19 +38,13 @@ import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from types import ModuleType
 from typing import Any, Final, Protocol, TextIO, TypeVar, cast
 
 import numpy as np
 import trio
-
-if importlib.util.find_spec("realtime") is None:  # a script run from an uninstalled checkout
-    sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
-
 from _common import (
     CHANNELS,
-    EXIT_EPILOG,
     EXIT_USAGE,
     FRAME_SECONDS,
     PCM16,
@@ -59,6 +52,9 @@ from _common import (
     FrameFramer,
     StreamResampler,
     TranscriptPrinter,
+    add_connection_options,
+    checked,
+    client_parser,
     report,
 )
 from _playback import JitterBuffer as JitterBuffer  # re-exported for the tests
@@ -1030,25 +1026,20 @@ async def _forward_signals(signals: Any, send: trio.MemorySendChannel[None]) -> 
         send.send_nowait(None)
 
 
-def _rate(text: str) -> int:
-    value = int(text)
-    if not 8000 <= value <= 384_000:
-        raise argparse.ArgumentTypeError("expected a sample rate in Hz (8000..384000)")
-    return value
+@checked(int, "expected a sample rate in Hz (8000..384000)")
+def _rate(value: int) -> bool:
+    return 8000 <= value <= 384_000
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="voicechat_microphone.py",
-        description="Live conversation over /v1/realtime: microphone in, speaker out.",
-        epilog=EXIT_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = client_parser(
+        "voicechat_microphone.py",
+        "Live conversation over /v1/realtime: microphone in, speaker out.",
     )
     p.add_argument("url", metavar="URL", nargs="?", help="ws://HOST:PORT/v1/realtime")
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
-    p.add_argument("--origin", default=None, help="send this Origin header (browser-like)")
+    add_connection_options(p)
     p.add_argument("--input-device", default=None, metavar="NAME|INDEX", help="see --list-devices")
     p.add_argument("--output-device", default=None, metavar="NAME|INDEX", help="see --list-devices")
     p.add_argument(

@@ -91,6 +91,26 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
     return limits_from({spec.name: getattr(args, spec.name) for spec in limit_settings()})
 
 
+def add_answer_options(
+    parser: argparse.ArgumentParser,
+    *,
+    seed: Callable[[str], int] = _seed,
+    extra_seconds: Callable[[str], float] = _non_negative_float,
+) -> None:
+    """The options of one recorded question's answer: the system prompt, the seed and
+    the silence appended. ``realtime generate`` and the example file client, whose
+    output must match it byte for byte, spell them alike; each checks the values with
+    its own messages (``seed``, ``extra_seconds``)."""
+    parser.add_argument("--system-prompt", default=None)
+    parser.add_argument("--seed", type=seed, default=0)
+    parser.add_argument(
+        "--extra-seconds",
+        type=extra_seconds,
+        default=3.0,
+        help="silence appended so the answer can finish (default %(default)s)",
+    )
+
+
 _MODEL_HELP = (
     "checkpoint folder, or a Hugging Face repo id such as "
     "mlx-community/NemotronLabs-VoiceChat-11B-4bit (downloaded into the Hugging Face "
@@ -168,14 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="push the model's frames through the streaming session the "
         "server uses and print text as it arrives",
     )
-    gen.add_argument("--system-prompt", default=None)
-    gen.add_argument("--seed", type=_seed, default=0)
-    gen.add_argument(
-        "--extra-seconds",
-        type=_non_negative_float,
-        default=3.0,
-        help="silence appended so the answer can finish (default %(default)s)",
-    )
+    add_answer_options(gen)
     gen.add_argument(
         "--max-seconds",
         type=_positive_float,

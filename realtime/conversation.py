@@ -20,7 +20,7 @@ from typing import Final
 
 import attrs
 
-from realtime import protocol
+from realtime import protocol, work
 from realtime.close_codes import CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY, Close
 from realtime.limits import Limits, message_size, prompt_refusal
 from realtime.models.base import (
@@ -32,16 +32,6 @@ from realtime.models.base import (
     ModelFigures,
 )
 from realtime.observe import SessionOutcome
-from realtime.work import (
-    CancelModel,
-    Failure,
-    FlushModel,
-    LimitRefused,
-    OpenModel,
-    RunAudio,
-    StopModel,
-    Work,
-)
 
 MAX_QUEUED_MESSAGES: Final = 1024
 """Accepted messages waiting for the model; beyond it a client sends faster than it may."""
@@ -76,7 +66,7 @@ the only place a phase is set, and refuses anything else (a bug, not a client er
 # --- outputs: what the plumbing must do -----------------------------------------------
 
 
-Output = protocol.Event | Work | StopModel | Close | LimitRefused
+Output = protocol.Event | work.Work | work.StopModel | Close | work.LimitRefused
 """An event dict is sent to the client as is."""
 
 
@@ -88,7 +78,7 @@ class Timeout:
     what: str
 
 
-def error_code_for(failure: Failure) -> protocol.ErrorCode:
+def error_code_for(failure: work.Failure) -> protocol.ErrorCode:
     """The wire error code of an engine failure (the one place this mapping lives)."""
     if failure.during == "open" and failure.kind in ("open_failed", "session_lost"):
         return "session_initialization_failed"
@@ -166,7 +156,7 @@ class Conversation:
         size = message_size(frame, self.limits.max_message_bytes)
         if size > self.limits.max_message_bytes:
             return [
-                LimitRefused("max_message_bytes"),
+                work.LimitRefused("max_message_bytes"),
                 self._refuse(
                     f"message of {size} bytes exceeds the "
                     f"{self.limits.max_message_bytes}-byte limit",
@@ -199,17 +189,17 @@ class Conversation:
     def _refuse(self, message: str) -> protocol.Event:
         return protocol.error_event("invalid_request", message)
 
-    def _queue(self, work: Work) -> list[Output]:
+    def _queue(self, item: work.Work) -> list[Output]:
         if self._queued >= MAX_QUEUED_MESSAGES:
             return [
-                LimitRefused("max_queued_messages"),
+                work.LimitRefused("max_queued_messages"),
                 self._refuse(
                     f"more than {MAX_QUEUED_MESSAGES} messages are waiting; this one was refused"
                 ),
             ]
         self._queued += 1
         self._idle_from = None
-        return [work]
+        return [item]
 
     def _update(self, update: protocol.SessionUpdate) -> list[Output]:
         if self.update_in_flight or self.phase is not Phase.CONFIGURING:
@@ -235,11 +225,11 @@ class Conversation:
             field="session.system_prompt",
         )
         if refusal is not None:
-            return [LimitRefused("max_system_prompt_tokens"), self._refuse(refusal)]
+            return [work.LimitRefused("max_system_prompt_tokens"), self._refuse(refusal)]
         out = self._queue(
-            OpenModel(update.system_prompt, update.seed, update.max_streaming_seconds)
+            work.OpenModel(update.system_prompt, update.seed, update.max_streaming_seconds)
         )
-        if isinstance(out[0], OpenModel):
+        if isinstance(out[0], work.OpenModel):
             self.update_in_flight = True
             self._asked = update
         return out
@@ -259,7 +249,7 @@ class Conversation:
         limit = self.limits.max_pending_audio_seconds
         if n > self._max_pending:
             return [
-                LimitRefused("max_pending_audio_seconds"),
+                work.LimitRefused("max_pending_audio_seconds"),
                 self._refuse(
                     f"this append of {seconds:.2f} s is larger than the {limit:g} s limit on "
                     "pending input audio; send it in smaller appends, no faster than real time"
@@ -267,7 +257,7 @@ class Conversation:
             ]
         if self.pending_samples + n > self._max_pending:
             return [
-                LimitRefused("max_pending_audio_seconds"),
+                work.LimitRefused("max_pending_audio_seconds"),
                 self._refuse(
                     f"input audio backlog is full: "
                     f"{self.pending_samples / rate:.2f} s waiting, limit "
@@ -275,15 +265,15 @@ class Conversation:
                     "(send audio no faster than real time)"
                 ),
             ]
-        out = self._queue(RunAudio(self._next_append, append.samples, append.sample_rate, now))
-        if isinstance(out[0], RunAudio):
+        out = self._queue(work.RunAudio(self._next_append, append.samples, append.sample_rate, now))
+        if isinstance(out[0], work.RunAudio):
             self._next_append += 1
             self.pending_samples += n
         return out
 
     def _commit(self, commit: protocol.AudioCommit) -> list[Output]:
-        out = self._queue(FlushModel(commit.pad_partial))
-        if isinstance(out[0], FlushModel):
+        out = self._queue(work.FlushModel(commit.pad_partial))
+        if isinstance(out[0], work.FlushModel):
             self._enter(Phase.COMMITTED)
         return out
 
@@ -293,16 +283,16 @@ class Conversation:
         self._enter(Phase.CANCELLED)
         self._queued += 1
         self._idle_from = None
-        return [StopModel(), CancelModel()]
+        return [work.StopModel(), work.CancelModel()]
 
     # --- the model's side ---------------------------------------------------------------
 
-    def begin_audio(self, work: RunAudio) -> list[Output] | None:
+    def begin_audio(self, audio: work.RunAudio) -> list[Output] | None:
         """The submitter reached an append: ``None`` to run it, else what to send instead
         (the append is dropped and its budget returned)."""
         if self.session_open and self.phase in (Phase.READY, Phase.COMMITTED):
             return None
-        self.audio_done(int(work.samples.shape[0]))
+        self.audio_done(int(audio.samples.shape[0]))
         if self.phase in (Phase.CANCELLED, Phase.CLOSED):
             return []
         return [self._refuse("send session.update before audio")]
@@ -333,7 +323,7 @@ class Conversation:
             return []
         return self._model_events(events)
 
-    def slice_failed(self, append_id: int, failure: Failure, now: float) -> list[Output]:
+    def slice_failed(self, append_id: int, failure: work.Failure, now: float) -> list[Output]:
         """A slice failed: the error once per append; a lost session ends the connection;
         at the context limit the error once, ``response.done`` and a normal close."""
         self._inflight -= 1
@@ -345,7 +335,7 @@ class Conversation:
             if self.phase is Phase.CLOSED:
                 return []
             return [
-                StopModel(),
+                work.StopModel(),
                 protocol.error_event(error_code_for(failure), failure.message),
                 protocol.wire_event(Done(self.frames), self.figures),
                 self._close(CLOSE_NORMAL, "context limit reached", "done"),
@@ -355,7 +345,7 @@ class Conversation:
         self._failed_append = append_id
         return [protocol.error_event(error_code_for(failure), failure.message)]
 
-    def opened(self, failure: Failure | None, now: float) -> list[Output]:
+    def opened(self, failure: work.Failure | None, now: float) -> list[Output]:
         """The engine finished the open: ``session.updated``, or the error."""
         self._queued -= 1
         self._maybe_idle(now)
@@ -376,11 +366,11 @@ class Conversation:
             self._enter(Phase.CONFIGURING)
         return [protocol.error_event(error_code_for(failure), failure.message)]
 
-    def flushed(self, result: list[ModelEvent] | Failure | None, now: float) -> list[Output]:
+    def flushed(self, result: list[ModelEvent] | work.Failure | None, now: float) -> list[Output]:
         """The engine ran the commit's flush (``None``: no session was open)."""
         self._queued -= 1
         self._maybe_idle(now)
-        if isinstance(result, Failure):
+        if isinstance(result, work.Failure):
             return self._fail(result)
         if result is None:
             # The open failed after the commit was accepted: nothing to flush.
@@ -391,11 +381,11 @@ class Conversation:
         out.append(self._close(CLOSE_NORMAL, "response done", "done"))
         return out
 
-    def cancelled(self, result: list[ModelEvent] | Failure | None, now: float) -> list[Output]:
+    def cancelled(self, result: list[ModelEvent] | work.Failure | None, now: float) -> list[Output]:
         """The engine ran the cancel (``None``: no session was open)."""
         self._queued -= 1
         self._maybe_idle(now)
-        if isinstance(result, Failure):
+        if isinstance(result, work.Failure):
             return self._fail(result)
         self.session_open = False
         out: list[Output] = list(self._model_events(result or []))
@@ -413,7 +403,7 @@ class Conversation:
             out.append(protocol.wire_event(event, self.figures))
         return out
 
-    def _fail(self, failure: Failure) -> list[Output]:
+    def _fail(self, failure: work.Failure) -> list[Output]:
         """The session is gone (engine failure): say so and close 1011."""
         self.session_open = False
         if self.phase is Phase.CLOSED:

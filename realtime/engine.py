@@ -26,16 +26,8 @@ from typing import Final, Literal, TypeVar, overload
 import attrs
 import trio
 
-from realtime.models.base import (
-    ContextLimitReached,
-    InferenceError,
-    ModelEvent,
-    ModelSession,
-    RealtimeModel,
-    Samples,
-    SessionInitializationError,
-    StepControl,
-)
+from realtime.models import base as model
+from realtime.models.base import ModelEvent, ModelSession, RealtimeModel, Samples, StepControl
 from realtime.observe import CommandKind, Observer
 
 log = logging.getLogger("realtime.engine")
@@ -516,9 +508,9 @@ class Engine:
             result = self._dispatch(command)
         except EngineError as exc:
             error = exc
-        except ContextLimitReached as exc:
+        except model.ContextLimitReached as exc:
             error = EngineError("context_limit", str(exc), during=kind)
-        except InferenceError as exc:
+        except model.InferenceError as exc:
             # The model reports a condition it survives (a wrong rate).
             error = EngineError("step_failed", str(exc), during=kind)
         except Exception as exc:
@@ -590,7 +582,7 @@ class Engine:
                 max_streaming_seconds=command.max_streaming_seconds,
                 control=StepControl(command.stop, self._beat),
             )
-        except SessionInitializationError as exc:
+        except model.SessionInitializationError as exc:
             self.model.clear_cache()
             raise EngineError("open_failed", str(exc), during="open") from exc
         self._sessions[command.session_id] = _Active(command.session_id, session)

@@ -69,6 +69,17 @@ LATENCY_BUCKETS: Final = (
 OPEN_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 
 
+def _declared_counter(
+    name: str, documentation: str, label: str, values: Iterable[str], registry: CollectorRegistry
+) -> Counter:
+    """A counter by one label whose every value is declared up front, so each series
+    exists (at 0) before its first event: rates need that."""
+    counter = Counter(name, documentation, [label], registry=registry)
+    for value in values:
+        counter.labels(value)
+    return counter
+
+
 class PrometheusObserver(Observer):
     """Every server metric, on one private registry; ``exposition()`` is the scrape body."""
 
@@ -81,54 +92,52 @@ class PrometheusObserver(Observer):
         self._engine: Engine | None = None
         self._draining: Callable[[], bool] = lambda: False
 
-        self.sessions = Counter(
+        self.sessions = _declared_counter(
             "realtime_sessions",
             "Sessions that ended, by how they ended.",
-            ["outcome"],
-            registry=r,
+            "outcome",
+            get_args(SessionOutcome),
+            r,
         )
-        for outcome in get_args(SessionOutcome):
-            self.sessions.labels(outcome)
         self.active_sessions = Gauge(
             "realtime_active_sessions", "Sessions holding the model slot now (0 or 1).", registry=r
         )
-        self.refusals = Counter(
+        self.refusals = _declared_counter(
             "realtime_connections_refused",
             "WebSocket connections that got no session (busy slot: close 1013; "
             "refused upgrade: HTTP 401/403/503).",
-            ["reason"],
-            registry=r,
+            "reason",
+            get_args(RefusalReason),
+            r,
         )
-        for reason in get_args(RefusalReason):
-            self.refusals.labels(reason)
-        self.http_refusals = Counter(
+        self.http_refusals = _declared_counter(
             "realtime_http_requests_refused",
             "Plain HTTP requests refused before any route ran (401 key, 403 Host).",
-            ["reason"],
-            registry=r,
+            "reason",
+            get_args(HTTPRefusalReason),
+            r,
         )
-        for http_reason in get_args(HTTPRefusalReason):
-            self.http_refusals.labels(http_reason)
-        self.connection_errors = Counter(
+        self.connection_errors = _declared_counter(
             "realtime_connection_errors",
             "Connections ended by an exception (logged once each; no other connection "
             "is touched): in Hypercorn's tasks for the connection, or in the app.",
-            ["where"],
-            registry=r,
+            "where",
+            get_args(ErrorPlace),
+            r,
         )
-        for where in get_args(ErrorPlace):
-            self.connection_errors.labels(where)
         self.limit_refusals = Counter(
             "realtime_limit_refusals",
             "Client messages refused by a per-connection limit.",
             ["limit"],
             registry=r,
         )
-        self.errors = Counter(
-            "realtime_error_events", "error events sent to clients, by code.", ["code"], registry=r
+        self.errors = _declared_counter(
+            "realtime_error_events",
+            "error events sent to clients, by code.",
+            "code",
+            ERROR_CODES,
+            r,
         )
-        for code in ERROR_CODES:
-            self.errors.labels(code)
         self.model_step = Histogram(
             "realtime_model_step_seconds",
             "Engine-thread time of one audio slice (one 80 ms frame) through the model.",

@@ -10,7 +10,7 @@ from realtime.demo_checkpoint import ensure_demo_checkpoint, write_demo_checkpoi
 from realtime.engine import Engine
 from realtime.models.fake import FakeModel
 from realtime.models.voicechat import VoiceChatModel
-from tests.helpers import ServerProcess, start_realtime_server
+from tests.helpers import ServerProcess, running_engine, start_realtime_server
 
 
 @pytest.fixture
@@ -20,10 +20,8 @@ def fake_model() -> FakeModel:
 
 @pytest.fixture
 def engine(fake_model: FakeModel) -> Iterator[Engine]:
-    eng = Engine(lambda: fake_model)
-    eng.start()
-    yield eng
-    eng.shutdown()
+    with running_engine(fake_model) as eng:
+        yield eng
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""Test helpers: servers on 127.0.0.1 (in-process or as a subprocess) and a JSON client."""
+"""Test helpers: engines, servers on 127.0.0.1 (in-process or as a subprocess) and a JSON
+client."""
 
 from __future__ import annotations
 
@@ -25,11 +26,27 @@ from realtime.client import (
 )
 from realtime.engine import Engine
 from realtime.limits import Limits
+from realtime.models.base import RealtimeModel
+from realtime.observe import Observer
 from realtime.server import hypercorn_config, run_server
 from realtime.testing import ServerProcess as ServerProcess
 from realtime.testing import start_server_process
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@contextmanager
+def running_engine(
+    model: RealtimeModel, *, capacity: int = 1, observer: Observer | None = None
+) -> Iterator[Engine]:
+    """An engine serving ``model`` for the block, shut down after it (also when it
+    fails), so a test's engine thread never outlives the test."""
+    engine = Engine(lambda: model, capacity=capacity, observer=observer)
+    engine.start()
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
 
 
 @attrs.frozen

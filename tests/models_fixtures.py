@@ -1,4 +1,5 @@
-"""Helpers for the model and offline tests: test signals and subprocess environments.
+"""Helpers for the model and offline tests: test signals, subprocess environments and
+the ``realtime`` command run as a user runs it.
 
 The demo checkpoint fixtures live in ``conftest.py``.
 """
@@ -6,6 +7,7 @@ The demo checkpoint fixtures live in ``conftest.py``.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -54,3 +56,16 @@ def subprocess_env(cache_dir: Path) -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+def run_realtime(cache_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m realtime ARGS`` from the repository, with ``cache_dir`` as its cache;
+    its output captured as text (the tests read the messages and the exit status)."""
+    return subprocess.run(
+        [PYTHON, "-m", "realtime", *args],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(cache_dir),
+        cwd=REPO_ROOT,
+        timeout=120,
+    )

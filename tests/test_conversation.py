@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import typing
+from collections.abc import Callable
 from typing import Any
 
 import hypothesis
@@ -12,7 +13,7 @@ import hypothesis.strategies as st
 import numpy as np
 import pytest
 
-from realtime import protocol
+from realtime import protocol, work
 from realtime.close_codes import Close
 from realtime.conversation import (
     MAX_QUEUED_MESSAGES,
@@ -23,32 +24,24 @@ from realtime.conversation import (
 )
 from realtime.limits import Limits
 from realtime.models.base import AssistantTextDelta, AudioDelta, Cancelled, Done
-from realtime.work import (
-    CancelModel,
-    Failure,
-    FlushModel,
-    LimitRefused,
-    OpenModel,
-    RunAudio,
-    StopModel,
-)
 
 FRAME = 1280
 
 
-def conv(**limits: Any) -> Conversation:
+def conv(*, count_tokens: Callable[[str], int] = len, **limits: Any) -> Conversation:
     return Conversation(
         "sess_0123456789abcdef",
         Limits(**limits),
         model_id="fake-voicechat",
         model_path="/models/fake-voicechat",
         now=0.0,
+        count_tokens=count_tokens,
     )
 
 
-def push_failed(kind: Any, message: str) -> Failure:
+def push_failed(kind: Any, message: str) -> work.Failure:
     """An audio slice's engine failure."""
-    return Failure(kind, message, "push")
+    return work.Failure(kind, message, "push")
 
 
 def msg(type_: str, **fields: Any) -> str:
@@ -70,9 +63,9 @@ def errors(outputs: typing.Sequence[Output]) -> list[tuple[str, str]]:
 
 def only_error(outputs: list[Output], limit: str | None = None) -> tuple[str, str]:
     """The one error event of ``outputs`` (and, for a limit, the limit it counts)."""
-    counted = [o.limit for o in outputs if isinstance(o, LimitRefused)]
+    counted = [o.limit for o in outputs if isinstance(o, work.LimitRefused)]
     assert counted == ([limit] if limit else []), outputs
-    rest = [o for o in outputs if not isinstance(o, LimitRefused)]
+    rest = [o for o in outputs if not isinstance(o, work.LimitRefused)]
     assert len(rest) == 1, outputs
     found = errors(rest)
     assert found, outputs
@@ -80,8 +73,8 @@ def only_error(outputs: list[Output], limit: str | None = None) -> tuple[str, st
 
 
 def ready(c: Conversation) -> None:
-    (work,) = c.receive(msg("session.update", session={"seed": 3}), 0.0)
-    assert isinstance(work, OpenModel) and work.seed == 3
+    (item,) = c.receive(msg("session.update", session={"seed": 3}), 0.0)
+    assert isinstance(item, work.OpenModel) and item.seed == 3
     (updated,) = c.opened(None, 0.0)
     assert isinstance(updated, dict) and updated["type"] == "session.updated"
     assert updated["session"]["seed"] == 3 and c.phase is Phase.READY
@@ -114,11 +107,11 @@ def test_audio_or_commit_before_update_is_refused(frame: str) -> None:
 
 def test_audio_right_after_update_is_queued_then_refused_if_the_open_fails() -> None:
     c = conv()
-    (work,) = c.receive(msg("session.update"), 0.0)
-    assert isinstance(work, OpenModel)
+    (item,) = c.receive(msg("session.update"), 0.0)
+    assert isinstance(item, work.OpenModel)
     (run,) = c.receive(append(FRAME), 0.0)
-    assert isinstance(run, RunAudio) and c.pending_samples == FRAME
-    (err,) = c.opened(Failure("open_failed", "prefill failed", "open"), 0.0)
+    assert isinstance(run, work.RunAudio) and c.pending_samples == FRAME
+    (err,) = c.opened(work.Failure("open_failed", "prefill failed", "open"), 0.0)
     assert isinstance(err, dict)
     assert err["error"] == {"code": "session_initialization_failed", "message": "prefill failed"}
     refusal = c.begin_audio(run)
@@ -141,31 +134,17 @@ def test_unknown_model_names_the_served_one() -> None:
     c = conv()
     code, message = only_error(c.receive(msg("session.update", session={"model": "x"}), 0.0))
     assert code == "invalid_request" and "'fake-voicechat'" in message
-    (work,) = c.receive(msg("session.update", session={"model": "org/fake-voicechat"}), 0.0)
-    assert isinstance(work, OpenModel)
+    (item,) = c.receive(msg("session.update", session={"model": "org/fake-voicechat"}), 0.0)
+    assert isinstance(item, work.OpenModel)
 
 
 def test_a_long_system_prompt_is_refused_before_any_model_work() -> None:
     words = lambda text: len(text.split())  # noqa: E731 - a stand-in tokenizer
-    c = Conversation(
-        "sess_x",
-        Limits(max_system_prompt_tokens=10),
-        model_id="m",
-        model_path=None,
-        now=0.0,
-        count_tokens=words,
-    )
+    c = conv(count_tokens=words, max_system_prompt_tokens=10)
     short = "one two three four five six seven eight"  # 8 words, 39 bytes: counted
-    (work,) = c.receive(msg("session.update", session={"system_prompt": short}), 0.0)
-    assert isinstance(work, OpenModel)
-    c2 = Conversation(
-        "sess_y",
-        Limits(max_system_prompt_tokens=10),
-        model_id="m",
-        model_path=None,
-        now=0.0,
-        count_tokens=words,
-    )
+    (item,) = c.receive(msg("session.update", session={"system_prompt": short}), 0.0)
+    assert isinstance(item, work.OpenModel)
+    c2 = conv(count_tokens=words, max_system_prompt_tokens=10)
     long = " ".join(["w"] * 11)
     code, message = only_error(
         c2.receive(msg("session.update", session={"system_prompt": long}), 0.0),
@@ -204,7 +183,7 @@ def test_budget_counts_accepted_audio_until_it_is_submitted() -> None:
     c = conv(max_pending_audio_seconds=1.0)
     ready(c)
     (run,) = c.receive(append(12800), 0.0)
-    assert isinstance(run, RunAudio) and c.pending_samples == 12800
+    assert isinstance(run, work.RunAudio) and c.pending_samples == 12800
     _, message = only_error(c.receive(append(6400), 0.0), "max_pending_audio_seconds")
     assert "backlog is full: 0.80 s waiting" in message and "0.40 s was refused" in message
     assert c.begin_audio(run) is None
@@ -236,7 +215,7 @@ def test_too_many_queued_messages_are_refused() -> None:
     ready(c)
     for _ in range(MAX_QUEUED_MESSAGES):
         (run,) = c.receive(append(2), 0.0)
-        assert isinstance(run, RunAudio)
+        assert isinstance(run, work.RunAudio)
     outputs = c.receive(append(2), 0.0)
     assert "messages are waiting" in only_error(outputs, "max_queued_messages")[1]
 
@@ -245,7 +224,7 @@ def test_slices_give_audio_first_and_count_frames() -> None:
     c = conv()
     ready(c)
     (run,) = c.receive(append(FRAME), 0.0)
-    assert isinstance(run, RunAudio)
+    assert isinstance(run, work.RunAudio)
     assert c.begin_audio(run) is None
     c.slice_submitted(FRAME)
     c.audio_done(0)
@@ -255,11 +234,11 @@ def test_slices_give_audio_first_and_count_frames() -> None:
     assert c.slice_done(run.tag, None, 0.0) == []  # a skipped slice
 
 
-def three_slices_two_in_flight(c: Conversation) -> RunAudio:
+def three_slices_two_in_flight(c: Conversation) -> work.RunAudio:
     """A ready session's three-slice append, begun, with two slices with the engine."""
     ready(c)
     (run,) = c.receive(append(FRAME * 3), 0.0)
-    assert isinstance(run, RunAudio)
+    assert isinstance(run, work.RunAudio)
     c.begin_audio(run)
     c.slice_submitted(FRAME)
     c.slice_submitted(FRAME)
@@ -275,7 +254,7 @@ def test_a_failed_append_errors_once_and_stops_submitting() -> None:
     # The slice already in flight: no second error, no events.
     assert c.slice_failed(run.tag, push_failed("step_failed", "context limit reached"), 0.0) == []
     (run2,) = c.receive(append(FRAME), 0.0)
-    assert isinstance(run2, RunAudio) and c.keep_submitting(run2.tag)
+    assert isinstance(run2, work.RunAudio) and c.keep_submitting(run2.tag)
 
 
 def test_the_context_limit_ends_the_response_once() -> None:
@@ -285,7 +264,7 @@ def test_the_context_limit_ends_the_response_once() -> None:
     stop, err, done, close = c.slice_failed(
         run.tag, push_failed("context_limit", "context limit"), 0.0
     )
-    assert isinstance(stop, StopModel)
+    assert isinstance(stop, work.StopModel)
     assert isinstance(err, dict) and err["error"]["code"] == "inference_error"
     assert isinstance(done, dict) and done["type"] == "response.done" and done["frame_index"] == 1
     assert close == Close(1000, "context limit reached") and c.outcome == "done"
@@ -298,7 +277,7 @@ def test_a_lost_session_closes_1011(kind: Any) -> None:
     c = conv()
     ready(c)
     (run,) = c.receive(append(FRAME), 0.0)
-    assert isinstance(run, RunAudio)
+    assert isinstance(run, work.RunAudio)
     c.begin_audio(run)
     c.slice_submitted(FRAME)
     err, close = c.slice_failed(run.tag, push_failed(kind, "the model engine has stopped: x"), 0.0)
@@ -314,7 +293,7 @@ def test_commit_flushes_then_done_and_close_1000() -> None:
     c = conv()
     ready(c)
     (flush,) = c.receive(msg("input_audio_buffer.commit", pad_partial=False), 0.0)
-    assert flush == FlushModel(pad_partial=False) and c.phase is Phase.COMMITTED
+    assert flush == work.FlushModel(pad_partial=False) and c.phase is Phase.COMMITTED
     assert "already committed" in only_error(c.receive(append(FRAME), 0.0))[1]
     assert "already committed" in only_error(c.receive(msg("input_audio_buffer.commit"), 0))[1]
     out = c.flushed([*audio_events(0), Done(1)], 0.0)
@@ -332,7 +311,7 @@ def test_commit_flushes_then_done_and_close_1000() -> None:
 def test_cancel_stops_the_model_then_cancelled_and_close_1000() -> None:
     c = conv()
     ready(c)
-    assert c.receive(msg("response.cancel"), 0.0) == [StopModel(), CancelModel()]
+    assert c.receive(msg("response.cancel"), 0.0) == [work.StopModel(), work.CancelModel()]
     assert c.phase is Phase.CANCELLED and not c.keep_submitting(0)
     assert c.receive(msg("session.cancel"), 0.0) == []  # a second cancel is a no-op
     assert "was cancelled" in only_error(c.receive(append(FRAME), 0.0))[1]
@@ -352,18 +331,18 @@ def test_cancel_before_any_session_answers_cancelled_at_frame_0() -> None:
 
 def test_cancel_while_the_open_is_queued_suppresses_the_open_error() -> None:
     c = conv()
-    (work,) = c.receive(msg("session.update"), 0.0)
-    assert isinstance(work, OpenModel)
+    (item,) = c.receive(msg("session.update"), 0.0)
+    assert isinstance(item, work.OpenModel)
     c.receive(msg("session.cancel"), 0.0)
-    assert c.opened(Failure("open_failed", "the connection is gone", "open"), 0.0) == []
+    assert c.opened(work.Failure("open_failed", "the connection is gone", "open"), 0.0) == []
 
 
 def test_open_failure_after_commit_refuses_the_commit() -> None:
     c = conv()
-    (work,) = c.receive(msg("session.update"), 0.0)
-    assert isinstance(work, OpenModel)
+    (item,) = c.receive(msg("session.update"), 0.0)
+    assert isinstance(item, work.OpenModel)
     c.receive(msg("input_audio_buffer.commit"), 0.0)
-    c.opened(Failure("open_failed", "bad", "open"), 0.0)
+    c.opened(work.Failure("open_failed", "bad", "open"), 0.0)
     assert "before commit" in only_error(c.flushed(None, 0.0))[1]
     assert c.phase is Phase.CONFIGURING
 
@@ -389,7 +368,7 @@ def test_idle_clock_only_runs_while_nothing_is_owed() -> None:
     c = conv(idle_timeout=3.0)
     ready(c)
     (run,) = c.receive(append(FRAME * 2), 10.0)
-    assert isinstance(run, RunAudio)
+    assert isinstance(run, work.RunAudio)
     assert c.next_deadline() is None  # accepted audio is waiting
     c.begin_audio(run)
     c.slice_submitted(FRAME)
@@ -436,7 +415,7 @@ def _close_by_idle_timeout(c: Conversation) -> list[Output]:
 
 def _close_by_lost_session(c: Conversation) -> list[Output]:
     (run,) = c.receive(append(FRAME), 1.0)
-    assert isinstance(run, RunAudio)
+    assert isinstance(run, work.RunAudio)
     c.begin_audio(run)
     c.slice_submitted(FRAME)
     c.audio_done(0)
@@ -497,7 +476,7 @@ def test_no_deadline_once_the_plumbing_ended_the_connection() -> None:
 
 def test_error_codes_of_engine_failures() -> None:
     def code(kind: Any, during: Any) -> str:
-        return error_code_for(Failure(kind, "x", during))
+        return error_code_for(work.Failure(kind, "x", during))
 
     assert code("open_failed", "open") == "session_initialization_failed"
     assert code("session_lost", "open") == "session_initialization_failed"
@@ -566,8 +545,8 @@ def test_any_frames_give_only_documented_events_and_closes(
         now += 0.1
         outputs = c.receive(frame, now)
         out += outputs
-        for work in outputs:
-            out += _run(c, work, outcome, now)
+        for item in outputs:
+            out += _run(c, item, outcome, now)
         out += c.check_timeouts(now)
     closes = [o for o in out if isinstance(o, Close)]
     assert len(closes) <= 1
@@ -578,12 +557,12 @@ def test_any_frames_give_only_documented_events_and_closes(
             (
                 dict,
                 Close,
-                StopModel,
-                OpenModel,
-                RunAudio,
-                FlushModel,
-                CancelModel,
-                LimitRefused,
+                work.StopModel,
+                work.OpenModel,
+                work.RunAudio,
+                work.FlushModel,
+                work.CancelModel,
+                work.LimitRefused,
             ),
         )
         if isinstance(o, dict):
@@ -594,33 +573,33 @@ def test_any_frames_give_only_documented_events_and_closes(
     assert c.pending_samples >= 0
 
 
-def _run(c: Conversation, work: Output, outcome: str, now: float) -> list[Output]:
-    """Play the engine's part for one piece of work, with a scripted outcome."""
-    failure: Failure | None = None
+def _run(c: Conversation, item: Output, outcome: str, now: float) -> list[Output]:
+    """Play the engine's part for one output, with a scripted outcome."""
+    failure: work.Failure | None = None
     if outcome != "ok":
         kind: Any = "engine_dead" if outcome == "dead" else outcome
-        failure = Failure(
-            kind, "scripted failure", "open" if isinstance(work, OpenModel) else "push"
+        failure = work.Failure(
+            kind, "scripted failure", "open" if isinstance(item, work.OpenModel) else "push"
         )
-    if isinstance(work, OpenModel):
+    if isinstance(item, work.OpenModel):
         return c.opened(failure if outcome in ("ok", "open_failed", "dead") else None, now)
-    if isinstance(work, RunAudio):
-        instead = c.begin_audio(work)
+    if isinstance(item, work.RunAudio):
+        instead = c.begin_audio(item)
         if instead is not None:
             return instead
-        n = int(work.samples.shape[0])
+        n = int(item.samples.shape[0])
         out: list[Output] = []
         c.slice_submitted(n)
         c.audio_done(0)
         if failure is None or outcome == "open_failed":
-            out += c.slice_done(work.tag, audio_events(c.frames), now)
+            out += c.slice_done(item.tag, audio_events(c.frames), now)
         else:
             assert failure is not None
-            out += c.slice_failed(work.tag, failure, now)
+            out += c.slice_failed(item.tag, failure, now)
         return out
-    if isinstance(work, FlushModel):
+    if isinstance(item, work.FlushModel):
         return c.flushed([Done(c.frames)] if c.session_open else None, now)
-    if isinstance(work, CancelModel):
+    if isinstance(item, work.CancelModel):
         return c.cancelled([Cancelled(c.frames)] if c.session_open else None, now)
     return []
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from realtime.demo_checkpoint import (
 from realtime.models import check_model_path, load_model
 from realtime.models.base import AssistantTextDelta, FunctionDelta, UserTranscriptDelta
 from realtime.models.voicechat import VoiceChatModel
-from tests.models_fixtures import PYTHON, REPO_ROOT, noise, push_all, speechlike, subprocess_env
+from tests.models_fixtures import noise, push_all, run_realtime, speechlike
 
 
 def _files(path: Path) -> dict[str, bytes]:
@@ -130,41 +129,19 @@ def test_ensure_demo_checkpoint_caches_and_rebuilds(
 
 
 def test_demo_model_command(tmp_path: Path, demo_cache_dir: Path) -> None:
-    env = subprocess_env(demo_cache_dir)
     target = tmp_path / "out" / "my-demo"
-    run = subprocess.run(
-        [PYTHON, "-m", "realtime", "demo-model", str(target), "--quantize", "8"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO_ROOT,
-        timeout=120,
-    )
+    run = run_realtime(demo_cache_dir, "demo-model", str(target), "--quantize", "8")
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == str(target.resolve())
     assert check_model_path(target).quantization_bits == 8
     # Rewriting a demo checkpoint is fine; a foreign non-empty folder is refused.
-    run = subprocess.run(
-        [PYTHON, "-m", "realtime", "demo-model", str(target)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO_ROOT,
-        timeout=120,
-    )
+    run = run_realtime(demo_cache_dir, "demo-model", str(target))
     assert run.returncode == 0, run.stderr
     assert check_model_path(target).quantization_bits is None
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
-    run = subprocess.run(
-        [PYTHON, "-m", "realtime", "demo-model", str(foreign)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO_ROOT,
-        timeout=120,
-    )
+    run = run_realtime(demo_cache_dir, "demo-model", str(foreign))
     assert run.returncode == 2
     assert "not a demo checkpoint" in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr

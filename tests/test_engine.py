@@ -28,6 +28,7 @@ from realtime.engine import (
 from realtime.models.base import AudioDelta, Cancelled, Done
 from realtime.models.fake import FakeModel, FakeOptions
 from realtime.observe import CommandKind, Observer
+from tests.helpers import running_engine
 
 FRAME = np.zeros(1280, dtype=np.float32)
 
@@ -99,9 +100,7 @@ async def test_push_on_unopened_session_loses_it(engine: Engine) -> None:
 
 async def test_a_capacity_holds_sessions_by_id() -> None:
     """Sessions are held by id; a slot frees only once the engine ran its Close."""
-    eng = Engine(FakeModel, capacity=2)
-    eng.start()
-    try:
+    with running_engine(FakeModel(), capacity=2) as eng:
         assert eng.try_reserve("sess_a") and eng.try_reserve("sess_b")
         assert eng.is_full() and eng.reserved == 2 and not eng.try_reserve("sess_c")
         await eng.run(open_("sess_a"))
@@ -117,8 +116,6 @@ async def test_a_capacity_holds_sessions_by_id() -> None:
             await eng.run(push("sess_a"))
         assert await eng.run(push("sess_b")) is not None  # the other one goes on
         assert eng.try_reserve("sess_c")
-    finally:
-        eng.shutdown()
 
 
 def test_capacity_is_at_least_one() -> None:
@@ -160,9 +157,7 @@ async def test_cancel_returns_cancelled(engine: Engine) -> None:
 
 async def test_failing_command_keeps_engine_serving(fake_model: FakeModel) -> None:
     fake_model.options.fail_on_frame = 1
-    engine = Engine(lambda: fake_model)
-    engine.start()
-    try:
+    with running_engine(fake_model) as engine:
         await engine.run(open_("sess_a"))
         await engine.run(push("sess_a"))
         with pytest.raises(EngineError, match=r"RuntimeError: fake model failure") as info:
@@ -175,8 +170,6 @@ async def test_failing_command_keeps_engine_serving(fake_model: FakeModel) -> No
         fake_model.options.fail_on_frame = None
         await engine.run(open_("sess_b"))
         assert await engine.run(push("sess_b"))
-    finally:
-        engine.shutdown()
 
 
 async def test_context_limit_keeps_the_session(engine: Engine) -> None:
@@ -190,15 +183,11 @@ async def test_context_limit_keeps_the_session(engine: Engine) -> None:
 
 async def test_open_failure_is_open_failed() -> None:
     model = FakeModel(FakeOptions(open_error="max_streaming_seconds must be positive"))
-    engine = Engine(lambda: model)
-    engine.start()
-    try:
+    with running_engine(model) as engine:
         with pytest.raises(EngineError, match="must be positive") as info:
             await engine.run(open_("sess_a"))
         assert info.value.kind == "open_failed" and info.value.during == "open"
         assert engine.alive
-    finally:
-        engine.shutdown()
 
 
 class Recorder(Observer):
@@ -306,37 +295,31 @@ def test_an_interrupt_during_the_load_is_raised_at_once_and_the_thread_ends_late
 
 async def test_dead_engine_fails_fast_and_frees_the_slot(fake_model: FakeModel) -> None:
     fake_model.options.die_on_frame = 0
-    engine = Engine(lambda: fake_model)
-    engine.start()
-    assert engine.try_reserve("sess_a")
-    await engine.run(open_("sess_a"))
-    with pytest.raises(EngineError, match="SystemExit") as info:
-        await engine.run(push("sess_a"))
-    assert info.value.kind == "engine_dead"
-    with trio.fail_after(2):
-        while engine.alive:
-            await trio.sleep(0.01)
-    assert not engine.is_reserved()
-    started = time.perf_counter()
-    with pytest.raises(EngineError, match="engine thread died"):
-        await engine.run(push("sess_a"))
-    assert time.perf_counter() - started < 1.0
-    engine.shutdown()
+    with running_engine(fake_model) as engine:
+        assert engine.try_reserve("sess_a")
+        await engine.run(open_("sess_a"))
+        with pytest.raises(EngineError, match="SystemExit") as info:
+            await engine.run(push("sess_a"))
+        assert info.value.kind == "engine_dead"
+        with trio.fail_after(2):
+            while engine.alive:
+                await trio.sleep(0.01)
+        assert not engine.is_reserved()
+        started = time.perf_counter()
+        with pytest.raises(EngineError, match="engine thread died"):
+            await engine.run(push("sess_a"))
+        assert time.perf_counter() - started < 1.0
 
 
 async def test_cancelled_caller_does_not_wedge_the_engine(fake_model: FakeModel) -> None:
     fake_model.options.frame_delay = 0.05
-    engine = Engine(lambda: fake_model)
-    engine.start()
-    try:
+    with running_engine(fake_model) as engine:
         await engine.run(open_("sess_a"))
         with trio.move_on_after(0.01):
             await engine.run(push("sess_a"))
         # The abandoned push still completes on the thread; later calls queue behind it.
         await engine.run(Close("sess_a"))
         assert [n for n, _, _ in fake_model.calls][-3:] == ["push", "cancel", "clear_cache"]
-    finally:
-        engine.shutdown()
 
 
 def test_shutdown_joins_and_cancels_open_session(fake_model: FakeModel) -> None:
@@ -398,9 +381,7 @@ async def test_a_hung_call_is_declared_and_everything_waiting_fails(
 
 async def test_a_long_prefill_that_makes_progress_is_not_hung(fake_model: FakeModel) -> None:
     fake_model.options.open_delay = 1.0  # 100 steps of 10 ms, each a heartbeat
-    engine = Engine(lambda: fake_model)
-    engine.start()
-    try:
+    with running_engine(fake_model) as engine:
 
         async def on_hung(reason: str) -> None:
             raise AssertionError(reason)
@@ -410,20 +391,16 @@ async def test_a_long_prefill_that_makes_progress_is_not_hung(fake_model: FakeMo
             await engine.run(open_("sess_a"))
             nursery.cancel_scope.cancel()
         assert engine.alive
-    finally:
-        engine.shutdown()
 
 
 @contextmanager
 def engine_with_waker(model: FakeModel) -> Iterator[tuple[Engine, Waker]]:
-    engine = Engine(lambda: model)
-    engine.start()
-    waker = Waker()
-    try:
-        yield engine, waker
-    finally:
-        waker.close()
-        engine.shutdown()
+    with running_engine(model) as engine:
+        waker = Waker()
+        try:
+            yield engine, waker
+        finally:
+            waker.close()
 
 
 async def test_a_waker_wakes_its_task_for_each_result_from_the_engine_thread(

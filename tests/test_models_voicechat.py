@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import threading
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from realtime.models.base import (
     UserTranscriptDelta,
 )
 from realtime.models.voicechat import VoiceChatModel
-from tests.models_fixtures import PYTHON, REPO_ROOT, noise, push_all, speechlike, subprocess_env
+from tests.models_fixtures import noise, push_all, run_realtime, speechlike
 
 
 def _signature(events: list[ModelEvent]) -> list[tuple[object, ...]]:
@@ -177,35 +176,19 @@ def test_bad_model_path_exits_2(demo_path: Path, demo_cache_dir: Path, tmp_path:
     from realtime.audio import write_wav_pcm16
 
     write_wav_pcm16(wav, np.zeros(1600, dtype=np.int16), 16000)
-    env = subprocess_env(demo_cache_dir)
+    out = tmp_path / "out.wav"
     for name, (path, fragment) in _bad_cases(tmp_path, demo_path).items():
         with pytest.raises(ModelPathError, match=fragment) as info:
             check_model_path(path)
         assert "\n" not in str(info.value), name
-        run = subprocess.run(
-            [
-                PYTHON,
-                "-m",
-                "realtime",
-                "generate",
-                "-m",
-                str(path),
-                "--input",
-                str(wav),
-                "--output",
-                str(tmp_path / "out.wav"),
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=REPO_ROOT,
-            timeout=60,
+        run = run_realtime(
+            demo_cache_dir, "generate", "-m", str(path), "--input", str(wav), "--output", str(out)
         )
         assert run.returncode == 2, (name, run.stderr)
         lines = run.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in run.stderr, (name, run.stderr)
         assert fragment in lines[0], (name, lines[0])
-        assert not (tmp_path / "out.wav").exists()
+        assert not out.exists()
 
 
 def test_load_failure_is_one_line_model_load_error(demo_path: Path, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from realtime.audio import float_to_pcm16, load_input_wav, pcm16_to_float, write
 from realtime.models.base import AudioDelta
 from realtime.models.voicechat import VoiceChatModel
 from realtime.offline import stream_slices
-from tests.models_fixtures import PYTHON, REPO_ROOT, noise, speechlike, subprocess_env
+from tests.models_fixtures import noise, run_realtime, speechlike
 
 
 @pytest.fixture
@@ -30,15 +30,9 @@ def input_wav(tmp_path: Path) -> Path:
     return path
 
 
-def _generate(cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [PYTHON, "-m", "realtime", "generate", *args],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(cache),
-        cwd=REPO_ROOT,
-        timeout=120,
-    )
+def _generate(cache: Path, wav: Path, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``realtime generate --input WAV --output OUT ARGS``, as a user runs it."""
+    return run_realtime(cache, "generate", "--input", str(wav), "--output", str(out), *args)
 
 
 def _read(path: Path) -> tuple[np.ndarray, int]:
@@ -54,21 +48,8 @@ def test_generate_stream_writes_wav_and_prints(
     demo_cache_dir: Path, demo_model: VoiceChatModel, input_wav: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "out.wav"
-    run = _generate(
-        demo_cache_dir,
-        "--input",
-        str(input_wav),
-        "--output",
-        str(out),
-        "--stream",
-        "--seed",
-        "3",
-        "--system-prompt",
-        "Be brief.",
-        "--extra-seconds",
-        "1",
-        "--profile",
-    )
+    flags = ["--stream", "--seed", "3", "--system-prompt", "Be brief.", "--extra-seconds", "1"]
+    run = _generate(demo_cache_dir, input_wav, out, *flags, "--profile")
     assert run.returncode == 0, run.stderr
     pcm, rate = _read(out)
     assert rate == 22050
@@ -99,17 +80,7 @@ def test_generate_offline_writes_wav(
     demo_cache_dir: Path, demo_path: Path, input_wav: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "offline.wav"
-    run = _generate(
-        demo_cache_dir,
-        "-m",
-        str(demo_path),
-        "--input",
-        str(input_wav),
-        "--output",
-        str(out),
-        "--extra-seconds",
-        "0.5",
-    )
+    run = _generate(demo_cache_dir, input_wav, out, "-m", str(demo_path), "--extra-seconds", "0.5")
     assert run.returncode == 0, run.stderr
     pcm, rate = _read(out)
     assert rate == 22050 and pcm.shape[0] > 0 and pcm.shape[0] % 1764 == 0
@@ -121,16 +92,7 @@ def test_generate_max_seconds_stops_with_status_1(
 ) -> None:
     out = tmp_path / "short.wav"
     run = _generate(
-        demo_cache_dir,
-        "-m",
-        str(demo_path),
-        "--input",
-        str(input_wav),
-        "--output",
-        str(out),
-        "--stream",
-        "--max-seconds",
-        "0.8",
+        demo_cache_dir, input_wav, out, "-m", str(demo_path), "--stream", "--max-seconds", "0.8"
     )
     assert run.returncode == 1, run.stderr
     assert "context limit" in run.stderr
@@ -151,17 +113,7 @@ def test_generate_bad_input_exits_2(
         out = tmp_path / "missing-folder" / "out.wav"
     elif case == "empty":  # 0 samples: an error even with silence appended
         write_wav_pcm16(wav, np.zeros(0, dtype=np.int16), 16000)
-    run = _generate(
-        demo_cache_dir,
-        "-m",
-        str(demo_path),
-        "--input",
-        str(wav),
-        "--output",
-        str(out),
-        "--extra-seconds",
-        "2",
-    )
+    run = _generate(demo_cache_dir, wav, out, "-m", str(demo_path), "--extra-seconds", "2")
     assert run.returncode == 2
     assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr
     assert run.stderr.startswith("realtime: error: ")

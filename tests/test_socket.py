@@ -8,6 +8,8 @@ release, stalled readers, shutdown.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import numpy as np
@@ -20,12 +22,6 @@ from realtime.limits import Limits
 from realtime.models.fake import FakeModel
 from tests.helpers import Client, ahttp, append_msg, connect, noise, running_server
 from tests.reliability.rawws import RawClient
-
-
-def started(model: FakeModel) -> Engine:
-    engine = Engine(lambda: model)
-    engine.start()
-    return engine
 
 
 async def wait_released(engine: Engine, timeout: float = 2.0) -> float:
@@ -234,12 +230,20 @@ async def test_the_slot_stays_held_until_the_engine_finished_departed_work(
         assert fake_model.calls_named("cancel")  # the abandoned session was cancelled
 
 
-async def test_ping_answered_during_long_append(engine: Engine, fake_model: FakeModel) -> None:
+@asynccontextmanager
+async def answering_a_long_append(engine: Engine, fake_model: FakeModel) -> AsyncIterator[Client]:
+    """A client whose 100-frame append (20 ms a frame) the model is answering: the
+    first audio came, most of the append is still to run."""
     fake_model.options.frame_delay = 0.02
     async with running_server(engine) as server, connect(server.url) as client:
         await client.configure()
         await client.send(append_msg(noise(1280 * 100)))
         await client.recv_until("response.audio.delta")
+        yield client
+
+
+async def test_ping_answered_during_long_append(engine: Engine, fake_model: FakeModel) -> None:
+    async with answering_a_long_append(engine, fake_model) as client:
         frames_at_ping = fake_model.frames_run
         await client.send({"type": "session.ping"})
         events = await client.recv_until("session.pong")
@@ -253,11 +257,7 @@ async def test_ping_answered_during_long_append(engine: Engine, fake_model: Fake
 
 
 async def test_cancel_interrupts_long_append(engine: Engine, fake_model: FakeModel) -> None:
-    fake_model.options.frame_delay = 0.02
-    async with running_server(engine) as server, connect(server.url) as client:
-        await client.configure()
-        await client.send(append_msg(noise(1280 * 100)))
-        await client.recv_until("response.audio.delta")
+    async with answering_a_long_append(engine, fake_model) as client:
         await client.send({"type": "session.cancel"})
         frames_at_cancel = fake_model.frames_run
         events = await client.recv_until("response.cancelled")

@@ -24,88 +24,54 @@ CODEBOOK = 128
 
 @attrs.frozen(slots=True)
 class DemoSize:
-    """The network dimensions of one demo checkpoint preset.
+    """The network dimensions of one demo checkpoint preset; the defaults are the served
+    demo's (``tiny``, :data:`SMALL`).
 
     Small but deliberately non-square, so a wrong transposition in the
     PyTorch-layout writer fails at load time instead of passing silently.
     """
 
-    llm_hidden: int
-    llm_intermediate: int
-    llm_pattern: str
+    llm_hidden: int = 64
+    llm_intermediate: int = 192
+    llm_pattern: str = "M*-"
     """One letter per language-model layer (``M`` Mamba, ``*`` attention, ``-`` MLP)."""
-    llm_heads: int
-    llm_kv_heads: int
-    llm_head_dim: int
-    mamba_heads: int
-    mamba_head_dim: int
-    ssm_state: int
-    encoder_layers: int
-    encoder_width: int
-    encoder_heads: int
-    encoder_ff_factor: int
-    subsampling_channels: int
-    predictor_hidden: int
-    predictor_layers: int
-    joint_hidden: int
-    tts_hidden: int
+    llm_heads: int = 4
+    llm_kv_heads: int = 2
+    llm_head_dim: int = 32
+    mamba_heads: int = 4
+    mamba_head_dim: int = 32
+    ssm_state: int = 16
+    encoder_layers: int = 1
+    encoder_width: int = 32
+    encoder_heads: int = 2
+    encoder_ff_factor: int = 3
+    subsampling_channels: int = 16
+    predictor_hidden: int = 24
+    predictor_layers: int = 2
+    joint_hidden: int = 40
+    tts_hidden: int = 32
     """Also the character encoder's width: its flag embeddings add to the TTS input."""
-    tts_intermediate: int
-    tts_layers: int
-    tts_heads: int
-    tts_kv_heads: int
-    tts_head_dim: int
-    latent: int
-    char_intermediate: int
-    char_layers: int
-    char_heads: int
-    char_kv_heads: int
-    char_head_dim: int
-    mog_intermediate: int
-    mog_low_rank: int
-    mog_layers: int
-    codec_channels: int
-    codec_multipliers: tuple[int, ...]
+    tts_intermediate: int = 48
+    tts_layers: int = 2
+    tts_heads: int = 2
+    tts_kv_heads: int = 1
+    tts_head_dim: int = 16
+    latent: int = 16
+    char_intermediate: int = 40
+    char_layers: int = 1
+    char_heads: int = 2
+    char_kv_heads: int = 2
+    char_head_dim: int = 8
+    mog_intermediate: int = 40
+    mog_low_rank: int = 4
+    mog_layers: int = 1
+    codec_channels: int = 8
+    codec_multipliers: tuple[int, ...] = (1, 2, 4)
     name: str = "tiny"
     """The preset's name (``--size``); every preset but ``tiny`` adds it to the folder name."""
 
 
-SMALL = DemoSize(
-    llm_hidden=64,
-    llm_intermediate=192,
-    llm_pattern="M*-",
-    llm_heads=4,
-    llm_kv_heads=2,
-    llm_head_dim=32,
-    mamba_heads=4,
-    mamba_head_dim=32,
-    ssm_state=16,
-    encoder_layers=1,
-    encoder_width=32,
-    encoder_heads=2,
-    encoder_ff_factor=3,
-    subsampling_channels=16,
-    predictor_hidden=24,
-    predictor_layers=2,
-    joint_hidden=40,
-    tts_hidden=32,
-    tts_intermediate=48,
-    tts_layers=2,
-    tts_heads=2,
-    tts_kv_heads=1,
-    tts_head_dim=16,
-    latent=16,
-    char_intermediate=40,
-    char_layers=1,
-    char_heads=2,
-    char_kv_heads=2,
-    char_head_dim=8,
-    mog_intermediate=40,
-    mog_low_rank=4,
-    mog_layers=1,
-    codec_channels=8,
-    codec_multipliers=(1, 2, 4),
-)
+SMALL = DemoSize()
 """``tiny``: the served demo and the tests' checkpoint (about 3 MB)."""
 
 MEDIUM = attrs.evolve(

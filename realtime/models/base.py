@@ -187,13 +187,21 @@ class AudioDelta:
 
 
 @attrs.frozen(slots=True)
-class Done:
+class _End:
+    """The end of a timeline; :class:`Done` and :class:`Cancelled` say how it ended."""
+
     frame_index: int
+    """The frame count of the timeline when it ended."""
 
 
 @attrs.frozen(slots=True)
-class Cancelled:
-    frame_index: int
+class Done(_End):
+    """A flush ran the rest of the input: the answer is complete."""
+
+
+@attrs.frozen(slots=True)
+class Cancelled(_End):
+    """The session was cancelled: it runs no more frames."""
 
 
 ModelEvent = (

@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import attrs
 import numpy as np
@@ -256,6 +256,13 @@ def _float_samples(samples: Any) -> Samples:
     return np.array(samples, dtype=np.float32).reshape(-1)
 
 
+_TOKEN_DELTAS: Final[dict[str, type[AssistantTextDelta] | type[FunctionDelta]]] = {
+    "assistant_text_delta": AssistantTextDelta,
+    "function_delta": FunctionDelta,
+}
+"""mlx-vlm's two token channels by event kind: the same fields, their own value type."""
+
+
 def _convert(event: Any, figures: ModelFigures) -> ModelEvent:
     """An mlx-vlm ``VoiceChatEvent`` as a project value (MLX arrays become numpy/ints);
     an audio frame that does not match the model's figures is an InferenceError."""
@@ -275,15 +282,9 @@ def _convert(event: Any, figures: ModelFigures) -> ModelEvent:
                 f"{len(codes)} codes"
             )
         return AudioDelta(frame_index=frame, samples=samples, audio_codes=codes, sample_rate=rate)
-    if kind == "assistant_text_delta":
-        return AssistantTextDelta(
-            frame_index=frame,
-            token_id=int(event.token_id),
-            delta=str(event.delta),
-            text=str(event.text),
-        )
-    if kind == "function_delta":
-        return FunctionDelta(
+    token_delta = _TOKEN_DELTAS.get(kind)
+    if token_delta is not None:
+        return token_delta(
             frame_index=frame,
             token_id=int(event.token_id),
             delta=str(event.delta),

@@ -9,6 +9,7 @@ import pytest
 
 from realtime.engine import Engine
 from realtime.models.fake import FakeModel, say
+from tests.helpers import running_engine
 from tests.openai.scripted import scripted as scripted_model
 
 
@@ -19,10 +20,8 @@ def scripted() -> FakeModel:
 
 @pytest.fixture
 def scripted_engine(scripted: FakeModel) -> Iterator[Engine]:
-    eng = Engine(lambda: scripted)
-    eng.start()
-    yield eng
-    eng.shutdown()
+    with running_engine(scripted) as eng:
+        yield eng
 
 
 def pip_target(factory: pytest.TempPathFactory, name: str, *specs: str) -> Path:

@@ -47,9 +47,13 @@ async def read_response(stream: trio.SocketStream) -> bytes:
     return data
 
 
-async def close_all(clients: list[trio.SocketStream]) -> None:
+async def given_back(clients: list[trio.SocketStream], baseline: int) -> None:
+    """The server's side of every client goes while the clients still hold theirs;
+    once they close theirs too, the count is back at ``baseline``."""
+    await settles(lambda: open_descriptors() <= baseline + len(clients))
     for stream in clients:
         await stream.aclose()
+    await settles(lambda: open_descriptors() <= baseline)
 
 
 def port_of(http: str) -> int:
@@ -65,9 +69,7 @@ async def test_connection_close_clients_that_never_close(engine: Engine) -> None
         for stream in clients:
             assert (await read_response(stream)).startswith(b"HTTP/1.1 200")
         # The clients keep their sockets open; the server's side must be gone.
-        await settles(lambda: open_descriptors() <= baseline + CLIENTS)
-        await close_all(clients)
-        await settles(lambda: open_descriptors() <= baseline)
+        await given_back(clients, baseline)
 
 
 async def test_idle_keep_alive_and_silent_clients_are_closed(engine: Engine) -> None:
@@ -87,9 +89,7 @@ async def test_idle_keep_alive_and_silent_clients_are_closed(engine: Engine) -> 
             with trio.fail_after(GUARD):
                 while await stream.receive_some(65536):
                     pass
-        await settles(lambda: open_descriptors() <= baseline + len(clients))
-        await close_all(clients)
-        await settles(lambda: open_descriptors() <= baseline)
+        await given_back(clients, baseline)
 
 
 async def test_reset_websocket_clients_leave_nothing_behind(engine: Engine) -> None:

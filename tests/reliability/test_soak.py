@@ -82,22 +82,25 @@ class Soak:
                     return
                 await trio.sleep(0.02)
 
+    @staticmethod
+    async def answer_ends(client: RawClient, last: str) -> None:
+        """The answer ends with a ``last`` event, then the server closes normally."""
+        await client.recv_until(last, timeout=30)
+        assert await client.drain_to_close() == 1000
+        await client.aclose()
+
     async def normal(self, i: int) -> None:
         client = await self.configured(i)
         await client.send_json(audio(0.32, i))
         await client.send_json({"type": "input_audio_buffer.commit"})
-        await client.recv_until("response.done", timeout=30)
-        assert await client.drain_to_close() == 1000
-        await client.aclose()
+        await self.answer_ends(client, "response.done")
 
     async def cancel(self, i: int) -> None:
         client = await self.configured(i)
         await client.send_json(audio(2.0, i))
         await client.recv_until("response.audio.delta", timeout=30)
         await client.send_json({"type": "response.cancel"})
-        await client.recv_until("response.cancelled", timeout=30)
-        assert await client.drain_to_close() == 1000
-        await client.aclose()
+        await self.answer_ends(client, "response.cancelled")
 
     async def reset(self, i: int) -> None:
         client = await self.configured(i)
@@ -123,9 +126,7 @@ class Soak:
         event = await client.recv_json()
         assert event is not None and event["error"]["code"] == "invalid_request", event
         await client.send_json({"type": "input_audio_buffer.commit"})
-        await client.recv_until("response.done", timeout=30)
-        assert await client.drain_to_close() == 1000
-        await client.aclose()
+        await self.answer_ends(client, "response.done")
 
     async def busy(self, i: int) -> None:
         holder = await self.configured(i)
