@@ -51,6 +51,7 @@ from realtime.models.base import ModelEvent, RealtimeModel
 from realtime.observe import Observer, SessionOutcome
 from realtime.plumbing import PIPELINE_DEPTH, Audio, Refusal, SessionPlumbing, Transport
 from realtime.work import (
+    Backlog,
     CancelModel,
     Failure,
     FlushModel,
@@ -73,13 +74,14 @@ class Rules(Protocol):
 
     session_id: str
     session_open: bool
+    backlog: Backlog
+    """What is still owed the client: counted by the pipeline, read by the rules."""
     audio_event: ClassVar[str]
     """The event type a frame's audio travels in (the frame latency ends at its write)."""
 
     def created_event(self) -> Event: ...
     def refusal_event(self, code: Refusal, message: str) -> Event: ...
     def serialize(self, event: Event) -> str: ...
-    def pending_seconds(self) -> float: ...
 
     def receive(self, frame: str | bytes | None, now: float) -> Sequence[Output]: ...
     def check_timeouts(self, now: float) -> Sequence[Output]: ...
@@ -87,8 +89,6 @@ class Rules(Protocol):
 
     def begin_audio(self, work: RunAudio) -> list[Output] | None: ...
     def keep_submitting(self, tag: int) -> bool: ...
-    def slice_submitted(self, samples: int) -> None: ...
-    def audio_done(self, unsubmitted: int) -> None: ...
     def slice_done(
         self, tag: int, events: list[ModelEvent] | None, now: float
     ) -> Sequence[Output]: ...
@@ -101,7 +101,6 @@ class Rules(Protocol):
         self, result: list[ModelEvent] | Failure | None, now: float
     ) -> Sequence[Output]: ...
 
-    def event_queued(self) -> None: ...
     def sending(self, now: float) -> None: ...
     def sent(self, now: float) -> None: ...
     def connection_lost(self, outcome: SessionOutcome, reason: str) -> None: ...
@@ -134,9 +133,6 @@ class NativeRules(Conversation):
 
     def serialize(self, event: Event) -> str:
         return protocol.serialize(event)
-
-    def pending_seconds(self) -> float:
-        return self.pending_samples / self.figures.input_sample_rate
 
     def ending(self) -> tuple[SessionOutcome, str]:
         return self.outcome or "client_gone", self.close_reason
@@ -195,6 +191,8 @@ class Connection(SessionPlumbing):
         )
         self._frame = engine.model.figures.frame_samples
         """The model's frame: audio goes to the engine one of these at a time."""
+        self._rate = engine.model.figures.input_sample_rate
+        self.backlog = self.rules.backlog
         # Unbounded here: the rules bound it (queued messages, pending audio).
         self._work_send, self._work_recv = trio.open_memory_channel[Work](math.inf)
         self._pipe_send, self._pipe_recv = trio.open_memory_channel[_Stage](PIPELINE_DEPTH - 2)
@@ -220,10 +218,16 @@ class Connection(SessionPlumbing):
         self.rules.connection_lost(outcome, reason)
 
     def sending(self, now: float) -> None:
+        self.backlog.sending(now)
         self.rules.sending(now)
 
     def sent(self, now: float) -> None:
+        self.backlog.sent(now)
         self.rules.sent(now)
+        self.observer.send_queue(self.backlog.unsent)
+
+    def _pending_seconds(self) -> float:
+        return self.backlog.pending_samples / self._rate
 
     def ending(self) -> tuple[SessionOutcome, str]:
         return self.rules.ending()
@@ -242,11 +246,13 @@ class Connection(SessionPlumbing):
             if isinstance(out, dict):
                 await self._send_event(out, direct)
             elif isinstance(out, RunAudio):
+                self.backlog.accepted(out)
                 self.observer.append_received(arrived)
-                self.observer.pending_audio(self.rules.pending_seconds())
+                self.observer.pending_audio(self._pending_seconds())
                 if not self._submit_now(out):
                     self._work_send.send_nowait(out)
             elif isinstance(out, (OpenModel, FlushModel, CancelModel)):
+                self.backlog.accepted(out)
                 self._work_send.send_nowait(out)
             elif isinstance(out, StopModel):
                 self._stop.set()
@@ -267,7 +273,7 @@ class Connection(SessionPlumbing):
     async def _send_event(self, event: Event, direct: bool) -> None:
         if event["type"] == "error":
             self.observer.error_sent(event["error"]["code"])
-        self.rules.event_queued()
+        self.backlog.event_queued()
         text = self.rules.serialize(event)
         await (self.send_or_queue(text) if direct else self.queue(text))
 
@@ -326,14 +332,15 @@ class Connection(SessionPlumbing):
     def _audio_stages(self, work: RunAudio) -> Generator[_Stage, None, None]:
         """Submit audio to the engine frame by frame; each frame's stage is yielded for
         the collector before the next is submitted (the pipeline's depth)."""
-        rules = self.rules
+        rules, backlog = self.rules, self.backlog
+        samples = work.samples
+        total = int(samples.shape[0])
         instead = rules.begin_audio(work)
         if instead is not None:
+            backlog.audio_done(total)  # dropped: its budget comes back
             if instead:
                 yield _Emit(instead)
             return
-        samples = work.samples
-        total = int(samples.shape[0])
         offset = 0
         try:
             while offset < total and rules.keep_submitting(work.tag):
@@ -343,12 +350,12 @@ class Connection(SessionPlumbing):
                 )
                 n = int(piece.shape[0])
                 offset += n
-                rules.slice_submitted(n)
+                backlog.submitted(n)
                 self.observer.slice_submitted()
-                self.observer.pending_audio(rules.pending_seconds())
+                self.observer.pending_audio(self._pending_seconds())
                 yield _Slice(future, work.tag, work.received_at)
         finally:
-            rules.audio_done(total - offset)
+            backlog.audio_done(total - offset)
 
     async def _collector(self) -> None:
         rules = self.rules
@@ -357,15 +364,18 @@ class Connection(SessionPlumbing):
                 try:
                     step = await self.waker.result(stage.future)
                 except EngineError as exc:
-                    failure = Failure.of(exc)
-                    await self._apply(rules.slice_failed(stage.tag, failure, trio.current_time()))
+                    now = trio.current_time()
+                    self.backlog.frame_back(now)
+                    await self._apply(rules.slice_failed(stage.tag, Failure.of(exc), now))
                     continue
+                now = trio.current_time()
+                self.backlog.frame_back(now)
                 self.observer.slice_collected()
                 if step is None:
-                    rules.slice_done(stage.tag, None, trio.current_time())
+                    rules.slice_done(stage.tag, None, now)
                     continue
                 self.step_seconds.append(step.seconds)
-                events = rules.slice_done(stage.tag, step.events, trio.current_time())
+                events = rules.slice_done(stage.tag, step.events, now)
                 await self._send_frame(events, stage.received_at)
             elif isinstance(stage, _Emit):
                 await self._apply(stage.outputs)
@@ -383,7 +393,7 @@ class Connection(SessionPlumbing):
                 continue
             if event["type"] == "error":
                 self.observer.error_sent(event["error"]["code"])
-            rules.event_queued()
+            self.backlog.event_queued()
             text = rules.serialize(event)
             if event["type"] == rules.audio_event:
                 await self.send_or_queue(Audio(text, received_at))
@@ -402,9 +412,11 @@ class Connection(SessionPlumbing):
             try:
                 await self.engine.run(command)
             except EngineError as exc:
+                self.backlog.finished(trio.current_time())
                 await self._apply(rules.opened(Failure.of(exc), trio.current_time()))
                 return
             self.observer.session_opened(time.perf_counter() - started)
+            self.backlog.finished(trio.current_time())
             await self._apply(rules.opened(None, trio.current_time()))
             return
         result: Ended = None
@@ -419,6 +431,7 @@ class Connection(SessionPlumbing):
             except EngineError as exc:
                 result = Failure.of(exc)
         now = trio.current_time()
+        self.backlog.finished(now)
         if isinstance(work, FlushModel):
             await self._apply(rules.flushed(result, now))
         else:

@@ -124,18 +124,9 @@ class Conversation:
         self.frames = 0
         self._accepted_at = now
         self._last_message = now
-        self._idle_from: float | None = now
-        """When the server last stopped owing the client anything (None: it owes)."""
+        self.backlog = work.Backlog(idle_from=now)
+        """What is still owed the client: the pipeline counts it, the rules read it."""
         self._max_pending = int(limits.max_pending_audio_seconds * figures.input_sample_rate)
-        self.pending_samples = 0
-        """Accepted input audio not yet handed to the model (the budget)."""
-        self._inflight = 0
-        """Slices handed to the model whose events are not yet out."""
-        self._queued = 0
-        """Accepted messages for the model not yet finished."""
-        self._unsent = 0
-        """Events queued for the socket and not yet written."""
-        self._sending_since: float | None = None
         self._ended = False
         """A drop was decided or the plumbing ended the connection: no deadline remains."""
         self._next_append = 0
@@ -190,15 +181,13 @@ class Conversation:
         return protocol.error_event("invalid_request", message)
 
     def _queue(self, item: work.Work) -> list[Output]:
-        if self._queued >= MAX_QUEUED_MESSAGES:
+        if self.backlog.queued >= MAX_QUEUED_MESSAGES:
             return [
                 work.LimitRefused("max_queued_messages"),
                 self._refuse(
                     f"more than {MAX_QUEUED_MESSAGES} messages are waiting; this one was refused"
                 ),
             ]
-        self._queued += 1
-        self._idle_from = None
         return [item]
 
     def _update(self, update: protocol.SessionUpdate) -> list[Output]:
@@ -255,12 +244,13 @@ class Conversation:
                     "pending input audio; send it in smaller appends, no faster than real time"
                 ),
             ]
-        if self.pending_samples + n > self._max_pending:
+        pending = self.backlog.pending_samples
+        if pending + n > self._max_pending:
             return [
                 work.LimitRefused("max_pending_audio_seconds"),
                 self._refuse(
                     f"input audio backlog is full: "
-                    f"{self.pending_samples / rate:.2f} s waiting, limit "
+                    f"{pending / rate:.2f} s waiting, limit "
                     f"{limit:g} s; this append of {seconds:.2f} s was refused "
                     "(send audio no faster than real time)"
                 ),
@@ -268,7 +258,6 @@ class Conversation:
         out = self._queue(work.RunAudio(self._next_append, append.samples, append.sample_rate, now))
         if isinstance(out[0], work.RunAudio):
             self._next_append += 1
-            self.pending_samples += n
         return out
 
     def _commit(self, commit: protocol.AudioCommit) -> list[Output]:
@@ -281,18 +270,15 @@ class Conversation:
         if self.phase in (Phase.COMMITTED, Phase.CANCELLED, Phase.CLOSED):
             return []
         self._enter(Phase.CANCELLED)
-        self._queued += 1
-        self._idle_from = None
         return [work.StopModel(), work.CancelModel()]
 
     # --- the model's side ---------------------------------------------------------------
 
     def begin_audio(self, audio: work.RunAudio) -> list[Output] | None:
         """The submitter reached an append: ``None`` to run it, else what to send instead
-        (the append is dropped and its budget returned)."""
+        (the append is dropped; the pipeline returns its budget)."""
         if self.session_open and self.phase in (Phase.READY, Phase.COMMITTED):
             return None
-        self.audio_done(int(audio.samples.shape[0]))
         if self.phase in (Phase.CANCELLED, Phase.CLOSED):
             return []
         return [self._refuse("send session.update before audio")]
@@ -301,22 +287,11 @@ class Conversation:
         """Whether the next slice of this append may still go to the model."""
         return self.phase is not Phase.CANCELLED and append_id != self._failed_append
 
-    def slice_submitted(self, samples: int) -> None:
-        self.pending_samples -= samples
-        self._inflight += 1
-
-    def audio_done(self, unsubmitted: int) -> None:
-        """The submitter is done with an append (``unsubmitted`` samples were dropped)."""
-        self.pending_samples -= unsubmitted
-        self._queued -= 1
-
     def slice_done(
         self, append_id: int, events: list[ModelEvent] | None, now: float
     ) -> list[protocol.Event]:
         """A slice ran (``events``) or was skipped (``None``): its wire events, audio
         first. (Its model time is the plumbing's to record: the session report.)"""
-        self._inflight -= 1
-        self._maybe_idle(now)
         if events is None:
             return []
         if append_id == self._failed_append:
@@ -326,8 +301,6 @@ class Conversation:
     def slice_failed(self, append_id: int, failure: work.Failure, now: float) -> list[Output]:
         """A slice failed: the error once per append; a lost session ends the connection;
         at the context limit the error once, ``response.done`` and a normal close."""
-        self._inflight -= 1
-        self._maybe_idle(now)
         if failure.lost:
             return self._fail(failure)
         if failure.kind == "context_limit":
@@ -347,8 +320,6 @@ class Conversation:
 
     def opened(self, failure: work.Failure | None, now: float) -> list[Output]:
         """The engine finished the open: ``session.updated``, or the error."""
-        self._queued -= 1
-        self._maybe_idle(now)
         self.update_in_flight = False
         update = self._asked
         assert update is not None, "opened without a session.update"
@@ -368,8 +339,6 @@ class Conversation:
 
     def flushed(self, result: list[ModelEvent] | work.Failure | None, now: float) -> list[Output]:
         """The engine ran the commit's flush (``None``: no session was open)."""
-        self._queued -= 1
-        self._maybe_idle(now)
         if isinstance(result, work.Failure):
             return self._fail(result)
         if result is None:
@@ -383,8 +352,6 @@ class Conversation:
 
     def cancelled(self, result: list[ModelEvent] | work.Failure | None, now: float) -> list[Output]:
         """The engine ran the cancel (``None``: no session was open)."""
-        self._queued -= 1
-        self._maybe_idle(now)
         if isinstance(result, work.Failure):
             return self._fail(result)
         self.session_open = False
@@ -429,30 +396,11 @@ class Conversation:
 
     # --- the socket's side ---------------------------------------------------------------
 
-    @property
-    def unsent(self) -> int:
-        """Events queued for the socket and not yet written."""
-        return self._unsent
-
-    def event_queued(self) -> None:
-        self._unsent += 1
-        self._idle_from = None
-
     def sending(self, now: float) -> None:
-        """A socket write starts (the stall clock runs until ``sent``)."""
-        self._sending_since = now
+        """The native rules read the pipeline's backlog instead."""
 
     def sent(self, now: float) -> None:
-        self._sending_since = None
-        self._unsent -= 1
-        self._maybe_idle(now)
-
-    def _owes(self) -> bool:
-        return bool(self._queued or self._inflight or self._unsent or self.pending_samples)
-
-    def _maybe_idle(self, now: float) -> None:
-        if self._idle_from is None and not self._owes():
-            self._idle_from = now
+        """The native rules read the pipeline's backlog instead."""
 
     # --- time -----------------------------------------------------------------------------
 
@@ -467,15 +415,16 @@ class Conversation:
         if self._ended:
             return None
         best: Timeout | None = None
-        if self._sending_since is not None:
-            best = Timeout(self._sending_since + self.limits.send_timeout, "send")
+        backlog = self.backlog
+        if backlog.sending_since is not None:
+            best = Timeout(backlog.sending_since + self.limits.send_timeout, "send")
         if self.phase in (Phase.CONFIGURING, Phase.READY):
             if self.phase is Phase.CONFIGURING and not self.update_in_flight:
                 at = self._accepted_at + self.limits.configure_timeout
                 if best is None or at < best.at:
                     best = Timeout(at, "configure")
-            if self._idle_from is not None:
-                at = max(self._last_message, self._idle_from) + self.limits.idle_timeout
+            if backlog.idle_from is not None:
+                at = max(self._last_message, backlog.idle_from) + self.limits.idle_timeout
                 if best is None or at < best.at:
                     best = Timeout(at, "idle")
         return best

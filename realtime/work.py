@@ -84,3 +84,70 @@ class Failure:
     def lost(self) -> bool:
         """The session is gone: the connection cannot go on with it."""
         return self.kind in ("session_lost", "engine_dead")
+
+
+@attrs.define(slots=True)
+class Backlog:
+    """What the server still owes the client, counted by the pipeline alone (it is
+    the only writer); the rules read it for their decisions: the pending-audio budget,
+    the queued-message bound, the stalled-reader and the idle clocks. So the rules
+    keep no counter that stays right only if calls come in the right order."""
+
+    idle_from: float | None
+    """When the server last stopped owing the client anything (None: it owes)."""
+    pending_samples: int = 0
+    """Accepted input audio not yet handed to the model."""
+    queued: int = 0
+    """Accepted work for the model not yet finished."""
+    inflight: int = 0
+    """Frames with the model whose events are not yet out."""
+    unsent: int = 0
+    """Events handed to the socket's queue and not yet written."""
+    sending_since: float | None = None
+    """A socket write under way since then (the stalled-reader clock)."""
+
+    def accepted(self, item: Work) -> None:
+        """The rules accepted ``item``: it is owed until it finishes."""
+        self.queued += 1
+        if isinstance(item, RunAudio):
+            self.pending_samples += int(item.samples.shape[0])
+        self.idle_from = None
+
+    def submitted(self, samples: int) -> None:
+        """A frame of accepted audio went to the model."""
+        self.pending_samples -= samples
+        self.inflight += 1
+
+    def audio_done(self, unsubmitted: int) -> None:
+        """The pipeline is done with an append (``unsubmitted`` samples never ran)."""
+        self.pending_samples -= unsubmitted
+        self.queued -= 1
+
+    def frame_back(self, now: float) -> None:
+        """A frame's result came back from the model."""
+        self.inflight -= 1
+        self._settle(now)
+
+    def finished(self, now: float) -> None:
+        """An open, flush or cancel finished on the model."""
+        self.queued -= 1
+        self._settle(now)
+
+    def event_queued(self) -> None:
+        self.unsent += 1
+        self.idle_from = None
+
+    def sending(self, now: float) -> None:
+        self.sending_since = now
+
+    def sent(self, now: float) -> None:
+        self.sending_since = None
+        self.unsent -= 1
+        self._settle(now)
+
+    def owes(self) -> bool:
+        return bool(self.queued or self.inflight or self.unsent or self.pending_samples)
+
+    def _settle(self, now: float) -> None:
+        if self.idle_from is None and not self.owes():
+            self.idle_from = now

@@ -23,7 +23,7 @@ from realtime.openai import events as ev
 from realtime.openai.dialect import Dialect, OpenModel, RunFrame
 from realtime.openai.dialect import Output as DialectOutput
 from realtime.plumbing import Refusal
-from realtime.work import Failure, RunAudio
+from realtime.work import Backlog, Failure, RunAudio
 from realtime.work import OpenModel as OpenWork
 
 
@@ -32,10 +32,12 @@ class OpenAIRules:
 
     audio_event: ClassVar[str] = "response.output_audio.delta"
 
-    def __init__(self, dialect: Dialect, session_id: str) -> None:
+    def __init__(self, dialect: Dialect, session_id: str, now: float) -> None:
         self.dialect = dialect
         self.session_id = session_id
         self.session_open = False
+        self.backlog = Backlog(idle_from=now)
+        """Counted by the pipeline; the dialect keeps its own clocks."""
         self.outcome: SessionOutcome = "client_gone"
         self.close_reason = ""
         self._frames = itertools.count()
@@ -51,7 +53,7 @@ class OpenAIRules:
             count_tokens=model.count_tokens,
             figures=model.figures,
         )
-        return cls(dialect, session_id)
+        return cls(dialect, session_id, now)
 
     # --- wire ------------------------------------------------------------------------
 
@@ -63,9 +65,6 @@ class OpenAIRules:
 
     def serialize(self, event: Event) -> str:
         return ev.serialize(event)
-
-    def pending_seconds(self) -> float:
-        return 0.0  # the dialect bounds its own backlog of frames
 
     # --- the dialect's outputs as the pipeline's -------------------------------------
 
@@ -113,12 +112,6 @@ class OpenAIRules:
     def keep_submitting(self, tag: int) -> bool:
         return True
 
-    def slice_submitted(self, samples: int) -> None:
-        pass
-
-    def audio_done(self, unsubmitted: int) -> None:
-        pass
-
     def slice_done(self, tag: int, events: list[ModelEvent] | None, now: float) -> list[Output]:
         if events is None:
             self.dialect.frame_dropped()
@@ -147,9 +140,6 @@ class OpenAIRules:
         raise AssertionError("the OpenAI dialect never cancels the model")  # pragma: no cover
 
     # --- the socket ------------------------------------------------------------------
-
-    def event_queued(self) -> None:
-        pass
 
     def sending(self, now: float) -> None:
         self.dialect.sending(now)
