@@ -20,8 +20,9 @@ import trio
 from quart import Response, jsonify, request, send_file
 from quart_trio import QuartTrio
 
-from realtime import __version__
+from realtime import __version__, endpoints
 from realtime.connection import Connection
+from realtime.endpoints import NATIVE_PATH
 from realtime.engine import Engine
 from realtime.guard import ConnectionTable, absorb, install
 from realtime.limits import Limits
@@ -39,10 +40,10 @@ ASGIScope = dict[str, Any]
 ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
 ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
 
-REALTIME_PATH: Final = "/v1/realtime"
+REALTIME_PATH: Final = NATIVE_PATH
 SUBPROTOCOL: Final = "realtime"
 KEY_SUBPROTOCOL_PREFIX: Final = "realtime-key."
-OPENAI_PATH: Final = "/openai/v1/realtime"
+OPENAI_PATH: Final = endpoints.OPENAI_PATH
 OPENAI_KEY_SUBPROTOCOL_PREFIX: Final = "openai-insecure-api-key."
 PUBLIC_PATHS: Final = ("/", "/favicon.ico")
 PUBLIC_PREFIXES: Final = ("/static/",)

@@ -17,7 +17,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, overload
 
 import attrs
 import numpy as np
@@ -90,6 +90,12 @@ class ServerError(ClientError):
 
 class ProtocolViolation(ClientError):
     """The server sent something the protocol does not allow (bad JSON, bad audio)."""
+
+
+class WrongEndpoint(ProtocolViolation):
+    """The URL is the server's OpenAI Realtime endpoint (``/openai/v1/realtime``); this
+    client speaks the native protocol, at ``/v1/realtime``. Raised at the first event
+    that shows it, instead of a "malformed event" further on."""
 
 
 # --- server events --------------------------------------------------------------------
@@ -209,7 +215,8 @@ class ErrorEvent:
 
 @attrs.frozen(slots=True)
 class UnknownEvent:
-    """A ``type`` this client does not know (a newer server, or another dialect)."""
+    """A ``type`` this client does not know (a newer server); the OpenAI dialect's
+    events raise :class:`WrongEndpoint` instead."""
 
     type: str
     raw: Raw = attrs.field(repr=False)
@@ -270,26 +277,130 @@ def _error(raw: Raw) -> ErrorEvent:
     return ErrorEvent(str(err.get("code", "unknown")), str(err.get("message", "")), raw)
 
 
+OPENAI_EVENT_TYPES: Final = frozenset(
+    {
+        "conversation.created",
+        "conversation.item.added",
+        "conversation.item.created",
+        "conversation.item.deleted",
+        "conversation.item.done",
+        "conversation.item.input_audio_transcription.completed",
+        "conversation.item.input_audio_transcription.failed",
+        "conversation.item.input_audio_transcription.segment",
+        "conversation.item.retrieved",
+        "conversation.item.truncated",
+        "input_audio_buffer.cleared",
+        "input_audio_buffer.dtmf_event_received",
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.timeout_triggered",
+        "mcp_list_tools.completed",
+        "mcp_list_tools.failed",
+        "mcp_list_tools.in_progress",
+        "output_audio_buffer.cleared",
+        "output_audio_buffer.started",
+        "output_audio_buffer.stopped",
+        "rate_limits.updated",
+        "response.content_part.added",
+        "response.content_part.done",
+        "response.created",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.mcp_call.completed",
+        "response.mcp_call.failed",
+        "response.mcp_call.in_progress",
+        "response.mcp_call_arguments.delta",
+        "response.mcp_call_arguments.done",
+        "response.output_audio.delta",
+        "response.output_audio.done",
+        "response.output_audio_transcript.delta",
+        "response.output_audio_transcript.done",
+        "response.output_item.added",
+        "response.output_item.done",
+        "response.output_text.delta",
+        "response.output_text.done",
+    }
+)
+"""Server events of the OpenAI Realtime GA dialect (the ``openai`` SDK's union) that
+the native protocol has not; the six it shares are told apart by :data:`_GA_SHAPES`."""
+
+
+def _ga_session(raw: Raw) -> bool:
+    return _session(raw).get("type") == "realtime"
+
+
+_GA_SHAPES: Final[dict[str, Callable[[Raw], bool]]] = {
+    "session.created": _ga_session,
+    "session.updated": _ga_session,
+    "conversation.item.input_audio_transcription.delta": lambda r: "item_id" in r,
+    "input_audio_buffer.committed": lambda r: "item_id" in r,
+    "response.done": lambda r: isinstance(r.get("response"), dict),
+    "error": lambda r: isinstance(r.get("error"), dict) and "type" in r["error"],
+}
+"""Event types both dialects have, and what tells the GA one apart (fields the native
+event never carries)."""
+
+
+def openai_sign(raw: Raw) -> str | None:
+    """What shows ``raw`` to be an event of the OpenAI Realtime dialect, or None."""
+    kind = raw.get("type")
+    if not isinstance(kind, str):
+        return None
+    if kind in OPENAI_EVENT_TYPES:
+        return f"{kind!r}"
+    shaped = _GA_SHAPES.get(kind)
+    return f"{kind!r} in the OpenAI shape" if shaped is not None and shaped(raw) else None
+
+
+def wrong_endpoint_message(sign: str) -> str:
+    """The one line a native client gives when it reached the OpenAI endpoint."""
+    return (
+        f"this URL serves the OpenAI Realtime dialect (the server sent {sign}); this client "
+        "speaks the native VoiceChat protocol, served at ws://HOST:PORT/v1/realtime "
+        "(not /openai/v1/realtime)"
+    )
+
+
+def _native(parse: Callable[[Raw], ServerEvent]) -> Callable[[Raw], ServerEvent]:
+    """``parse`` for a type both dialects have: the OpenAI one raises
+    :class:`WrongEndpoint` before its missing native fields read as "malformed"."""
+
+    def checked(raw: Raw) -> ServerEvent:
+        sign = openai_sign(raw)
+        if sign is not None:
+            raise WrongEndpoint(wrong_endpoint_message(sign))
+        return parse(raw)
+
+    return checked
+
+
+def _openai_only(raw: Raw) -> ServerEvent:
+    raise WrongEndpoint(wrong_endpoint_message(f"{raw['type']!r}"))
+
+
 _PARSERS: Final[dict[str, Callable[[Raw], ServerEvent]]] = {
     "response.audio.delta": lambda r: AudioDelta(r["frame_index"], r["delta"], r),
     "response.text.delta": lambda r: TextDelta(
         r["frame_index"], r.get("token_id", -1), r["delta"], r.get("text", ""), r
     ),
-    "conversation.item.input_audio_transcription.delta": lambda r: TranscriptDelta(
-        r["frame_index"], r["delta"], r.get("transcript", ""), r
+    "conversation.item.input_audio_transcription.delta": _native(
+        lambda r: TranscriptDelta(r["frame_index"], r["delta"], r.get("transcript", ""), r)
     ),
     "response.function.delta": lambda r: FunctionDelta(
         r["frame_index"], r.get("token_id", -1), r["delta"], r.get("text", ""), r
     ),
-    "session.created": lambda r: SessionCreated(str(_session(r).get("id", "")), r),
-    "session.updated": _updated,
-    "input_audio_buffer.committed": Committed,
-    "response.done": lambda r: ResponseDone(r.get("frame_index", -1), r),
+    "session.created": _native(lambda r: SessionCreated(str(_session(r).get("id", "")), r)),
+    "session.updated": _native(_updated),
+    "input_audio_buffer.committed": _native(Committed),
+    "response.done": _native(lambda r: ResponseDone(r.get("frame_index", -1), r)),
     "response.cancelled": lambda r: ResponseCancelled(r.get("frame_index", -1), r),
     "session.pong": Pong,
-    "error": _error,
+    "error": _native(_error),
+    **dict.fromkeys(OPENAI_EVENT_TYPES, _openai_only),
 }
-"""Wire ``type`` -> event; the audio delta first, being most of the traffic."""
+"""Wire ``type`` -> event; the audio delta first, being most of the traffic. Its
+parser, like every type only the native protocol has, checks nothing more: the
+OpenAI dialect's audio delta is another type."""
 
 
 def parse_event(message: str | bytes) -> ServerEvent:
@@ -376,6 +487,31 @@ CANCEL: Final = _dumps({"type": "session.cancel"})
 # --- the connection -------------------------------------------------------------------
 
 
+class _ServedFigure:
+    """A figure of the served model, as ``session.updated`` sent it; VoiceChat's before
+    it arrives or where the server leaves it out. One rule for every figure a client
+    paces, frames or checks audio by."""
+
+    def __set_name__(self, owner: type[RealtimeClient], name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, client: None, owner: type[RealtimeClient]) -> _ServedFigure: ...
+
+    @overload
+    def __get__(self, client: RealtimeClient, owner: type[RealtimeClient]) -> int: ...
+
+    def __get__(
+        self, client: RealtimeClient | None, owner: type[RealtimeClient]
+    ) -> int | _ServedFigure:
+        if client is None:
+            return self
+        updated = client.updated
+        sent: int | None = getattr(updated, self.name) if updated is not None else None
+        fallback: int = getattr(VOICECHAT_FIGURES, self.name)
+        return sent or fallback
+
+
 class RealtimeClient:
     """One ``/v1/realtime`` connection; made by :func:`connect`.
 
@@ -395,30 +531,15 @@ class RealtimeClient:
         self.received_at = 0.0
         """``time.perf_counter()`` as the last message arrived, before parsing (benchmarks)."""
 
-    def _sent(self, figure: str) -> int | None:
-        value: int | None = getattr(self.updated, figure) if self.updated is not None else None
-        return value
-
-    @property
-    def input_sample_rate(self) -> int:
-        """The rate :meth:`append` sends at: the server's (``session.updated``), or
-        VoiceChat's before it arrives or when it leaves it out."""
-        return self._sent("input_sample_rate") or VOICECHAT_FIGURES.input_sample_rate
-
-    @property
-    def output_sample_rate(self) -> int:
-        """The rate of the audio deltas (``session.updated``, else VoiceChat's)."""
-        return self._sent("output_sample_rate") or VOICECHAT_FIGURES.output_sample_rate
-
-    @property
-    def frame_samples(self) -> int:
-        """Input samples per model step (``session.updated``, else VoiceChat's)."""
-        return self._sent("frame_samples") or VOICECHAT_FIGURES.frame_samples
-
-    @property
-    def output_frame_samples(self) -> int:
-        """Samples of each audio delta (``session.updated``, else VoiceChat's)."""
-        return self._sent("output_frame_samples") or VOICECHAT_FIGURES.output_frame_samples
+    input_sample_rate: Final = _ServedFigure()
+    """The rate :meth:`append` sends at. This and the next three are the served model's
+    (``session.updated``), VoiceChat's before it arrives or where it leaves one out."""
+    output_sample_rate: Final = _ServedFigure()
+    """The rate of the audio deltas."""
+    frame_samples: Final = _ServedFigure()
+    """Input samples per model step."""
+    output_frame_samples: Final = _ServedFigure()
+    """Samples of each audio delta."""
 
     @property
     def frame_seconds(self) -> float:

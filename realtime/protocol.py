@@ -20,6 +20,7 @@ import attrs
 
 from realtime import audio
 from realtime.audio import float_to_pcm16, pcm16_to_float
+from realtime.endpoints import OPENAI_CLIENT_TYPES, OPENAI_DIALECT_HINT, OPENAI_SESSION_KEYS
 from realtime.models.base import (
     VOICECHAT_FIGURES,
     AssistantTextDelta,
@@ -146,6 +147,12 @@ def _optional_str(obj: dict[str, Any], name: str, path: str) -> str | None:
     return value
 
 
+def _hinted(message: str, *, openai: bool) -> str:
+    """``message``, naming the OpenAI dialect's endpoint when what it refuses is
+    ``openai``-shaped; the rest of the refusal stays as it was."""
+    return f"{message}; {OPENAI_DIALECT_HINT}" if openai else message
+
+
 def _parse_session_update(msg: dict[str, Any], figures: ModelFigures) -> SessionUpdate:
     session = msg.get("session", {})
     if session is None:
@@ -155,8 +162,12 @@ def _parse_session_update(msg: dict[str, Any], figures: ModelFigures) -> Session
     unknown = sorted(str(k) for k in session if k not in SESSION_FIELDS)
     if unknown:
         raise ProtocolError(
-            f"unknown session field{'s' if len(unknown) > 1 else ''} "
-            f"{', '.join(repr(k) for k in unknown)}; accepted fields: {', '.join(SESSION_FIELDS)}"
+            _hinted(
+                f"unknown session field{'s' if len(unknown) > 1 else ''} "
+                f"{', '.join(repr(k) for k in unknown)}; "
+                f"accepted fields: {', '.join(SESSION_FIELDS)}",
+                openai=any(k in OPENAI_SESSION_KEYS for k in unknown),
+            )
         )
     model = _optional_str(session, "model", "session")
     system_prompt = _optional_str(session, "system_prompt", "session")
@@ -233,7 +244,13 @@ def parse_client_message(
         return _parse_commit(msg)
     if kind in ("session.cancel", "response.cancel"):
         return Cancel(type=kind)
-    raise ProtocolError(f"unknown message type {kind!r}; expected one of {', '.join(CLIENT_TYPES)}")
+    # Every GA type this endpoint shares was served above: what is left is OpenAI-only.
+    raise ProtocolError(
+        _hinted(
+            f"unknown message type {kind!r}; expected one of {', '.join(CLIENT_TYPES)}",
+            openai=kind in OPENAI_CLIENT_TYPES,
+        )
+    )
 
 
 def model_matches(requested: str, model_id: str, path: str | None) -> bool:
@@ -311,6 +328,13 @@ def cancelled(frame_index: int) -> Event:
     return _event("response.cancelled", frame_index=frame_index)
 
 
+_TOKEN_DELTA_TYPES: Final[dict[type[AssistantTextDelta] | type[FunctionDelta], str]] = {
+    AssistantTextDelta: "response.text.delta",
+    FunctionDelta: "response.function.delta",
+}
+"""The two token channels: the same fields on the wire, under their own event type."""
+
+
 def wire_event(event: ModelEvent, figures: ModelFigures = VOICECHAT_FIGURES) -> Event:
     """Map one model event to its wire event (SPEC's model-event table); an audio
     frame must carry the model's ``figures.codebooks`` codes."""
@@ -327,17 +351,9 @@ def wire_event(event: ModelEvent, figures: ModelFigures = VOICECHAT_FIGURES) -> 
             channels=1,
             audio_codes=codes,
         )
-    if isinstance(event, AssistantTextDelta):
+    if isinstance(event, AssistantTextDelta | FunctionDelta):
         return _event(
-            "response.text.delta",
-            frame_index=event.frame_index,
-            token_id=event.token_id,
-            delta=event.delta,
-            text=event.text,
-        )
-    if isinstance(event, FunctionDelta):
-        return _event(
-            "response.function.delta",
+            _TOKEN_DELTA_TYPES[type(event)],
             frame_index=event.frame_index,
             token_id=event.token_id,
             delta=event.delta,

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import numpy as np
 import pytest
 import trio
 
 from realtime import client as rc
+from realtime import protocol
 from realtime.engine import Engine
-from realtime.models.base import VOICECHAT_FIGURES
+from realtime.models.base import (
+    VOICECHAT_FIGURES,
+    AssistantTextDelta,
+    AudioDelta,
+    Done,
+    UserTranscriptDelta,
+)
 from realtime.models.fake import FakeModel, FakeOptions
 from tests.helpers import running_server
 
@@ -116,3 +126,68 @@ def test_parse_event_is_lenient_on_unknown_and_strict_on_garbage() -> None:
         32767,
         -32767,
     ]
+
+
+def _ga(type_: str, **fields: Any) -> str:
+    return json.dumps({"type": type_, "event_id": "event_1", **fields})
+
+
+GA_EVENTS = [
+    _ga("session.created", session={"type": "realtime", "object": "realtime.session", "id": "s"}),
+    _ga("session.updated", session={"type": "realtime", "id": "s"}),
+    _ga(
+        "conversation.item.input_audio_transcription.delta",
+        item_id="item_1",
+        content_index=0,
+        delta="hi",
+    ),
+    _ga("input_audio_buffer.committed", item_id="item_1", previous_item_id=None),
+    _ga("response.done", response={"id": "resp_1", "status": "completed"}),
+    _ga("error", error={"type": "invalid_request_error", "code": "x", "message": "m"}),
+    *(_ga(kind) for kind in sorted(rc.OPENAI_EVENT_TYPES)),
+]
+
+
+@pytest.mark.parametrize("frame", GA_EVENTS)
+def test_an_openai_event_names_the_native_endpoint(frame: str) -> None:
+    """A native client at /openai/v1/realtime: one line naming /v1/realtime, never
+    "malformed event" (nor a GA response.done taken for the native end)."""
+    with pytest.raises(rc.WrongEndpoint) as caught:
+        rc.parse_event(frame)
+    line = str(caught.value)
+    assert "ws://HOST:PORT/v1/realtime" in line and "OpenAI Realtime" in line
+    assert "\n" not in line and "malformed" not in line
+    assert json.loads(frame)["type"] in line
+
+
+def test_native_events_are_never_taken_for_openai_ones() -> None:
+    """Every event the native server builds parses as before (rc.openai_sign: None)."""
+    frames = [
+        protocol.session_created("sess_1"),
+        protocol.session_updated("sess_1", "m", protocol.SessionUpdate(system_prompt="x")),
+        protocol.input_audio_committed(),
+        protocol.pong(),
+        protocol.error_event("invalid_request", "nope"),
+        protocol.cancelled(3),
+        protocol.wire_event(Done(4)),
+        protocol.wire_event(UserTranscriptDelta(1, "hi", "hi")),
+        protocol.wire_event(AssistantTextDelta(1, 7, "a", "a")),
+        protocol.wire_event(
+            AudioDelta(2, np.zeros(OUTPUT_FRAME_SAMPLES, np.float32), tuple(range(31)))
+        ),
+    ]
+    for frame in frames:
+        assert rc.openai_sign(frame) is None, frame
+        assert not isinstance(rc.parse_event(protocol.serialize(frame)), rc.UnknownEvent)
+    assert rc.openai_sign({"type": ["x"]}) is None
+
+
+async def test_a_native_client_at_the_openai_endpoint_is_told_where_to_go(
+    engine: Engine,
+) -> None:
+    async with running_server(engine) as server:
+        url = server.url.replace("/v1/realtime", "/openai/v1/realtime")
+        with pytest.raises(rc.WrongEndpoint, match=r"ws://HOST:PORT/v1/realtime") as caught:
+            async with rc.connect(url) as conn:
+                await conn.configure()
+    assert "'session.created' in the OpenAI shape" in str(caught.value)

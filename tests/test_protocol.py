@@ -109,20 +109,16 @@ def test_event_mapping_names_and_fields() -> None:
         assert EVENT_ID.match(wire.pop("event_id"))
         assert wire == expected
     audio = protocol.wire_event(AudioDelta(6, samples, codes))
-    assert set(audio) == {
-        "type",
-        "event_id",
-        "frame_index",
-        "delta",
-        "format",
-        "sample_rate",
-        "channels",
-        "audio_codes",
+    assert EVENT_ID.match(audio.pop("event_id"))
+    pcm = np.frombuffer(base64.b64decode(audio.pop("delta")), dtype="<i2")
+    assert audio == {
+        "type": "response.audio.delta",
+        "frame_index": 6,
+        "format": "pcm16",
+        "sample_rate": 22050,
+        "channels": 1,
+        "audio_codes": list(range(31)),
     }
-    assert audio["type"] == "response.audio.delta"
-    assert audio["format"] == "pcm16" and audio["sample_rate"] == 22050
-    assert audio["channels"] == 1 and audio["audio_codes"] == list(range(31))
-    pcm = np.frombuffer(base64.b64decode(audio["delta"]), dtype="<i2")
     assert pcm.shape == (1764,)
     np.testing.assert_array_equal(pcm, np.rint(np.clip(samples, -1, 1) * 32767))
     with pytest.raises(ValueError, match="31"):
@@ -337,3 +333,64 @@ def test_model_matches(requested: str, ok: bool) -> None:
         )
         is ok
     )
+
+
+HINT = (
+    "this is the native VoiceChat endpoint; the OpenAI Realtime dialect is at /openai/v1/realtime"
+)
+
+
+def unknown_fields(*names: str) -> str:
+    """The refusal of an update with these unknown fields, as it read before any hint."""
+    listed = ", ".join(repr(n) for n in names)
+    return (
+        f"unknown session field{'s' if len(names) > 1 else ''} {listed}; "
+        "accepted fields: model, system_prompt, seed, max_streaming_seconds"
+    )
+
+
+def unknown_type(kind: str) -> str:
+    return f"unknown message type {kind!r}; expected one of {', '.join(protocol.CLIENT_TYPES)}"
+
+
+def update(**session: Any) -> dict[str, Any]:
+    return {"type": "session.update", "session": session}
+
+
+OPENAI_SHAPED: list[tuple[dict[str, Any], str]] = [
+    (update(type="realtime", instructions="Be brief."), unknown_fields("instructions", "type")),
+    (update(audio={}), unknown_fields("audio")),
+    (update(output_modalities=["audio"], x=1), unknown_fields("output_modalities", "x")),
+    (update(tools=[]), unknown_fields("tools")),
+    (
+        {"type": "conversation.item.create", "item": {"type": "message"}},
+        unknown_type("conversation.item.create"),
+    ),
+    ({"type": "response.create"}, unknown_type("response.create")),
+    ({"type": "input_audio_buffer.clear"}, unknown_type("input_audio_buffer.clear")),
+    ({"type": "output_audio_buffer.clear"}, unknown_type("output_audio_buffer.clear")),
+]
+
+
+@pytest.mark.parametrize(("message", "refusal"), OPENAI_SHAPED)
+def test_openai_shaped_messages_name_the_openai_endpoint(
+    message: dict[str, Any], refusal: str
+) -> None:
+    """An OpenAI client at /v1/realtime: the same refusal, plus one clause saying where
+    its dialect is served."""
+    with pytest.raises(ProtocolError) as info:
+        parse_client_message(json.dumps(message))
+    assert info.value.message == f"{refusal}; {HINT}"
+
+
+def test_other_refusals_keep_their_text_without_the_hint() -> None:
+    """Only what an OpenAI client sends gets the hint; other mistakes read as before."""
+    cases = [
+        ({"type": "nope"}, unknown_type("nope")),
+        (update(x=1), unknown_fields("x")),
+        (update(prompt_=1, seed=1), unknown_fields("prompt_")),
+    ]
+    for message, refusal in cases:
+        with pytest.raises(ProtocolError) as info:
+            parse_client_message(json.dumps(message))
+        assert info.value.message == refusal

@@ -17,6 +17,7 @@ from typing import Any, Final
 
 import attrs
 
+from realtime import endpoints
 from realtime.models.base import Samples
 from realtime.openai import events as ev
 from realtime.openai.audio import AudioFormatError, decode_pcm16
@@ -109,6 +110,16 @@ ClientMessage = (
 Parsed = ClientMessage | ev.Invalid
 _Raw = dict[str, Any]
 
+NATIVE_PROTOCOL_HINT: Final = endpoints.NATIVE_PROTOCOL_HINT
+"""Added to a refusal of what only a native client sends: it reached the wrong
+endpoint, and the refusal alone would not say which one is right."""
+NATIVE_SESSION_FIELDS: Final = frozenset({"system_prompt", "seed", "max_streaming_seconds"})
+"""The native protocol's session fields that a GA session has not (``model`` both
+have). Refused, not ignored like other unknown fields: a native client whose
+settings were silently dropped would go on and stream 16 kHz audio here."""
+NATIVE_TYPES: Final = frozenset({"session.cancel", "session.ping"})
+"""The native protocol's client messages that the GA dialect has not."""
+
 
 def _session_update(raw: _Raw, cid: str | None) -> Parsed:
     update = raw.get("session")
@@ -123,10 +134,30 @@ def _session_update(raw: _Raw, cid: str | None) -> Parsed:
             "session.type",
             cid,
         )
+    native = sorted(str(key) for key in update if key in NATIVE_SESSION_FIELDS)
+    if native:
+        return ev.Invalid(
+            "unknown_parameter",
+            f"{', '.join(f'session.{key}' for key in native)} belong"
+            f"{'s' if len(native) == 1 else ''} to the native VoiceChat protocol, not to a "
+            "GA session (the system prompt is 'instructions' here); this update was not "
+            f"applied; {NATIVE_PROTOCOL_HINT}",
+            f"session.{native[0]}",
+            cid,
+        )
     return SessionUpdate(update, event_id=cid)
 
 
 def _append(raw: _Raw, cid: str | None) -> Parsed:
+    if "sample_rate" in raw:  # a native append: taken as 24 kHz, it would be noise
+        return ev.Invalid(
+            "unknown_parameter",
+            "sample_rate belongs to the native VoiceChat protocol; here audio is 24 kHz "
+            "audio/pcm (session.audio.input.format) and this append was not accepted; "
+            f"{NATIVE_PROTOCOL_HINT}",
+            "sample_rate",
+            cid,
+        )
     try:
         samples = decode_pcm16(raw.get("audio"))
     except AudioFormatError as exc:
@@ -190,6 +221,8 @@ _PARSERS: Final[Mapping[str, Callable[[_Raw, str | None], Parsed]]] = {
 }
 """Each GA client event the dialect serves, by its wire ``type``."""
 CLIENT_TYPES: Final = frozenset(_PARSERS)
+"""What the dialect parses; ``realtime.endpoints.OPENAI_CLIENT_TYPES`` lists the same
+for the native endpoint's hint (tests/openai/test_hints.py checks they agree)."""
 
 
 def parse_message(frame: str | bytes | None, *, max_bytes: int) -> Parsed:
@@ -201,5 +234,8 @@ def parse_message(frame: str | bytes | None, *, max_bytes: int) -> Parsed:
     cid = raw.get("event_id") if isinstance(raw.get("event_id"), str) else None
     parse = _PARSERS.get(kind)
     if parse is None:
-        return ev.Invalid("unknown_event", f"unknown client event type {kind!r}", "type", cid)
+        message = f"unknown client event type {kind!r}"
+        if kind in NATIVE_TYPES:
+            message += f" (a native VoiceChat message); {NATIVE_PROTOCOL_HINT}"
+        return ev.Invalid("unknown_event", message, "type", cid)
     return parse(raw, cid)

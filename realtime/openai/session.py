@@ -14,28 +14,17 @@ import reprlib
 from collections.abc import Callable
 from typing import Any, Final
 
+from realtime.endpoints import OPENAI_SESSION_KEYS
 from realtime.limits import prompt_refusal
 from realtime.openai import events as ev
 from realtime.openai.tools import render_prompt
 
 Session = dict[str, Any]
 
-_SESSION_KEYS: Final = frozenset(
-    {
-        "type",
-        "instructions",
-        "tools",
-        "tool_choice",
-        "audio",
-        "output_modalities",
-        "max_output_tokens",
-        "model",
-        "include",
-        "tracing",
-        "truncation",
-        "prompt",
-    }
-)
+SESSION_KEYS: Final = OPENAI_SESSION_KEYS
+"""The GA session's fields; others are ignored (but see
+:data:`realtime.openai.messages.NATIVE_SESSION_FIELDS`). The native endpoint names
+this endpoint when a client sends it one of these (:mod:`realtime.endpoints`)."""
 _FIXED_KEYS: Final = ("type", "model")
 """Accepted in an update and never changed: one kind of session, one model."""
 _AUDIO_KEYS: Final = {
@@ -97,7 +86,7 @@ def _invalid(param: str, message: str) -> ev.Invalid:
 def _merged(session: Session, update: Session) -> Session | ev.Invalid:
     merged = copy.deepcopy(session)
     for key, value in update.items():
-        if key not in _SESSION_KEYS or key in _FIXED_KEYS:
+        if key not in SESSION_KEYS or key in _FIXED_KEYS:
             continue
         if key == "audio":
             problem = _merge_audio(merged["audio"], value)
