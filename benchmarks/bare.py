@@ -21,7 +21,7 @@ import mlx.core as mx
 
 from benchmarks.stats import summarize
 from benchmarks.wire import Float32
-from realtime.models.base import ModelFigures
+from realtime.models.base import ModelFigures, open_session
 
 WARMUP_FRAMES = 10
 
@@ -104,7 +104,7 @@ def _adapter(path: Path, frames: list[Float32], warmup: list[Float32]) -> dict[s
     model = load_model(path)
     run = partial(
         _session_run,
-        lambda: model.open_session(system_prompt=None, seed=0, max_streaming_seconds=None),
+        lambda: open_session(model, system_prompt=None, seed=0, max_streaming_seconds=None),
         model.clear_cache,
         model.figures.input_sample_rate,
     )

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -26,13 +26,15 @@ from benchmarks.wire import test_pcm
 def measure(path: Path, frames: int, warmup: int = 10) -> dict[str, Any]:
     import mlx.core as mx
 
-    from realtime.models.voicechat import load_voicechat
+    from realtime.models.base import open_now
+    from realtime.models.voicechat import VoiceChatSession, load_voicechat
 
     model = load_voicechat(path)
     size, rate = model.figures.frame_samples, model.figures.input_sample_rate
-    session = model.open_session(
+    opening = model.begin_session(
         system_prompt=None, seed=0, max_streaming_seconds=None, profile=True
     )
+    session = cast("VoiceChatSession", open_now(opening))
     evaluating = [0.0]
     original_eval, original_argmax = mx.eval, mx.argmax
 

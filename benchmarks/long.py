@@ -28,7 +28,7 @@ import trio
 
 from benchmarks.servers import ours, rss_bytes
 from benchmarks.wire import BenchError, connect, figures_for, frame_messages, test_pcm
-from realtime.models.base import ModelFigures
+from realtime.models.base import ModelFigures, open_session
 
 
 def frames_per_minute(figures: ModelFigures) -> int:
@@ -59,10 +59,10 @@ def model_side(
     # A minute of test audio, looped: the model's caches see every frame as new input.
     audio = test_pcm(per_minute * size, seed=3).astype(np.float32) / 32768.0
 
-    def open_session() -> Any:
-        return model.open_session(system_prompt=None, seed=0, max_streaming_seconds=bound)
+    def fresh() -> Any:
+        return open_session(model, system_prompt=None, seed=0, max_streaming_seconds=bound)
 
-    session = open_session()
+    session = fresh()
     steps: list[float] = []
     minutes_out: list[dict[str, Any]] = []
     stops: list[dict[str, Any]] = []
@@ -91,7 +91,7 @@ def model_side(
                 break
             session.flush(False)
             model.clear_cache()
-            session = open_session()
+            session = fresh()
             session_frames = 0
             started = time.perf_counter()
             session.push_audio(chunk, rate)

@@ -26,13 +26,21 @@ from typing import Final, Literal, TypeVar, overload
 import attrs
 import trio
 
+from realtime import admission
+from realtime.admission import StepTimes
 from realtime.models import base as model
-from realtime.models.base import ModelEvent, ModelSession, RealtimeModel, Samples, StepControl
+from realtime.models.base import ModelEvent, ModelSession, Opening, RealtimeModel, Samples
 from realtime.observe import CommandKind, Observer
+from realtime.scheduler import Entry, Scheduler
 
 log = logging.getLogger("realtime.engine")
 
 T = TypeVar("T")
+
+AdmissionRefusal = Literal["busy", "overloaded"]
+"""Why a new conversation is refused: every slot is held (``--max-sessions``), or the
+measured step time says one more would make the open ones fall behind
+(``--admission-margin``, :mod:`realtime.admission`)."""
 
 FailureKind = Literal["open_failed", "step_failed", "context_limit", "session_lost", "engine_dead"]
 """``open_failed``: nothing was opened, the client may try again. ``step_failed``: the
@@ -124,6 +132,12 @@ class Step:
 class _Queued:
     command: Command
     future: concurrent.futures.Future[object]
+    opening: Opening | None = None
+    """An Open under way: its next slice runs when the scheduler picks it again."""
+    engine_seconds: float = 0.0
+    """An Open's engine time over all its slices."""
+    began: bool = False
+    """An Open that passed its checks (it counts against the capacity until it ends)."""
 
 
 @attrs.define(slots=True)
@@ -224,7 +238,16 @@ class Engine:
     conversation per process). A reservation is taken by a connection
     (``try_reserve``) and freed by the engine thread once it has run that session's
     :class:`Close`: a slot is only free when the engine really is, so ``/health`` and
-    the next client see the truth.
+    the next client see the truth. With ``capacity`` > 1 a reservation is also refused
+    while the measured step time says one more session would not keep up
+    (``admission_margin``; 0: never).
+
+    Commands wait in a :class:`~realtime.scheduler.Scheduler`: each session's in the
+    order sent, among sessions earliest deadline first (a frame is due one frame time
+    after it was submitted, and a frame after its session's previous one; flush,
+    cancel and close at once). An :class:`Open` runs in
+    slices (warm-up, then one prompt token each), each due a frame after the last, so
+    a long system prompt never stalls the sessions already running.
     """
 
     def __init__(
@@ -233,13 +256,25 @@ class Engine:
         *,
         observer: Observer | None = None,
         capacity: int = 1,
+        admission_margin: float = 0.0,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
+        if not admission_margin >= 0:
+            raise ValueError(f"admission_margin must be >= 0, got {admission_margin}")
         self.capacity = capacity
+        self.admission_margin = admission_margin
         self._loader = loader
         self._observer = observer if observer is not None else Observer()
-        self._queue: queue.SimpleQueue[_Queued | object] = queue.SimpleQueue()
+        self._wake: queue.SimpleQueue[object] = queue.SimpleQueue()
+        """One token per submitted command (and _STOP): the engine thread sleeps on it
+        while the scheduler is empty."""
+        self._scheduler: Scheduler[str, _Queued] = Scheduler()  # under _state_lock
+        self._frame_seconds = 0.08
+        """One frame of the loaded model (``figures.frame_seconds``): a frame's deadline."""
+        self._step_times = StepTimes()  # under _state_lock
+        self.frames_late = 0
+        """Frames whose step finished after their deadline (engine thread writes)."""
         self._thread = threading.Thread(target=self._run, name="realtime-engine", daemon=True)
         self._loaded: concurrent.futures.Future[RealtimeModel] = concurrent.futures.Future()
         self._state_lock = threading.Lock()
@@ -249,6 +284,7 @@ class Engine:
         """The queued Close of each reserved session whose client has left."""
         self._model: RealtimeModel | None = None
         self._sessions: dict[str, _Active] = {}  # engine thread only
+        self._openings: set[str] = set()  # engine thread only: Opens under way
         self._running: _Queued | None = None
         self._last_beat: float | None = None
         """``time.monotonic()`` of the running command's start or last step (None: idle)."""
@@ -279,12 +315,12 @@ class Engine:
         """Give up on a load still running: report dead now and let the (daemon) thread
         end on its own once the load returns, instead of waiting for commands."""
         self._die(reason)
-        self._queue.put(_STOP)
+        self._wake.put(_STOP)
 
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Stop after the queued commands (an open session is cancelled) and join."""
         if self._thread.is_alive():
-            self._queue.put(_STOP)
+            self._wake.put(_STOP)
             self._thread.join(timeout)
             if self._thread.is_alive():
                 log.warning("engine thread still busy after %.1f s; leaving it", timeout or 0)
@@ -338,12 +374,38 @@ class Engine:
     # --- reservation --------------------------------------------------------
 
     def try_reserve(self, session_id: str) -> bool:
-        """Take one of the ``capacity`` slots for ``session_id``; False when all are held."""
+        """Take one of the ``capacity`` slots for ``session_id``; False when all are held
+        or admission by load refuses (:meth:`refusal` says which)."""
         with self._state_lock:
-            if len(self._reserved) < self.capacity and self._dead_reason is None:
+            if self._dead_reason is None and self._refusal() is None:
                 self._reserved.add(session_id)
                 return True
             return False
+
+    def refusal(self) -> AdmissionRefusal | None:
+        """Why a new conversation would be refused now (``None``: it would be served)."""
+        with self._state_lock:
+            return self._refusal()
+
+    def _refusal(self) -> AdmissionRefusal | None:
+        held = len(self._reserved)
+        if held >= self.capacity:
+            return "busy"
+        step = self._step_times.quantile()
+        if not admission.admits(held, step, self._frame_seconds, self.admission_margin):
+            return "overloaded"
+        return None
+
+    @property
+    def step_p90(self) -> float | None:
+        """The p90 of recent frame steps, in seconds (``None``: too few measured)."""
+        with self._state_lock:
+            return self._step_times.quantile()
+
+    @property
+    def queue_depth(self) -> int:
+        """Commands waiting for the engine thread, all sessions together."""
+        return len(self._scheduler)
 
     def is_reserved(self) -> bool:
         """Whether any session holds a slot."""
@@ -383,9 +445,14 @@ class Engine:
                 if isinstance(command, Close):
                     self._reserved.discard(command.session_id)
             else:
-                self._queue.put(_Queued(command, future))
+                now, queued = time.monotonic(), _Queued(command, future)
+                if isinstance(command, Push):
+                    self._scheduler.add_paced(command.session_id, queued, now, self._frame_seconds)
+                else:
+                    self._scheduler.add(command.session_id, queued, now)
                 if isinstance(command, Close) and command.session_id in self._reserved:
                     self._releasing[command.session_id] = future
+        self._wake.put(None)
         return future
 
     def release_pending(self) -> concurrent.futures.Future[object] | None:
@@ -444,28 +511,35 @@ class Engine:
             threading.current_thread().name,
             time.perf_counter() - started,
         )
+        self._frame_seconds = self._model.figures.frame_seconds
         self._loaded.set_result(self._model)
-        item: _Queued | None = None
+        entry: Entry[str, _Queued] | None = None
+        stopping = False
         try:
-            while True:
-                got = self._queue.get()
-                if got is _STOP:
-                    break
-                assert isinstance(got, _Queued)
-                item = got
-                if item.future.set_running_or_notify_cancel():
-                    self._execute(item)
-                item = None
-                if self._dead_reason is not None:
-                    break  # declared hung while the call ran: this thread is done
+            while self._dead_reason is None:
+                with self._state_lock:
+                    entry = self._scheduler.pop()
+                if entry is None:
+                    if stopping:
+                        break
+                    stopping = self._wake.get() is _STOP
+                    continue
+                self._execute(entry)
+                entry = None
             self._die("shut down")
         except BaseException as exc:
             reason = f"engine thread died: {_describe(exc)}"
             log.critical(reason, exc_info=True)
             self._die(reason)
-            if item is not None and not item.future.done():
-                item.future.set_exception(self._dead_error(item.command, reason))
+            if entry is not None and not entry.item.future.done():
+                entry.item.future.set_exception(self._dead_error(entry.item.command, reason))
         finally:
+            with self._state_lock:
+                left = self._scheduler.drain()
+            for queued in left:
+                if queued.item.opening is not None:
+                    queued.item.opening.abandon()
+                _settle(queued.item.future, exception=self._dead_error(queued.item.command, None))
             for session_id in list(self._sessions):
                 self._drop(session_id)
             with self._state_lock:
@@ -483,20 +557,28 @@ class Engine:
         with self._state_lock:
             if self._dead_reason is None:
                 self._dead_reason = reason
-            while True:
-                try:
-                    got = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if isinstance(got, _Queued) and got.future.set_running_or_notify_cancel():
-                    got.future.set_exception(self._dead_error(got.command, self._dead_reason))
+            for entry in self._scheduler.drain():
+                if entry.item.opening is not None:
+                    # Under way on the engine thread: that thread abandons it; here its
+                    # future fails, and the opening is dropped with the entry.
+                    _settle(
+                        entry.item.future,
+                        exception=self._dead_error(entry.item.command, self._dead_reason),
+                    )
+                elif entry.item.future.set_running_or_notify_cancel():
+                    entry.item.future.set_exception(
+                        self._dead_error(entry.item.command, self._dead_reason)
+                    )
             self._reserved.clear()
 
-    def _beat(self) -> None:
-        self._last_beat = time.monotonic()
-
-    def _execute(self, item: _Queued) -> None:
+    def _execute(self, entry: Entry[str, _Queued]) -> None:
+        item = entry.item
         command = item.command
+        if isinstance(command, Open):
+            self._open_slice(entry)
+            return
+        if not item.future.set_running_or_notify_cancel():
+            return
         kind = _KINDS[type(command)]
         self._observer.command_started(kind)
         started = time.perf_counter()
@@ -523,7 +605,69 @@ class Engine:
             # Before the result wakes trio: afterwards this thread goes straight back
             # to its queue instead of holding the GIL the woken connection needs.
             self._observer.command_finished(kind, time.perf_counter() - started)
+        if isinstance(result, Step):
+            self._stepped(result, entry.due)
         _settle(item.future, result=result, exception=error)
+
+    def _stepped(self, step: Step, due: float) -> None:
+        """Count one frame step: its time (admission) and whether it met its deadline."""
+        lateness = time.monotonic() - due
+        with self._state_lock:
+            self._step_times.add(step.seconds)
+        if lateness > 0:
+            self.frames_late += 1
+        self._observer.frame_deadline(lateness, len(self._scheduler))
+
+    def _open_slice(self, entry: Entry[str, _Queued]) -> None:
+        """Run one slice of an Open; queue the rest at the head of its session's
+        commands, due one frame from now (an opening shares the thread like a session
+        streaming in real time, and runs back to back when nothing else waits)."""
+        item = entry.item
+        if item.opening is None:
+            if not item.future.set_running_or_notify_cancel():
+                return
+            self._observer.command_started("open")
+        started = time.perf_counter()
+        self._running = item
+        self._last_beat = time.monotonic()
+        session: ModelSession | None = None
+        error: EngineError | None = None
+        try:
+            session = self._open_step(item)
+        except EngineError as exc:
+            error = exc
+        except Exception as exc:
+            log.exception("opening session %s failed", entry.key)
+            error = EngineError("open_failed", _describe(exc), during="open")
+        finally:
+            self._last_beat = None
+            self._running = None
+            item.engine_seconds += time.perf_counter() - started
+        if error is not None and item.opening is not None:
+            self._abandon_opening(item)
+        if error is None and session is None:
+            with self._state_lock:
+                if self._dead_reason is None:
+                    self._scheduler.add_first(
+                        entry.key, item, time.monotonic() + self._frame_seconds
+                    )
+                    return
+            self._abandon_opening(item)
+            error = self._dead_error(item.command, self._dead_reason)
+        if item.began:
+            self._openings.discard(entry.key)
+        self._observer.command_finished("open", item.engine_seconds)
+        _settle(item.future, result=None, exception=error)
+
+    def _abandon_opening(self, item: _Queued) -> None:
+        opening, item.opening = item.opening, None
+        if opening is None:
+            return
+        try:
+            opening.abandon()
+            self.model.clear_cache()
+        except Exception:
+            log.exception("abandoning an opening session failed")
 
     def _dispatch(self, command: Command) -> Step | list[ModelEvent] | None:
         match command:
@@ -534,9 +678,6 @@ class Engine:
                 started = time.perf_counter()
                 (events,) = self.model.step([(session, samples, sample_rate)])
                 return Step(events, time.perf_counter() - started)
-            case Open():
-                self._open(command)
-                return None
             case Flush(session_id, pad_partial):
                 active = self._active_session(session_id, "flush")
                 active.finished = True
@@ -547,8 +688,11 @@ class Engine:
                 return active.session.cancel()
             case Close(session_id):
                 self._drop(session_id)
+                with self._state_lock:
+                    self._scheduler.forget(session_id)
                 self._release(session_id)
                 return None
+        raise AssertionError(f"not dispatched here: {command!r}")
 
     def _active_session(self, session_id: str, kind: CommandKind) -> _Active:
         active = self._sessions.get(session_id)
@@ -562,30 +706,41 @@ class Engine:
             raise EngineError("step_failed", f"session {session_id} has ended", during=kind)
         return active.session
 
-    def _open(self, command: Open) -> None:
+    def _open_step(self, item: _Queued) -> ModelSession | None:
+        """One slice of an Open (the first checks and begins it); the session once open."""
+        command = item.command
+        assert isinstance(command, Open)
+        sid = command.session_id
         if command.stop is not None and command.stop.is_set():
             raise EngineError("open_failed", "the connection is gone", during="open")
-        if command.session_id in self._sessions:
-            raise EngineError(
-                "open_failed", f"session {command.session_id} is already open", during="open"
-            )
-        if len(self._sessions) >= self.capacity:
-            raise EngineError(
-                "open_failed",
-                f"{len(self._sessions)} sessions are open on the engine, its capacity",
-                during="open",
-            )
+        if item.opening is None:
+            if sid in self._sessions or sid in self._openings:
+                raise EngineError("open_failed", f"session {sid} is already open", during="open")
+            if len(self._sessions) + len(self._openings) >= self.capacity:
+                raise EngineError(
+                    "open_failed",
+                    f"{len(self._sessions) + len(self._openings)} sessions are open on the "
+                    "engine, its capacity",
+                    during="open",
+                )
+            try:
+                item.opening = self.model.begin_session(
+                    system_prompt=command.system_prompt,
+                    seed=command.seed,
+                    max_streaming_seconds=command.max_streaming_seconds,
+                )
+            except model.SessionInitializationError as exc:
+                raise EngineError("open_failed", str(exc), during="open") from exc
+            self._openings.add(sid)
+            item.began = True
         try:
-            session = self.model.open_session(
-                system_prompt=command.system_prompt,
-                seed=command.seed,
-                max_streaming_seconds=command.max_streaming_seconds,
-                control=StepControl(command.stop, self._beat),
-            )
+            session = item.opening.advance()
         except model.SessionInitializationError as exc:
-            self.model.clear_cache()
             raise EngineError("open_failed", str(exc), during="open") from exc
-        self._sessions[command.session_id] = _Active(command.session_id, session)
+        if session is not None:
+            item.opening = None
+            self._sessions[sid] = _Active(sid, session)
+        return session
 
     def _drop(self, session_id: str) -> None:
         """Forget a session (cancelling it if it still runs) and free cached buffers."""

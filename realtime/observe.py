@@ -19,6 +19,7 @@ CommandKind = Literal["open", "push", "flush", "cancel", "close", "call"]
 
 RefusalReason = Literal[
     "busy",
+    "overloaded",
     "unauthorized",
     "forbidden_origin",
     "forbidden_host",
@@ -83,6 +84,10 @@ class Observer:
     def command_finished(self, kind: CommandKind, seconds: float) -> None:
         """The engine thread finished a command (``seconds`` of engine time)."""
 
+    def frame_deadline(self, lateness: float, queued: int) -> None:
+        """A frame step finished ``lateness`` seconds after its deadline (negative: in
+        time), with ``queued`` commands waiting."""
+
     # --- trio side ------------------------------------------------------------------
 
     def connection_refused(self, reason: RefusalReason) -> None:
@@ -124,11 +129,11 @@ class Observer:
     def audio_send(self, started: bool) -> None:
         """Around the socket write of a frame's audio (benchmark hop timing)."""
 
-    def pending_audio(self, seconds: float) -> None:
-        """Input audio accepted and not yet run by the model."""
+    def pending_audio(self, session_id: str, seconds: float) -> None:
+        """Input audio of one session accepted and not yet run by the model."""
 
-    def send_queue(self, depth: int) -> None:
-        """Events queued for the client's socket."""
+    def send_queue(self, session_id: str, depth: int) -> None:
+        """Events queued for one session's socket."""
 
 
 HOOKS: Final = tuple(

@@ -41,6 +41,8 @@ from realtime.models.base import (
     Samples,
     SessionInitializationError,
     UserTranscriptDelta,
+    open_now,
+    open_session,
 )
 from realtime.transcript import TranscriptPrinter
 
@@ -132,13 +134,14 @@ def _open_stream(model: RealtimeModel, args: argparse.Namespace) -> ModelSession
     prompt, seed, bound = args.system_prompt, args.seed, args.max_seconds
     try:
         if isinstance(model, VoiceChatModel):
-            return model.open_session(
+            opening = model.begin_session(
                 system_prompt=prompt,
                 seed=seed,
                 max_streaming_seconds=bound,
                 profile=bool(args.profile),
             )
-        return model.open_session(system_prompt=prompt, seed=seed, max_streaming_seconds=bound)
+            return open_now(opening)
+        return open_session(model, system_prompt=prompt, seed=seed, max_streaming_seconds=bound)
     except SessionInitializationError as exc:
         raise UsageError(f"cannot open a session: {exc}") from None
 

@@ -37,11 +37,17 @@ REPO = Path(__file__).resolve().parent.parent
 
 @contextmanager
 def running_engine(
-    model: RealtimeModel, *, capacity: int = 1, observer: Observer | None = None
+    model: RealtimeModel,
+    *,
+    capacity: int = 1,
+    observer: Observer | None = None,
+    admission_margin: float = 0.0,
 ) -> Iterator[Engine]:
     """An engine serving ``model`` for the block, shut down after it (also when it
     fails), so a test's engine thread never outlives the test."""
-    engine = Engine(lambda: model, capacity=capacity, observer=observer)
+    engine = Engine(
+        lambda: model, capacity=capacity, observer=observer, admission_margin=admission_margin
+    )
     engine.start()
     try:
         yield engine

@@ -19,7 +19,12 @@ from realtime.demo_checkpoint import (
     write_demo_checkpoint,
 )
 from realtime.models import check_model_path, load_model
-from realtime.models.base import AssistantTextDelta, FunctionDelta, UserTranscriptDelta
+from realtime.models.base import (
+    AssistantTextDelta,
+    FunctionDelta,
+    UserTranscriptDelta,
+    open_session,
+)
 from realtime.models.voicechat import VoiceChatModel
 from tests.models_fixtures import noise, push_all, run_realtime, speechlike
 
@@ -90,7 +95,7 @@ def test_demo_model_quantized_loads(bits: int, tmp_path: Path, demo_path_4bit: P
     # Perception, RNN-T and TTS stay unquantized, as in the real uploads.
     assert not isinstance(stt.perception.proj, QuantizedLinear)
     assert not isinstance(stt.rnnt_joint.enc, QuantizedLinear)
-    session = model.open_session(system_prompt=None, seed=0, max_streaming_seconds=None)
+    session = open_session(model, system_prompt=None, seed=0, max_streaming_seconds=None)
     events = push_all(session, noise(3))
     assert sum(1 for e in events if type(e).__name__ == "AudioDelta") == 3
 
@@ -98,13 +103,13 @@ def test_demo_model_quantized_loads(bits: int, tmp_path: Path, demo_path_4bit: P
 def test_demo_text_is_sparse_but_present(demo_model: VoiceChatModel) -> None:
     """Noise and speech-like input show text and transcript within 50 frames, not every frame."""
     for samples in (noise(50), speechlike(50)):
-        session = demo_model.open_session(system_prompt=None, seed=0, max_streaming_seconds=None)
+        session = open_session(demo_model, system_prompt=None, seed=0, max_streaming_seconds=None)
         events = push_all(session, samples)
         text = [e for e in events if isinstance(e, AssistantTextDelta)]
         transcript = [e for e in events if isinstance(e, UserTranscriptDelta)]
         assert text and transcript
         assert len({e.frame_index for e in text}) < 50
-    session = demo_model.open_session(system_prompt=None, seed=0, max_streaming_seconds=None)
+    session = open_session(demo_model, system_prompt=None, seed=0, max_streaming_seconds=None)
     events = push_all(session, np.zeros(50 * 1280, dtype=np.float32))
     assert not [e for e in events if isinstance(e, (AssistantTextDelta, FunctionDelta))]
 

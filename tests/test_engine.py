@@ -25,7 +25,7 @@ from realtime.engine import (
     Waker,
     watch_for_hung_calls,
 )
-from realtime.models.base import AudioDelta, Cancelled, Done
+from realtime.models.base import AudioDelta, Cancelled, Done, open_session
 from realtime.models.fake import FakeModel, FakeOptions
 from realtime.observe import CommandKind, Observer
 from tests.helpers import running_engine
@@ -437,8 +437,8 @@ def test_the_model_seam_steps_frames_of_several_sessions() -> None:
     """``RealtimeModel.step``: one call, each session's events in order (the engine
     sends one frame today; a batched step takes many, issue of batched frames)."""
     model = FakeModel()
-    a = model.open_session(system_prompt=None, seed=1, max_streaming_seconds=None)
-    b = model.open_session(system_prompt=None, seed=2, max_streaming_seconds=None)
+    a = open_session(model, system_prompt=None, seed=1, max_streaming_seconds=None)
+    b = open_session(model, system_prompt=None, seed=2, max_streaming_seconds=None)
     frame = np.zeros(model.figures.frame_samples, np.float32)
     rate = model.figures.input_sample_rate
     first, second = model.step([(a, frame, rate), (b, frame[:640], rate)])

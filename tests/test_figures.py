@@ -26,8 +26,8 @@ from realtime.audio import prepare_input
 from realtime.demo_checkpoint.config import demo_config
 from realtime.models import ModelLoadError, load_model
 from realtime.models import base as model_base
-from realtime.models.base import VOICECHAT_FIGURES, AudioDelta, ModelFigures
-from realtime.models.fake import FakeModel, FakeOptions, NullModel, tone
+from realtime.models.base import VOICECHAT_FIGURES, AudioDelta, ModelFigures, open_session
+from realtime.models.fake import FakeModel, FakeOptions, FakeSession, NullModel, tone
 from realtime.models.voicechat import VoiceChatModel, checkpoint_figures, figures_of
 from realtime.offline import generate_command, stream_session, stream_slices
 from realtime.openai.audio import InputFramer
@@ -170,8 +170,8 @@ def test_a_checkpoint_with_unusable_figures_does_not_load(demo_path: Path, tmp_p
 def test_fake_model_runs_on_its_figures() -> None:
     model = FakeModel(FakeOptions(figures=OTHER))
     assert model.figures == OTHER
-    session = model.open_session(system_prompt=None, seed=0, max_streaming_seconds=0.4)
-    assert session.max_frames == 5
+    session = open_session(model, system_prompt=None, seed=0, max_streaming_seconds=0.4)
+    assert isinstance(session, FakeSession) and session.max_frames == 5
     events = session.push_audio(np.zeros(2 * 1920 + 100, np.float32), 24_000)
     audio = [e for e in events if isinstance(e, AudioDelta)]
     assert [a.samples.shape for a in audio] == [(1920,), (1920,)]
@@ -179,7 +179,7 @@ def test_fake_model_runs_on_its_figures() -> None:
     with pytest.raises(model_base.InferenceError, match="expected 24000 Hz PCM"):
         session.push_audio(np.zeros(1920, np.float32), 16_000)
     assert tone(440.0, figures=OTHER)(3, np.zeros(1920, np.float32)).shape == (1920,)
-    null = NullModel(OTHER).open_session(system_prompt=None, seed=0, max_streaming_seconds=None)
+    null = open_session(NullModel(OTHER), system_prompt=None, seed=0, max_streaming_seconds=None)
     frames = [
         e for e in null.push_audio(np.zeros(3840, np.float32), 24_000) if isinstance(e, AudioDelta)
     ]
@@ -285,7 +285,7 @@ async def _serve(model: FakeModel) -> AsyncIterator[tuple[str, _Seen]]:
         await send([protocol.session_created("sess_x", figures)])
         update = protocol.parse_client_message(await ws.get_message(), figures)
         assert isinstance(update, protocol.SessionUpdate)
-        session = model.open_session(system_prompt=None, seed=0, max_streaming_seconds=None)
+        session = open_session(model, system_prompt=None, seed=0, max_streaming_seconds=None)
         await send([protocol.session_updated("sess_x", model.model_id, update, figures)])
         while True:
             message = protocol.parse_client_message(await ws.get_message(), figures)
@@ -356,7 +356,7 @@ def test_offline_streaming_uses_the_models_figures() -> None:
     model = FakeModel(FakeOptions(figures=OTHER))
     samples = np.zeros(3 * 1920 + 7, np.float32)
     assert [s.size for s in stream_slices(samples, 1920)] == [1920, 1920, 1920, 7]
-    session = model.open_session(system_prompt=None, seed=0, max_streaming_seconds=None)
+    session = open_session(model, system_prompt=None, seed=0, max_streaming_seconds=None)
     out = io.StringIO()
     audio, status = stream_session(model, session, samples, out)
     assert status == 0 and [a.size for a in audio] == [1920] * 4

@@ -23,6 +23,7 @@ from realtime.models.base import (
     SessionStopped,
     StepControl,
     UserTranscriptDelta,
+    open_session,
 )
 from realtime.models.voicechat import VoiceChatModel
 from tests.models_fixtures import noise, push_all, run_realtime, speechlike
@@ -41,7 +42,7 @@ def _signature(events: list[ModelEvent]) -> list[tuple[object, ...]]:
 def test_adapter_maps_events(demo_model: VoiceChatModel) -> None:
     assert demo_model.model_id == "realtime-demo-voicechat"
     assert Path(demo_model.path).is_absolute()
-    session = demo_model.open_session(system_prompt=None, seed=0, max_streaming_seconds=None)
+    session = open_session(demo_model, system_prompt=None, seed=0, max_streaming_seconds=None)
     events = push_all(session, np.concatenate([noise(30), speechlike(20)])[: 50 * 1280 - 100])
     audio = [e for e in events if isinstance(e, AudioDelta)]
     assert len(audio) == 50
@@ -65,7 +66,9 @@ def test_adapter_maps_events(demo_model: VoiceChatModel) -> None:
 
 
 def test_cancel(demo_model: VoiceChatModel) -> None:
-    session = demo_model.open_session(system_prompt="Be brief.", seed=1, max_streaming_seconds=None)
+    session = open_session(
+        demo_model, system_prompt="Be brief.", seed=1, max_streaming_seconds=None
+    )
     session.push_audio(noise(2), 16000)
     assert session.cancel() == [Cancelled(frame_index=2)]
     assert session.cancel() == []
@@ -77,15 +80,15 @@ def test_seed_determinism_across_chunk_sizes(demo_model: VoiceChatModel) -> None
     samples = np.concatenate([speechlike(12), noise(12)])[: 24 * 1280 - 333]
     runs = []
     for chunk in (1280, 700, 4096, samples.shape[0]):
-        session = demo_model.open_session(system_prompt="hi", seed=7, max_streaming_seconds=None)
+        session = open_session(demo_model, system_prompt="hi", seed=7, max_streaming_seconds=None)
         runs.append(_signature(push_all(session, samples, chunk)))
     assert all(run == runs[0] for run in runs[1:])
-    other = demo_model.open_session(system_prompt="hi", seed=8, max_streaming_seconds=None)
+    other = open_session(demo_model, system_prompt="hi", seed=8, max_streaming_seconds=None)
     assert _signature(push_all(other, samples)) != runs[0]
 
 
 def test_max_streaming_seconds_limit_is_inference_error(demo_model: VoiceChatModel) -> None:
-    session = demo_model.open_session(system_prompt=None, seed=0, max_streaming_seconds=0.4)
+    session = open_session(demo_model, system_prompt=None, seed=0, max_streaming_seconds=0.4)
     for _ in range(5):
         session.push_audio(noise(1), 16000)
     with pytest.raises(InferenceError, match="context limit"):
@@ -96,7 +99,7 @@ def test_max_streaming_seconds_limit_is_inference_error(demo_model: VoiceChatMod
 
 
 def test_wrong_sample_rate_is_inference_error(demo_model: VoiceChatModel) -> None:
-    session = demo_model.open_session(system_prompt=None, seed=0, max_streaming_seconds=None)
+    session = open_session(demo_model, system_prompt=None, seed=0, max_streaming_seconds=None)
     with pytest.raises(InferenceError, match="16000"):
         session.push_audio(noise(1), 44100)
     events = session.push_audio(noise(1), 16000)  # the session is still usable
@@ -121,7 +124,7 @@ def test_open_session_errors(
     options: dict[str, object] = {"system_prompt": None, "seed": 0, "max_streaming_seconds": None}
     options.update(kwargs)
     with pytest.raises(SessionInitializationError, match=match):
-        demo_model.open_session(**options)  # type: ignore[arg-type]
+        open_session(demo_model, **options)  # type: ignore[arg-type]
 
 
 def test_clear_cache(demo_model: VoiceChatModel) -> None:
@@ -208,12 +211,13 @@ def test_prefill_runs_one_step_per_token_and_stops_between_steps(
     prompt = "You are a helpful voice assistant. Keep answers short."
     beats: list[int] = []
     control = StepControl(beat=lambda: beats.append(1))
-    session = demo_model.open_session(
-        system_prompt=prompt, seed=0, max_streaming_seconds=None, control=control
+    session = open_session(
+        demo_model, system_prompt=prompt, seed=0, max_streaming_seconds=None, control=control
     )
     session.cancel()
-    # One model step per prompt token, BOS and EOS included: what the limit counts.
-    assert len(beats) == demo_model.count_tokens(prompt) > 2
+    # One slice for the seed and voice warm-up, then one model step per prompt token,
+    # BOS and EOS included (what the limit counts).
+    assert len(beats) == 1 + demo_model.count_tokens(prompt) > 3
     assert demo_model.count_tokens("   ") == 0
 
     stop = threading.Event()
@@ -225,7 +229,8 @@ def test_prefill_runs_one_step_per_token_and_stops_between_steps(
 
     beats.clear()
     with pytest.raises(SessionStopped):
-        demo_model.open_session(
+        open_session(
+            demo_model,
             system_prompt=prompt,
             seed=0,
             max_streaming_seconds=None,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from realtime.audio import float_to_pcm16, load_input_wav, pcm16_to_float, write_wav_pcm16
-from realtime.models.base import AudioDelta
+from realtime.models.base import AudioDelta, open_session
 from realtime.models.voicechat import VoiceChatModel
 from realtime.offline import stream_slices
 from tests.models_fixtures import noise, run_realtime, speechlike
@@ -68,7 +68,9 @@ def test_generate_stream_writes_wav_and_prints(
 
     # The exact samples the adapter produces for the server's slices of the same input.
     samples = pcm16_to_float(load_input_wav(input_wav, extra_seconds=1.0))
-    session = demo_model.open_session(system_prompt="Be brief.", seed=3, max_streaming_seconds=None)
+    session = open_session(
+        demo_model, system_prompt="Be brief.", seed=3, max_streaming_seconds=None
+    )
     audio = []
     for piece in stream_slices(samples):
         audio += [e.samples for e in session.push_audio(piece, 16000) if isinstance(e, AudioDelta)]

@@ -17,7 +17,7 @@ import pytest
 from realtime.audio import load_input_wav, pcm16_to_float
 from realtime.engine import Engine
 from realtime.models import check_model_path, load_model, model_id_for
-from realtime.models.base import AudioDelta, Done
+from realtime.models.base import AudioDelta, Done, open_session
 from realtime.models.voicechat import VoiceChatModel
 from tests.helpers import append_msg, connect, running_server
 from tests.models_fixtures import speechlike
@@ -80,12 +80,12 @@ def first_frame_matches_offline(model: VoiceChatModel, samples: np.ndarray) -> N
     import mlx.core as mx
 
     prompt = "You are a helpful assistant."
-    session = model.open_session(system_prompt=prompt, seed=0, max_streaming_seconds=None)
+    session = open_session(model, system_prompt=prompt, seed=0, max_streaming_seconds=None)
     events = session.push_audio(samples[:1280], 16000)
     audio = [e for e in events if isinstance(e, AudioDelta)]
     assert len(audio) == 1 and audio[0].frame_index == 0
     # mlx-vlm keeps each frame's argmax ids (pad included) on its streaming session.
-    inner = session._inner
+    inner = session._inner  # type: ignore[attr-defined]
     stream_text, stream_function = inner._text_tokens[-1], inner._function_tokens[-1]
     session.cancel()
 
@@ -102,7 +102,7 @@ def test_first_frame_comparison_on_demo(demo_model: VoiceChatModel) -> None:
 
 def _loads(real_model: Any) -> None:
     assert real_model.model_id == model_id_for(os.environ[ENV])
-    session = real_model.open_session(system_prompt=None, seed=0, max_streaming_seconds=10.0)
+    session = open_session(real_model, system_prompt=None, seed=0, max_streaming_seconds=10.0)
     events = session.push_audio(speechlike(3), 16000) + session.flush(True)
     audio = [e for e in events if isinstance(e, AudioDelta)]
     assert len(audio) == 3 and all(a.samples.shape == (1764,) for a in audio)

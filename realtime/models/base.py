@@ -259,6 +259,52 @@ class ModelSession(Protocol):
     def cancel(self) -> list[ModelEvent]: ...
 
 
+class Opening(Protocol):
+    """A session being opened, one slice of work at a time, so the engine can run other
+    conversations' frames between the slices: the first seeds and warms the voice up,
+    each later one prefills one system-prompt token (one model step)."""
+
+    def advance(self) -> ModelSession | None:
+        """Run the next slice; the session once it is ready (then not called again).
+        SessionInitializationError when opening failed."""
+        ...
+
+    def abandon(self) -> None:
+        """Stop opening (the connection left, or a slice failed) and free its buffers."""
+        ...
+
+
+def open_now(opening: Opening, control: StepControl | None = None) -> ModelSession:
+    """Run every slice of ``opening`` in turn, calling ``control.step()`` before each
+    (a stop raises SessionStopped): an open that nothing else shares the thread with."""
+    control = control or StepControl()
+    try:
+        while True:
+            control.step()
+            session = opening.advance()
+            if session is not None:
+                return session
+    except BaseException:
+        opening.abandon()
+        raise
+
+
+def open_session(
+    model: RealtimeModel,
+    *,
+    system_prompt: str | None,
+    seed: int,
+    max_streaming_seconds: float | None,
+    control: StepControl | None = None,
+) -> ModelSession:
+    """Open a session of ``model`` in one go (:meth:`RealtimeModel.begin_session` and
+    :func:`open_now`): for code that owns the thread (the offline CLI, tests)."""
+    opening = model.begin_session(
+        system_prompt=system_prompt, seed=seed, max_streaming_seconds=max_streaming_seconds
+    )
+    return open_now(opening, control)
+
+
 class RealtimeModel(Protocol):
     """A loaded model. Built by a loader callable on the engine thread."""
 
@@ -277,16 +323,12 @@ class RealtimeModel(Protocol):
         """Its rates, frame sizes, codebooks and special tokens."""
         ...
 
-    def open_session(
-        self,
-        *,
-        system_prompt: str | None,
-        seed: int,
-        max_streaming_seconds: float | None,
-        control: StepControl | None = None,
-    ) -> ModelSession:
-        """Seed, warm up and prefill ``system_prompt``, calling ``control.step()``
-        between prefill steps."""
+    def begin_session(
+        self, *, system_prompt: str | None, seed: int, max_streaming_seconds: float | None
+    ) -> Opening:
+        """Check the options and start opening a session (no model work yet): seed,
+        voice warm-up and ``system_prompt`` prefill run in the opening's slices.
+        SessionInitializationError for bad options."""
         ...
 
     def step(self, frames: Sequence[Frame]) -> list[list[ModelEvent]]:

@@ -13,6 +13,7 @@ real engine and socket measures the server and nothing else.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -34,9 +35,9 @@ from realtime.models.base import (
     InferenceError,
     ModelEvent,
     ModelFigures,
+    ModelSession,
     Samples,
     SessionInitializationError,
-    StepControl,
     UserTranscriptDelta,
     step_each,
 )
@@ -99,8 +100,11 @@ class FakeOptions:
     """Raise SystemExit on this frame, killing the engine thread."""
     open_error: str | None = None
     open_delay: float = 0.0
-    """Seconds opening a session takes (warm-up and prompt prefill), in 10 ms steps
-    between which a stop signal is honoured."""
+    """Seconds opening a session takes (warm-up and prompt prefill), in 10 ms slices
+    between which the engine runs other work and honours a stop."""
+    prefill_token_delay: float = 0.0
+    """Seconds each system-prompt token's prefill slice takes (one token per character,
+    as :meth:`FakeModel.count_tokens` counts), after ``open_delay``'s slices."""
     hang_on_frame: int | None = None
     """Block on this frame until ``FakeModel.unhang`` is set (a model call that never
     returns)."""
@@ -247,6 +251,25 @@ class FakeSession:
         return [Cancelled(self.frame_index)]
 
 
+class FakeOpening:
+    """An opening whose slices sleep the given seconds each on the engine thread, then
+    make the session (:class:`realtime.models.base.Opening`)."""
+
+    def __init__(self, slices: Sequence[float], make: Callable[[], ModelSession]) -> None:
+        self._slices = deque(slices)
+        self._make = make
+        self.abandoned = False
+
+    def advance(self) -> ModelSession | None:
+        if self._slices:
+            time.sleep(self._slices.popleft())
+            return None
+        return self._make()
+
+    def abandon(self) -> None:
+        self.abandoned = True
+
+
 class FakeModel:
     """A :class:`~realtime.models.base.RealtimeModel` that records every call."""
 
@@ -290,29 +313,26 @@ class FakeModel:
         with self.lock:
             return [arg for n, arg, _ in self.calls if n == name]
 
-    def open_session(
-        self,
-        *,
-        system_prompt: str | None,
-        seed: int,
-        max_streaming_seconds: float | None,
-        control: StepControl | None = None,
-    ) -> FakeSession:
+    def begin_session(
+        self, *, system_prompt: str | None, seed: int, max_streaming_seconds: float | None
+    ) -> FakeOpening:
         self.record("open", (system_prompt, seed, max_streaming_seconds))
-        control = control or StepControl()
-        remaining = self.options.open_delay
-        while remaining > 0:
-            control.step()
-            time.sleep(min(remaining, 0.01))
-            remaining -= 0.01
-        if self.options.open_error:
-            raise SessionInitializationError(self.options.open_error)
-        max_frames = self.options.max_frames
-        if max_streaming_seconds is not None:
-            max_frames = int(max_streaming_seconds / self.figures.frame_seconds)
-        session = FakeSession(self, seed, max_frames)
-        self.sessions.append(session)
-        return session
+        options = self.options
+        slices = [0.01] * math.ceil(round(options.open_delay / 0.01, 6))
+        if options.prefill_token_delay > 0 and system_prompt:
+            slices += [options.prefill_token_delay] * self.count_tokens(system_prompt)
+
+        def opened() -> FakeSession:
+            if self.options.open_error:
+                raise SessionInitializationError(self.options.open_error)
+            max_frames = self.options.max_frames
+            if max_streaming_seconds is not None:
+                max_frames = int(max_streaming_seconds / self.figures.frame_seconds)
+            session = FakeSession(self, seed, max_frames)
+            self.sessions.append(session)
+            return session
+
+        return FakeOpening(slices, opened)
 
     def step(self, frames: Sequence[Frame]) -> list[list[ModelEvent]]:
         return step_each(frames)
@@ -471,15 +491,10 @@ class NullModel:
     def figures(self) -> ModelFigures:
         return self._figures
 
-    def open_session(
-        self,
-        *,
-        system_prompt: str | None,
-        seed: int,
-        max_streaming_seconds: float | None,
-        control: StepControl | None = None,
-    ) -> NullSession:
-        return NullSession(self)
+    def begin_session(
+        self, *, system_prompt: str | None, seed: int, max_streaming_seconds: float | None
+    ) -> FakeOpening:
+        return FakeOpening([], lambda: NullSession(self))
 
     def step(self, frames: Sequence[Frame]) -> list[list[ModelEvent]]:
         return step_each(frames)

@@ -8,14 +8,13 @@ Nothing here touches MLX at import time.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import attrs
 import numpy as np
@@ -34,8 +33,6 @@ from realtime.models.base import (
     ModelFigures,
     Samples,
     SessionInitializationError,
-    SessionStopped,
-    StepControl,
     UserTranscriptDelta,
     step_each,
 )
@@ -46,6 +43,9 @@ from realtime.models.checkpoint import (
     model_id_for,
     one_line,
 )
+
+if TYPE_CHECKING:
+    from realtime.models.keys import SessionKey
 
 log = logging.getLogger("realtime.models.voicechat")
 
@@ -173,9 +173,10 @@ class VoiceChatSession:
     still ends the timeline with ``Done`` so a commit gets its ``response.done``.
     """
 
-    def __init__(self, inner: Any, figures: ModelFigures) -> None:
+    def __init__(self, inner: Any, figures: ModelFigures, key: SessionKey) -> None:
         self._inner = inner
         self._figures = figures
+        self._key = key
         self._failed: str | None = None
         self._at_limit = False
 
@@ -186,6 +187,8 @@ class VoiceChatSession:
     def push_audio(self, samples: Samples, sample_rate: int) -> list[ModelEvent]:
         from mlx_vlm.models.nemotron_voicechat import VoiceChatContextLimitError
 
+        from realtime.models.keys import drawing_from
+
         if self._failed is not None:
             raise (ContextLimitReached if self._at_limit else InferenceError)(self._failed)
         if self._inner.closed:
@@ -194,7 +197,8 @@ class VoiceChatSession:
         if chunk.ndim != 1:
             raise InferenceError(f"audio must be mono 1-D samples, got shape {chunk.shape}")
         try:
-            events = self._inner.push_audio(chunk, sample_rate=sample_rate)
+            with drawing_from(self._key):
+                events = self._inner.push_audio(chunk, sample_rate=sample_rate)
         except VoiceChatContextLimitError as exc:
             self._at_limit = True
             self._failed = (
@@ -212,17 +216,21 @@ class VoiceChatSession:
         return _mark_turn_ends(self._inner, converted, self._figures.eos_token_id)
 
     def flush(self, pad_partial: bool) -> list[ModelEvent]:
+        from realtime.models.keys import drawing_from
+
         if self._inner.closed:
             return []
         # After a failure the pending partial frame is dropped, not run.
         pad = pad_partial and self._failed is None
         try:
-            events = self._inner.flush(pad_partial=pad)
+            with drawing_from(self._key):
+                events = self._inner.flush(pad_partial=pad)
         except Exception as exc:
             log.exception("VoiceChat flush failed")
             self._failed = f"model failure: {type(exc).__name__}: {one_line(str(exc))}"
             if not self._inner.closed:
-                events = self._inner.flush(pad_partial=False)
+                with drawing_from(self._key):
+                    events = self._inner.flush(pad_partial=False)
                 return [_convert(e, self._figures) for e in events]
             raise InferenceError(self._failed) from exc
         return [_convert(e, self._figures) for e in events]
@@ -331,33 +339,110 @@ def _check_seed(seed: object) -> int:
     return value
 
 
-@functools.cache
-def _stoppable_session() -> type[Any]:
-    """mlx-vlm's streaming session, stoppable between the steps of its prompt prefill.
+class VoiceChatOpening:
+    """A VoiceChat session opened in slices (:class:`realtime.models.base.Opening`).
 
-    mlx-vlm prefills the system prompt with one full timeline step per token
-    (language model and TTS), inside the session's constructor. The subclass calls
-    ``StepControl.step()`` before each timeline step while the constructor runs, so
-    a departed or cancelled connection stops the prefill within one token step and
-    the hung-call watchdog sees a heartbeat per step. Audio steps are untouched.
+    mlx-vlm opens a streaming session in its constructor: seed, TTS voice warm-up,
+    then the system prompt prefilled one full timeline step (language model and TTS)
+    per token, all in one call (a 512-token prompt is 6-23 s during which nothing
+    else could run). Here the constructor runs with an empty prompt (mlx-vlm skips a
+    blank one) as the first slice, and each later slice runs one prefill token
+    through the session's own timeline step, with the prompt ids and embeddings
+    built as mlx-vlm's ``_prefill_prompt`` builds them (``None`` means the
+    checkpoint's default prompt). The result is the session mlx-vlm's constructor
+    gives, bit for bit (tests/test_sessions_isolation.py). Every slice draws from the
+    session's own random key (:mod:`realtime.models.keys`).
     """
-    from mlx_vlm.models.nemotron_voicechat.streaming import VoiceChatStreamingSession
 
-    class StoppableSession(VoiceChatStreamingSession):
-        def __init__(self, parent: Any, *, control: StepControl, **options: Any) -> None:
-            self._realtime_control: StepControl | None = control
-            try:
-                super().__init__(parent, **options)
-            finally:
-                self._realtime_control = None
+    def __init__(
+        self,
+        runtime: Any,
+        figures: ModelFigures,
+        *,
+        system_prompt: str | None,
+        seed: int,
+        max_streaming_seconds: float | None,
+        profile: bool = False,
+    ) -> None:
+        self._runtime = runtime
+        self._figures = figures
+        self._system_prompt = system_prompt
+        self._seed = seed
+        self._max_streaming_seconds = max_streaming_seconds
+        self._profile = profile
+        self._key: SessionKey | None = None
+        self._inner: Any = None
+        self._embeds: Any = None
+        self._tokens = 0
+        self._next = 0
 
-        def _run_timeline_step(self, *args: Any, **kwargs: Any) -> Any:
-            control = self._realtime_control
-            if control is not None:
-                control.step()
-            return super()._run_timeline_step(*args, **kwargs)
+    def advance(self) -> VoiceChatSession | None:
+        try:
+            if self._inner is None:
+                self._start()
+            elif self._next < self._tokens:
+                self._prefill_one()
+        except SessionInitializationError:
+            raise
+        except Exception as exc:
+            log.debug("opening a VoiceChat session failed", exc_info=True)
+            raise SessionInitializationError(
+                one_line(str(exc))
+                if isinstance(exc, ValueError)
+                else f"{type(exc).__name__}: {one_line(str(exc))}"
+            ) from exc
+        if self._next < self._tokens:
+            return None
+        assert self._key is not None
+        _check_streaming(self._inner, self._figures)
+        return VoiceChatSession(self._inner, self._figures, self._key)
 
-    return StoppableSession
+    def _start(self) -> None:
+        from mlx_vlm.models.nemotron_voicechat.streaming import VoiceChatStreamingSession
+
+        from realtime.models.keys import SessionKey, drawing_from, install_voicechat
+
+        install_voicechat()
+        self._key = SessionKey(self._seed)
+        with drawing_from(self._key):
+            self._inner = VoiceChatStreamingSession(
+                self._runtime,
+                system_prompt="",
+                seed=self._seed,
+                max_streaming_seconds=self._max_streaming_seconds,
+                profile=self._profile,
+            )
+        config = self._inner.config
+        text = config.default_system_prompt if self._system_prompt is None else self._system_prompt
+        if not text.strip():
+            return
+        import mlx.core as mx
+
+        ids = [
+            config.bos_token_id,
+            *self._inner.tokenizer.encode(text, add_special_tokens=False),
+            config.eos_token_id,
+        ]
+        self._embeds = self._inner.model.stt_model.embed_tokens(mx.array([ids], dtype=mx.int32))
+        self._tokens = len(ids)
+
+    def _prefill_one(self) -> None:
+        from realtime.models.keys import drawing_from
+
+        assert self._key is not None
+        index = self._next
+        with drawing_from(self._key):
+            self._inner._run_timeline_step(
+                self._embeds[:, index : index + 1], generate_channels=False, decode_audio=False
+            )
+        self._next += 1
+        if self._next == self._tokens:
+            self._embeds = None
+
+    def abandon(self) -> None:
+        self._embeds = None
+        if self._inner is not None and not self._inner.closed:
+            self._inner.cancel()
 
 
 class VoiceChatModel:
@@ -388,17 +473,16 @@ class VoiceChatModel:
         """mlx-vlm's VoiceChatSession (for tests and tools that compare against it)."""
         return self._runtime
 
-    def open_session(
+    def begin_session(
         self,
         *,
         system_prompt: str | None,
         seed: int,
         max_streaming_seconds: float | None,
-        control: StepControl | None = None,
         profile: bool = False,
-    ) -> VoiceChatSession:
-        """Seed, warm the TTS voice prompt and prefill the system prompt (stoppable
-        between prefill steps through ``control``)."""
+    ) -> VoiceChatOpening:
+        """Check the options; the opening seeds, warms the TTS voice prompt and prefills
+        the system prompt in slices (:class:`VoiceChatOpening`)."""
         value = _check_seed(seed)
         if system_prompt is not None and not isinstance(system_prompt, str):
             raise SessionInitializationError("system_prompt must be a string")
@@ -410,26 +494,14 @@ class VoiceChatModel:
             raise SessionInitializationError(
                 f"max_streaming_seconds must be a number > 0, got {max_streaming_seconds!r}"
             )
-        try:
-            inner = _stoppable_session()(
-                self._runtime,
-                control=control or StepControl(),
-                system_prompt=system_prompt,
-                seed=value,
-                max_streaming_seconds=max_streaming_seconds,
-                profile=profile,
-            )
-        except SessionStopped:
-            raise
-        except Exception as exc:
-            log.debug("opening a VoiceChat session failed", exc_info=True)
-            raise SessionInitializationError(
-                f"{type(exc).__name__}: {one_line(str(exc))}"
-                if not isinstance(exc, ValueError)
-                else one_line(str(exc))
-            ) from exc
-        _check_streaming(inner, self._figures)
-        return VoiceChatSession(inner, self._figures)
+        return VoiceChatOpening(
+            self._runtime,
+            self._figures,
+            system_prompt=system_prompt,
+            seed=value,
+            max_streaming_seconds=max_streaming_seconds,
+            profile=profile,
+        )
 
     def step(self, frames: Sequence[Frame]) -> list[list[ModelEvent]]:
         return step_each(frames)

@@ -1,0 +1,108 @@
+"""A random key of its own for each VoiceChat session, so sessions sharing one model
+(and one engine thread) never change each other's audio.
+
+mlx-vlm's TTS samples with MLX's global key (``mx.random.uniform`` in the MoG head's
+``infer`` and ``mx.random.normal`` in ``generate_codes``, mlx_vlm
+``models/nemotron_voicechat/tts.py``), seeded by ``mx.random.seed(seed)`` when a
+streaming session opens. Two sessions stepped in turn draw from that one sequence,
+so each one's codes depend on the other's frames (measured: 10 of 12 audio frames
+differed; the text channels are greedy and stayed equal). MLX's key cannot be saved
+and put back (``mx.random.state`` takes no assignment), so instead each session
+keeps its own key and the TTS module draws from whichever session is running.
+
+The adaptation is at its narrowest point: mlx-vlm's ``tts`` module gets a namespace
+that is ``mlx.core`` in every name except ``random``, whose ``uniform`` and
+``normal`` take the running session's next key (``split`` per draw, exactly how MLX
+advances its global key, so a session alone gets bit for bit what mlx-vlm gives it).
+With no session running (mlx-vlm's own offline ``generate``) they draw from the
+global key as before. mlx-vlm's module is otherwise untouched, and nothing is
+forked. It goes away once mlx-vlm takes a key per streaming session (a ``key=``
+through ``MoGHead.infer`` and ``generate_codes``, kept on the session).
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Final
+
+_RUNNING: Final = threading.local()
+"""The key of the session now running on this thread (MLX work is per thread)."""
+
+_MARK: Final = "_realtime_session_keys"
+
+
+class SessionKey:
+    """One session's random sequence: ``mx.random.key(seed)``, split once per draw."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self, seed: int) -> None:
+        import mlx.core as mx
+
+        self._key: Any = mx.random.key(seed)
+
+    def next(self) -> Any:
+        """The key for one draw; the sequence moves on (MLX's ``KeySequence.next``)."""
+        import mlx.core as mx
+
+        self._key, sub = mx.random.split(self._key)
+        return sub
+
+
+@contextmanager
+def drawing_from(key: SessionKey) -> Iterator[None]:
+    """Run the enclosed model calls with ``key`` as the TTS's random sequence."""
+    previous = getattr(_RUNNING, "key", None)
+    _RUNNING.key = key
+    try:
+        yield
+    finally:
+        _RUNNING.key = previous
+
+
+def _keyed(draw: Callable[..., Any]) -> Callable[..., Any]:
+    def keyed_draw(*args: Any, **kwargs: Any) -> Any:
+        key: SessionKey | None = getattr(_RUNNING, "key", None)
+        if key is None or kwargs.get("key") is not None:
+            return draw(*args, **kwargs)
+        kwargs["key"] = key.next()
+        return draw(*args, **kwargs)
+
+    keyed_draw.__name__ = draw.__name__
+    keyed_draw.__doc__ = draw.__doc__
+    return keyed_draw
+
+
+def _namespace(module: types.ModuleType, **replace: Any) -> types.SimpleNamespace:
+    names = {name: getattr(module, name) for name in dir(module) if not name.startswith("__")}
+    names.update(replace)
+    return types.SimpleNamespace(**names)
+
+
+def install(tts_module: types.ModuleType) -> None:
+    """Give mlx-vlm's TTS module its keyed ``mx`` (once; idempotent)."""
+    if getattr(tts_module, _MARK, False):
+        return
+    import mlx.core as mx
+
+    current = getattr(tts_module, "mx", None)
+    if current is not mx:
+        raise RuntimeError(
+            f"{tts_module.__name__}.mx is not mlx.core; mlx-vlm changed how its TTS "
+            "imports MLX, and per-session random keys need a new adaptation"
+        )
+    random = _namespace(
+        mx.random, uniform=_keyed(mx.random.uniform), normal=_keyed(mx.random.normal)
+    )
+    setattr(tts_module, "mx", _namespace(mx, random=random))  # noqa: B010
+    setattr(tts_module, _MARK, True)
+
+
+def install_voicechat() -> None:
+    """:func:`install` on mlx-vlm's VoiceChat TTS module."""
+    from mlx_vlm.models.nemotron_voicechat import tts
+
+    install(tts)

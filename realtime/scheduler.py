@@ -1,0 +1,136 @@
+"""The engine thread's order of work when several conversations share it: pure logic.
+
+Each conversation's commands run in the order it sent them (its frames, a flush, a
+close); among conversations, the one whose most urgent queued command is due first
+runs next (earliest deadline first). A frame is due one frame time after it reached
+the engine, and never sooner than a frame after the same conversation's previous
+frame, so conversations streaming in real time take turns frame by frame and none
+can starve another: a burst of audio is due as if it had arrived in real time, and
+runs in the time the live conversations leave. Flush, cancel and close are due the
+moment they arrive, and a conversation is as urgent as its most urgent command, so
+they never wait behind another conversation's backlog for more than the one step
+running.
+
+Times are plain floats passed in by the caller (the engine's monotonic clock; tests
+pass their own), so every rule here is tested without threads or a clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Hashable, Iterator
+from typing import Generic, TypeVar
+
+import attrs
+
+K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
+
+
+@attrs.frozen(slots=True)
+class Entry(Generic[K, T]):
+    """One queued command of one conversation, with the time it is due."""
+
+    key: K
+    item: T
+    due: float
+    seq: int
+    """Arrival order: ties in due time go to the one that came first."""
+
+
+@attrs.define(slots=True)
+class Scheduler(Generic[K, T]):
+    """Per-conversation FIFO queues, served earliest deadline first."""
+
+    _queues: dict[K, deque[Entry[K, T]]] = attrs.field(factory=dict)
+    _paced: dict[K, float] = attrs.field(factory=dict)
+    """Each conversation's latest frame deadline (:meth:`add_paced`)."""
+    _seq: int = 0
+    _size: int = 0
+
+    def __len__(self) -> int:
+        """Commands queued, all conversations together (the queue depth)."""
+        return self._size
+
+    def add(self, key: K, item: T, due: float) -> None:
+        """Queue ``item`` behind ``key``'s other commands."""
+        self._queues.setdefault(key, deque()).append(self._entry(key, item, due))
+
+    def add_paced(self, key: K, item: T, now: float, period: float) -> float:
+        """Queue a frame of ``key``, due one ``period`` after it arrived, and never sooner
+        than one ``period`` after ``key``'s previous frame; its deadline.
+
+        A conversation streaming in real time is unaffected (its frames arrive a period
+        apart); one that hands over a burst has its frames due a period apart, as if
+        they had arrived in real time, so a burst takes the engine's spare time and
+        never the turn of a conversation whose frame was due sooner. Order only: with
+        nothing else queued a burst still runs back to back.
+        """
+        due = max(now, self._paced.get(key, now)) + period
+        self._paced[key] = due
+        self.add(key, item, due)
+        return due
+
+    def forget(self, key: K) -> None:
+        """Drop what is kept of ``key`` (its session closed)."""
+        self._paced.pop(key, None)
+
+    def add_first(self, key: K, item: T, due: float) -> None:
+        """Queue ``item`` ahead of ``key``'s other commands: the rest of a command run
+        in slices (a session opening) keeps its place in its conversation's order."""
+        self._queues.setdefault(key, deque()).appendleft(self._entry(key, item, due))
+
+    def _entry(self, key: K, item: T, due: float) -> Entry[K, T]:
+        if math.isnan(due):
+            raise ValueError("a due time cannot be NaN")
+        self._seq += 1
+        self._size += 1
+        return Entry(key, item, due, self._seq)
+
+    def urgency(self, key: K) -> tuple[float, int] | None:
+        """When ``key``'s most urgent command is due (and its arrival order)."""
+        queue = self._queues.get(key)
+        if not queue:
+            return None
+        return min((e.due, e.seq) for e in queue)
+
+    def peek(self) -> Entry[K, T] | None:
+        """The command that runs next: the head of the most urgent conversation."""
+        best: tuple[float, int] | None = None
+        head: Entry[K, T] | None = None
+        for queue in self._queues.values():
+            urgency = min((e.due, e.seq) for e in queue)
+            if best is None or urgency < best:
+                best, head = urgency, queue[0]
+        return head
+
+    def pop(self) -> Entry[K, T] | None:
+        """Take the command that runs next (``None``: nothing is queued)."""
+        head = self.peek()
+        if head is not None:
+            queue = self._queues[head.key]
+            queue.popleft()
+            self._size -= 1
+            if not queue:
+                del self._queues[head.key]
+        return head
+
+    def remove(self, key: K) -> list[Entry[K, T]]:
+        """Take every queued command of ``key``, in order (its session is gone)."""
+        queue = self._queues.pop(key, None)
+        if queue is None:
+            return []
+        self._size -= len(queue)
+        return list(queue)
+
+    def drain(self) -> list[Entry[K, T]]:
+        """Take everything, in run order (the engine stopped)."""
+        out = []
+        while (entry := self.pop()) is not None:
+            out.append(entry)
+        return out
+
+    def __iter__(self) -> Iterator[Entry[K, T]]:
+        for queue in self._queues.values():
+            yield from queue
