@@ -516,6 +516,8 @@ def create_http_app(state: ServerState) -> QuartTrio:
             "model": model.model_id if model is not None else None,
             "engine_alive": alive,
             "session_active": engine.is_reserved(),
+            "sessions_active": engine.reserved,
+            "capacity": engine.capacity,
             "version": __version__,
         }
         if not alive:
@@ -526,9 +528,11 @@ def create_http_app(state: ServerState) -> QuartTrio:
     async def ready() -> tuple[dict[str, Any], int]:
         """Readiness: 200 only when a new conversation would be served now.
 
-        ``?allow_busy=1`` does not fail for a busy slot: for a balancer that already
-        sends each replica one connection at a time (HAProxy ``maxconn 1``), so a
-        replica counts as free the moment its socket closes and a full fleet queues.
+        ``?allow_busy=1`` does not fail when every slot is held: for a balancer that
+        already sends each replica at most ``--max-sessions`` connections (HAProxy
+        ``maxconn N``), so a replica counts as free the moment a socket closes and a
+        full fleet queues. A replica whose measured step time admits no more
+        (``overloaded``) is not ready either way.
         """
         engine = state.engine
         reason: str | None = None
@@ -536,13 +540,17 @@ def create_http_app(state: ServerState) -> QuartTrio:
             reason = "engine_unavailable" if engine.loaded_model is not None else "loading"
         elif state.draining.is_set() or state.shutdown.is_set():
             reason = "draining"
-        elif engine.is_full() and request.args.get("allow_busy") not in ("1", "true"):
-            reason = "busy"
+        elif (refusal := engine.refusal()) is not None and (
+            refusal == "overloaded" or request.args.get("allow_busy") not in ("1", "true")
+        ):
+            reason = refusal
         body: dict[str, Any] = {
             "status": "ready" if reason is None else "not_ready",
             "engine_alive": engine.alive,
             "draining": state.draining.is_set(),
             "session_active": engine.is_reserved(),
+            "sessions_active": engine.reserved,
+            "capacity": engine.capacity,
         }
         if reason is not None:
             body["reason"] = reason

@@ -25,7 +25,7 @@ from typing import NoReturn
 import trio
 
 from realtime.app import RealtimeApp, ServerState, create_app
-from realtime.engine import Engine, watch_for_hung_calls
+from realtime.engine import watch_for_hung_calls
 from realtime.errors import UsageError
 from realtime.limits import limits_from_env
 from realtime.logs import setup_logging
@@ -68,7 +68,7 @@ async def _exit_hung(state: ServerState, reason: str) -> None:
 
 def create_app_from_env() -> RealtimeApp:
     from realtime.models import ModelPathError
-    from realtime.server import model_loader
+    from realtime.server import engine_for, model_loader
 
     try:
         level = os.environ.get("REALTIME_LOG_LEVEL", "info").lower()
@@ -83,7 +83,7 @@ def create_app_from_env() -> RealtimeApp:
         loader = model_loader(
             os.environ.get("REALTIME_MODEL") or None, None, model_option="REALTIME_MODEL"
         )
-        engine = Engine(loader)
+        engine = engine_for(loader, limits)
     except (UsageError, ModelPathError, ValueError) as exc:
         _fail(f"realtime: error: {exc}")
     origins = tuple(

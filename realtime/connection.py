@@ -224,7 +224,7 @@ class Connection(SessionPlumbing):
     def sent(self, now: float) -> None:
         self.backlog.sent(now)
         self.rules.sent(now)
-        self.observer.send_queue(self.backlog.unsent)
+        self.observer.send_queue(self.session_id, self.backlog.unsent)
 
     def _pending_seconds(self) -> float:
         return self.backlog.pending_samples / self._rate
@@ -248,7 +248,7 @@ class Connection(SessionPlumbing):
             elif isinstance(out, RunAudio):
                 self.backlog.accepted(out)
                 self.observer.append_received(arrived)
-                self.observer.pending_audio(self._pending_seconds())
+                self.observer.pending_audio(self.session_id, self._pending_seconds())
                 if not self._submit_now(out):
                     self._work_send.send_nowait(out)
             elif isinstance(out, (OpenModel, FlushModel, CancelModel)):
@@ -352,7 +352,7 @@ class Connection(SessionPlumbing):
                 offset += n
                 backlog.submitted(n)
                 self.observer.slice_submitted()
-                self.observer.pending_audio(self._pending_seconds())
+                self.observer.pending_audio(self.session_id, self._pending_seconds())
                 yield _Slice(future, work.tag, work.received_at)
         finally:
             backlog.audio_done(total - offset)

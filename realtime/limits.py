@@ -93,6 +93,24 @@ def _limit(
 
 @attrs.frozen(slots=True)
 class Limits:
+    max_sessions: int = _limit(
+        int,
+        1,
+        "conversations served at once on the one model engine (both endpoints share "
+        "them); the next client gets server_busy and close 1013",
+    )
+    """Conversations at once (1: the seed's rule). More share the engine thread, each
+    isolated bit for bit, scheduled by frame deadline (realtime.scheduler)."""
+    admission_margin: float = _limit(
+        float,
+        0.75,
+        "with --max-sessions > 1, also refuse a conversation when the engine's measured "
+        "step time says the open ones would pass this fraction of a frame's time; "
+        "0 turns this off",
+        zero_allowed=True,
+    )
+    """Admission by load: a new conversation is refused (server_busy, 1013; /ready 503)
+    when ``(open + 1) x p90 step time > margin x frame time`` (realtime.admission)."""
     max_message_bytes: int = _limit(int, 4 * 1024 * 1024, "largest client message accepted")
     """Largest client message; larger ones get an ``invalid_request`` error."""
     max_pending_audio_seconds: float = _limit(

@@ -66,6 +66,21 @@ STEP_BUCKETS: Final = (
 LATENCY_BUCKETS: Final = (
     0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.12, 0.16, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0,
 )  # fmt: skip
+LATENESS_BUCKETS: Final = (
+    -0.08,
+    -0.06,
+    -0.04,
+    -0.02,
+    -0.01,
+    0.0,
+    0.01,
+    0.02,
+    0.04,
+    0.08,
+    0.16,
+    0.32,
+)
+"""Seconds after a frame's deadline (negative: before it), around one 80 ms frame."""
 OPEN_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -100,7 +115,22 @@ class PrometheusObserver(Observer):
             r,
         )
         self.active_sessions = Gauge(
-            "realtime_active_sessions", "Sessions holding the model slot now (0 or 1).", registry=r
+            "realtime_active_sessions",
+            "Sessions holding one of the engine's slots now (at most realtime_sessions_capacity).",
+            registry=r,
+        )
+        self.frames_late = Counter(
+            "realtime_engine_frames_late",
+            "Frame steps that finished after their deadline (one frame time after the "
+            "frame reached the engine): the engine did not keep up with every session.",
+            registry=r,
+        )
+        self.frame_lateness = Histogram(
+            "realtime_engine_frame_lateness_seconds",
+            "When a frame step finished, relative to its deadline (0: just in time; "
+            "the buckets below 0 are frames in time, by how much).",
+            buckets=LATENESS_BUCKETS,
+            registry=r,
         )
         self.refusals = _declared_counter(
             "realtime_connections_refused",
@@ -157,8 +187,8 @@ class PrometheusObserver(Observer):
             buckets=OPEN_BUCKETS,
             registry=r,
         )
-        self._pending_audio = 0.0
-        self._send_queue = 0
+        self._pending_audio: dict[str, float] = {}
+        self._send_queue: dict[str, int] = {}
         self._frames = 0
         """Per-frame figures kept as plain attributes (one store each, no lock: only the
         trio thread writes them) and reported when Prometheus scrapes."""
@@ -211,8 +241,8 @@ class PrometheusObserver(Observer):
         if report.outcome == "stalled_client":
             self.stalled_drops.inc()
         # Nothing is pending or queued once the session is gone.
-        self._pending_audio = 0.0
-        self._send_queue = 0
+        self._pending_audio.pop(report.session_id, None)
+        self._send_queue.pop(report.session_id, None)
 
     def error_sent(self, code: str) -> None:
         self.errors.labels(code).inc()
@@ -224,11 +254,16 @@ class PrometheusObserver(Observer):
         self._frames += 1
         self.frame_latency.observe(latency)
 
-    def pending_audio(self, seconds: float) -> None:
-        self._pending_audio = seconds
+    def pending_audio(self, session_id: str, seconds: float) -> None:
+        self._pending_audio[session_id] = seconds
 
-    def send_queue(self, depth: int) -> None:
-        self._send_queue = depth
+    def send_queue(self, session_id: str, depth: int) -> None:
+        self._send_queue[session_id] = depth
+
+    def frame_deadline(self, lateness: float, queued: int) -> None:
+        if lateness > 0:
+            self.frames_late.inc()
+        self.frame_lateness.observe(lateness)
 
 
 class _ScrapeTime(Collector):
@@ -254,8 +289,30 @@ class _ScrapeTime(Collector):
         )
         yield GaugeMetricFamily(
             "realtime_slot_reserved",
-            "1 while a session holds the server's one conversation slot.",
+            "1 while any session holds one of the engine's slots.",
             value=float(engine is not None and engine.is_reserved()),
+        )
+        yield GaugeMetricFamily(
+            "realtime_sessions_capacity",
+            "Conversations this server serves at once (--max-sessions).",
+            value=float(engine.capacity if engine is not None else 0),
+        )
+        yield GaugeMetricFamily(
+            "realtime_sessions_reserved",
+            "Engine slots held now (a slot frees once the engine has closed its session).",
+            value=float(engine.reserved if engine is not None else 0),
+        )
+        yield GaugeMetricFamily(
+            "realtime_engine_queue_depth",
+            "Commands waiting for the engine thread, all sessions together.",
+            value=float(engine.queue_depth if engine is not None else 0),
+        )
+        step = engine.step_p90 if engine is not None else None
+        yield GaugeMetricFamily(
+            "realtime_engine_step_p90_seconds",
+            "p90 of the engine's recent frame steps: what admission by load reads "
+            "(NaN until enough frames ran).",
+            value=float("nan") if step is None else step,
         )
         owner = self._owner
         yield CounterMetricFamily(
@@ -266,12 +323,12 @@ class _ScrapeTime(Collector):
         yield GaugeMetricFamily(
             "realtime_pending_input_audio_seconds",
             "Input audio accepted from the client and not yet run by the model.",
-            value=owner._pending_audio,
+            value=sum(owner._pending_audio.values()),
         )
         yield GaugeMetricFamily(
             "realtime_send_queue_events",
             "Events queued for the client's socket.",
-            value=owner._send_queue,
+            value=sum(owner._send_queue.values()),
         )
         info = InfoMetricFamily("realtime_build", "Version, model and MLX build of this server.")
         info.add_metric([], self._build_info(engine))

@@ -19,8 +19,8 @@ import attrs
 import trio
 
 from realtime.close_codes import CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_TRY_AGAIN
+from realtime.engine import AdmissionRefusal, Engine, EngineError, Waker
 from realtime.engine import Close as CloseCommand
-from realtime.engine import Engine, EngineError, Waker
 from realtime.limits import Limits
 from realtime.observe import Observer, SessionOutcome, SessionReport
 
@@ -76,6 +76,21 @@ class Audio:
 
 
 Outgoing = str | Audio | CloseOrder
+
+
+def busy_message(engine: Engine, why: AdmissionRefusal) -> str:
+    """What a refused client reads: which of the two limits it met."""
+    if why == "overloaded":
+        step = engine.step_p90
+        measured = f" at {1000 * step:.0f} ms a frame step" if step is not None else ""
+        held = engine.reserved
+        return (
+            f"the server is at its real-time capacity ({held} conversation"
+            f"{'' if held == 1 else 's'}{measured}); try again later"
+        )
+    if engine.capacity == 1:
+        return "another session is active on this server; try again when it ends"
+    return f"all {engine.capacity} conversations of this server are in use; try again when one ends"
 
 
 class SessionPlumbing:
@@ -184,13 +199,11 @@ class SessionPlumbing:
             await self._refuse("engine_unavailable", message, CLOSE_INTERNAL)
             return
         if not await self._reserve():
-            self.observer.connection_refused("busy")
-            log.info("refused a connection: another session is active (1013)")
-            await self._refuse(
-                "server_busy",
-                "another session is active on this server; try again when it ends",
-                CLOSE_TRY_AGAIN,
-            )
+            why = self.engine.refusal() or "busy"
+            self.observer.connection_refused(why)
+            message = busy_message(self.engine, why)
+            log.info("refused a connection (1013): %s", message)
+            await self._refuse("server_busy", message, CLOSE_TRY_AGAIN)
             return
         self.observer.session_started(self.session_id)
         log.info("session %s opened", self.session_id)

@@ -128,8 +128,22 @@ def model_loader(
     return lambda: load_model(info.path)
 
 
-def start_engine(loader: Callable[[], RealtimeModel], observer: Observer | None = None) -> Engine:
-    """Load the model on a new engine thread; the engine once it is ready.
+def engine_for(
+    loader: Callable[[], RealtimeModel], limits: Limits, observer: Observer | None = None
+) -> Engine:
+    """The engine the limits ask for: ``max_sessions`` slots, admission by load past one
+    (``admission_margin``) only when more than one conversation may run."""
+    margin = limits.admission_margin if limits.max_sessions > 1 else 0.0
+    return Engine(loader, observer=observer, capacity=limits.max_sessions, admission_margin=margin)
+
+
+def start_engine(
+    loader: Callable[[], RealtimeModel],
+    observer: Observer | None = None,
+    limits: Limits | None = None,
+) -> Engine:
+    """Load the model on a new engine thread (serving ``limits.max_sessions``
+    conversations); the engine once it is ready.
 
     A failed load is a usage error (exit 2). Ctrl-C during the load ends the process
     here, at once, with status 130 (a shell's 128 + SIGINT) and one line: the load
@@ -138,7 +152,7 @@ def start_engine(loader: Callable[[], RealtimeModel], observer: Observer | None 
     on the loading thread (ml-explore/mlx#3126). SIGTERM has no handler before
     serving, so its default action ends a loading process as it always has.
     """
-    engine = Engine(loader, observer=observer)
+    engine = engine_for(loader, limits or Limits(), observer)
     started = time.perf_counter()
     try:
         model = engine.start()
@@ -333,7 +347,7 @@ def serve_command(args: argparse.Namespace, limits: Limits) -> int:
     metrics = PrometheusObserver()
     observer = Observers((metrics, SessionLog()))
     try:
-        engine = start_engine(loader, observer)
+        engine = start_engine(loader, observer, limits)
     except BaseException:
         _close_bound(config)
         raise

@@ -159,11 +159,13 @@ def test_hypercorn_cli_launch_serves_health(demo_cache_dir: Path, tmp_path: Path
     env = {
         "REALTIME_API_KEY": "k",
         "REALTIME_IDLE_TIMEOUT": "60",
+        "REALTIME_MAX_SESSIONS": "3",
         "REALTIME_CACHE_DIR": os.environ["REALTIME_CACHE_DIR"],
     }
     with start_hypercorn_cli(env, tmp_path) as server:
         status, body = http("GET", server.http + "/health", headers={"Authorization": "Bearer k"})
         assert status == 200, body
         assert body["engine_alive"] is True and body["model"].startswith("realtime-demo")
+        assert (body["capacity"], body["sessions_active"]) == (3, 0)
         status, _ = http("GET", server.http + "/health")
         assert status == 401

@@ -62,8 +62,12 @@ def test_hooks_fill_the_exposition_on_a_private_registry() -> None:
         m.command_finished("push", 0.03)
         m.frame_sent(0.05)
     m.command_finished("flush", 1.0)  # not a model step
-    m.pending_audio(1.5)
-    m.send_queue(4)
+    m.pending_audio("sess_a", 1.5)
+    m.send_queue("sess_a", 4)
+    m.pending_audio("sess_0123456789abcdef", 0.5)  # two sessions: their sum
+    m.send_queue("sess_0123456789abcdef", 2)
+    m.frame_deadline(-0.05, 0)
+    m.frame_deadline(0.03, 2)
     m.error_sent("invalid_request")
     m.limit_refused("max_message_bytes")
     m.connection_refused("busy")
@@ -75,8 +79,10 @@ def test_hooks_fill_the_exposition_on_a_private_registry() -> None:
     assert value(text, "realtime_frame_latency_seconds_bucket", le="0.06") == 3
     assert value(text, "realtime_frames_total") == 3
     assert value(text, "realtime_session_open_seconds_count") == 1
-    assert value(text, "realtime_pending_input_audio_seconds") == 1.5
-    assert value(text, "realtime_send_queue_events") == 4
+    assert value(text, "realtime_pending_input_audio_seconds") == 2.0
+    assert value(text, "realtime_send_queue_events") == 6
+    assert value(text, "realtime_engine_frames_late_total") == 1
+    assert value(text, "realtime_engine_frame_lateness_seconds_bucket", le="0.0") == 1
     assert value(text, "realtime_error_events_total", code="invalid_request") == 1
     assert value(text, "realtime_error_events_total", code="inference_error") == 0
     assert value(text, "realtime_limit_refusals_total", limit="max_message_bytes") == 1
@@ -86,10 +92,14 @@ def test_hooks_fill_the_exposition_on_a_private_registry() -> None:
     m.session_ended(report("stalled_client"))
     text = m.exposition().decode()
     assert value(text, "realtime_active_sessions") == 0
+    assert value(text, "realtime_pending_input_audio_seconds") == 1.5  # the other's
     assert value(text, "realtime_sessions_total", outcome="stalled_client") == 1
     assert value(text, "realtime_sessions_total", outcome="done") == 0
     assert value(text, "realtime_stalled_client_drops_total") == 1
+    m.session_ended(report("done", session_id="sess_a"))
+    text = m.exposition().decode()
     assert value(text, "realtime_pending_input_audio_seconds") == 0
+    assert value(text, "realtime_send_queue_events") == 0
     assert "_created" not in text
     assert value(second.exposition().decode(), "realtime_frames_total") == 0
     # The standard process collectors are on the same registry (Linux /proc).
