@@ -70,7 +70,7 @@ exit status:
   4    wrong URL: not ws:// or wss://, or no /v1/realtime at that path (e.g. HTTP 404)
   5    API key refused (HTTP 401): pass --api-key KEY
   6    client refused (HTTP 403, usually its Origin)
-  7    server busy: another session is active (close code 1013); try again later
+  7    server busy: no conversation is free (close code 1013); try again later
   130  interrupted
 """
 

@@ -67,7 +67,14 @@ class Forbidden(UpgradeRejected):
 
 
 class ServerBusy(ClientError):
-    """Another session is active (``server_busy`` error and/or close code 1013)."""
+    """The server has no conversation free for this client (``server_busy`` error and/or
+    close code 1013): all of its ``--max-sessions`` are in use, or it is at its real-time
+    capacity. ``message`` is the server's own word on which (the error event's message,
+    else the close reason; ``None`` if it sent neither), and the text includes it."""
+
+    def __init__(self, text: str, message: str | None = None) -> None:
+        super().__init__(text)
+        self.message = message
 
 
 class ServerClosed(ClientError):
@@ -556,7 +563,8 @@ class RealtimeClient:
         code = exc.reason.code if exc.reason is not None else None
         reason = exc.reason.reason if exc.reason is not None else None
         if code == CLOSE_TRY_AGAIN:
-            return ServerBusy(f"server busy: {reason or 'another session is active'} [code 1013]")
+            said = reason or None
+            return ServerBusy(f"server busy: {said or 'no conversation is free'} [code 1013]", said)
         if self.updated is None:
             context = " before session.updated"
         elif not self.finished:
@@ -652,7 +660,7 @@ class RealtimeClient:
 
 def _error_exception(event: ErrorEvent) -> ServerError | ServerBusy:
     if event.code == "server_busy":
-        return ServerBusy(f"server busy: {event.message}")
+        return ServerBusy(f"server busy: {event.message}", event.message or None)
     return ServerError(event.code, event.message)
 
 

@@ -242,6 +242,9 @@ def test_browser_page_streams_in_headless_chromium(
     assert "busy" in second.text_content("#state")
     assert "server_busy" in second.text_content("#errors")
     assert second.is_visible("#notice") and "busy" in second.text_content("#notice")
+    # The banner gives the server's own reason (which limit was met), not a fixed text.
+    told = second.text_content("#errors").split("server_busy: ", 1)[1].strip()
+    assert told and told[0].upper() + told[1:] in second.text_content("#notice-text")
     _wait_stat(second, "errors", 1)
     second.wait_for_function(
         "() => document.getElementById('stats').dataset.closeCode === '1013'", timeout=10_000
@@ -519,6 +522,8 @@ async (url) => {
     logCount: counter.textContent,
     fn: m.formatFunction('{"a": 1}\\nnot json'),
     update: m.sessionUpdate("  Hi. ", "-3"),
+    sentences: [m.sentence("all 2 conversations are in use; try again"), m.sentence(" Full! "),
+                m.sentence("")],
   };
 }
 """
@@ -555,6 +560,7 @@ def test_browser_app_units(demo_server: ServerProcess, browser: _Browser) -> Non
         "type": "session.update",
         "session": {"system_prompt": "Hi.", "seed": 0},
     }
+    assert units["sentences"] == ["All 2 conversations are in use; try again.", "Full!", ""]
     assert browser.page_errors == []
 
 

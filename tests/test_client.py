@@ -20,7 +20,7 @@ from realtime.models.base import (
     UserTranscriptDelta,
 )
 from realtime.models.fake import FakeModel, FakeOptions
-from tests.helpers import running_server
+from tests.helpers import running_engine, running_server
 
 FRAME_SAMPLES = VOICECHAT_FIGURES.frame_samples
 OUTPUT_FRAME_SAMPLES = VOICECHAT_FIGURES.output_frame_samples
@@ -91,6 +91,31 @@ async def test_busy_server_before_and_after_update(engine: Engine) -> None:
                 await conn.receive()
         await holder.cancel()
         assert isinstance([e async for e in holder][-1], rc.ResponseCancelled)
+
+
+async def test_busy_carries_the_servers_message(fake_model: FakeModel) -> None:
+    """With ``--max-sessions 2`` the third client is told so in the server's words, as
+    the error event's message and as the close reason; both reach ``ServerBusy``."""
+    with running_engine(fake_model, capacity=2) as engine:
+        async with (
+            running_server(engine) as server,
+            rc.connect(server.url) as one,
+            rc.connect(server.url) as two,
+        ):
+            await one.configure()
+            await two.configure()
+            with pytest.raises(rc.ServerBusy) as raised:
+                async with rc.connect(server.url) as conn:
+                    await conn.configure()
+            said = raised.value.message
+            assert said and "2" in said, said
+            assert str(raised.value) == f"server busy: {said}"
+            with pytest.raises(rc.ServerBusy, match="1013") as closed:
+                async with rc.connect(server.url, raise_errors=False) as conn:
+                    error = await conn.receive()
+                    assert isinstance(error, rc.ErrorEvent) and error.message == said
+                    await conn.receive()
+            assert closed.value.message == said and said in str(closed.value)
 
 
 async def test_error_events_raise_or_return(engine: Engine) -> None:

@@ -3,10 +3,11 @@
 Shows the behaviour docs/deploy.md promises: one conversation per replica, a
 queue then a 503 when all are busy, a replica free as soon as its socket closes,
 a SIGKILLed replica costing only its own client, and a draining replica taking
-no new conversation while its open one finishes; and that the OpenAI endpoint is
+no new conversation while its open one finishes; that the OpenAI endpoint is
 balanced like the native one, also for two clients connecting in the same
-instant. Skips without ``haproxy`` unless ``REALTIME_REQUIRE_HAPROXY=1`` (CI
-installs it).
+instant; and that with ``--max-sessions 2`` replicas and ``REALTIME_MAX_SESSIONS=2``
+for HAProxy the same config holds two conversations per replica. Skips without
+``haproxy`` unless ``REALTIME_REQUIRE_HAPROXY=1`` (CI installs it).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import os
 import shutil
 import signal
@@ -24,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 from trio_websocket import ConnectionRejected, open_websocket_url
@@ -79,11 +82,18 @@ def render_config(tmp: Path, front: int, replicas: list[int]) -> tuple[Path, Pat
 
 
 @contextlib.contextmanager
-def run_haproxy(config: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def run_haproxy(
+    config: Path, log: Path, max_sessions: int | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """HAProxy on ``config``; ``REALTIME_MAX_SESSIONS`` (its ``maxconn`` per replica) set
+    to ``max_sessions``, or left out (the config's default of 1) for ``None``."""
     assert HAPROXY is not None, "REALTIME_REQUIRE_HAPROXY=1 but haproxy is not installed"
+    env = {k: v for k, v in os.environ.items() if k != "REALTIME_MAX_SESSIONS"}
+    if max_sessions is not None:
+        env["REALTIME_MAX_SESSIONS"] = str(max_sessions)
     with log.open("wb") as sink:
         proc = subprocess.Popen(
-            [HAPROXY, "-db", "-f", str(config)], stdout=sink, stderr=subprocess.STDOUT
+            [HAPROXY, "-db", "-f", str(config)], stdout=sink, stderr=subprocess.STDOUT, env=env
         )
     try:
         yield proc
@@ -96,9 +106,10 @@ def run_haproxy(config: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
             proc.wait()
 
 
-def server_stat(stats: Path, column: str) -> dict[tuple[str, str], str]:
+def server_stat(stats: Path, column: str, rows: tuple[str, ...] = ()) -> dict[tuple[str, str], str]:
     """``show stat`` on the runtime API: (backend, server) -> that server's ``column``
-    (``status``: UP/DOWN/...; ``scur``: connections HAProxy counts on it now)."""
+    (``status``: UP/DOWN/...; ``scur``: connections HAProxy counts on it now; ``slim``:
+    its ``maxconn``); also the FRONTEND/BACKEND rows named in ``rows``."""
     with socket.socket(socket.AF_UNIX) as s:
         s.settimeout(5)
         s.connect(str(stats))
@@ -112,7 +123,9 @@ def server_stat(stats: Path, column: str) -> dict[tuple[str, str], str]:
     out = {}
     for line in lines[1:]:
         fields = line.split(",")
-        if len(fields) > col[column] and fields[1] not in ("FRONTEND", "BACKEND"):
+        if len(fields) <= col[column]:
+            continue
+        if fields[1] not in ("FRONTEND", "BACKEND") or fields[1] in rows:
             out[(fields[0], fields[1])] = fields[col[column]]
     return out
 
@@ -134,23 +147,47 @@ async def wait_for(predicate: Any, what: str, timeout: float = 15.0) -> None:
     del what
 
 
+def queued(stats: Path) -> int:
+    """Clients waiting in the ``conversations`` backend's queue (``qcur``), 0 while the
+    runtime API does not answer."""
+    try:
+        rows = server_stat(stats, "qcur", rows=("BACKEND",))
+    except OSError:
+        return 0
+    return int(rows.get(("conversations", "BACKEND")) or 0)
+
+
 def active(replica: ServerProcess) -> bool:
     status, body = http("GET", replica.http + "/health")
     return status == 200 and bool(body["session_active"])
 
 
+def sessions_active(replica: ServerProcess) -> int:
+    status, body = http("GET", replica.http + "/health")
+    assert status == 200, body
+    return int(body["sessions_active"])
+
+
 async def start_fleet(
-    stack: contextlib.ExitStack, tmp: Path, *serve_args: str
+    stack: contextlib.ExitStack, tmp: Path, *serve_args: str, max_sessions: int = 1
 ) -> tuple[list[ServerProcess], str, Path]:
     """Two replicas (``realtime serve SERVE_ARGS``) behind the shipped config, once both
-    are UP: the replicas, the front's ``ws://HOST:PORT`` and its runtime API socket."""
+    are UP: the replicas, the front's ``ws://HOST:PORT`` and its runtime API socket.
+
+    ``max_sessions`` > 1 goes to the replicas as ``--max-sessions`` and to HAProxy as
+    ``REALTIME_MAX_SESSIONS``; 1 leaves both at their defaults (the config's ``1``)."""
+    if max_sessions != 1:
+        serve_args = (*serve_args, "--max-sessions", str(max_sessions))
     replicas = [
         stack.enter_context(start_realtime_server(*serve_args, log_dir=tmp)) for _ in range(2)
     ]
     front = free_port()
     config, stats = render_config(tmp, front, [port_of(r) for r in replicas])
-    stack.enter_context(run_haproxy(config, tmp / "haproxy.log"))
+    given = max_sessions if max_sessions != 1 else None
+    stack.enter_context(run_haproxy(config, tmp / "haproxy.log", given))
     await wait_for(lambda: in_conversations(stats, "status") == ["UP"] * 2, "both UP")
+    # HAProxy's maxconn per replica is the replicas' --max-sessions.
+    assert in_conversations(stats, "slim") == [str(max_sessions)] * 2
     return replicas, f"ws://127.0.0.1:{front}", stats
 
 
@@ -347,3 +384,131 @@ async def test_openai_endpoint_is_balanced_like_the_native_one(tmp_path: Path) -
         figures["slowest_pair_s"] = slowest
     figures["total_s"] = time.monotonic() - started
     print("openai fleet figures:", {k: round(v, 3) for k, v in figures.items()})
+
+
+MAX_SESSIONS = 2
+
+
+@attrs.define
+class Held:
+    """One conversation through the front, on either endpoint, held open until ``finish``
+    (native: commit, and the server ends it after ``response.done``) or ``leave`` (the
+    client goes). ``outcome`` (and ``settled``): ``served`` once it has
+    ``session.updated`` (native: and audio for its first frames), or ``HTTP 503 CODE``
+    when HAProxy refused the upgrade."""
+
+    url: str
+    outcome: str | None = None
+    settled: trio.Event = attrs.Factory(trio.Event)
+    settled_at: float = 0.0
+    done: trio.Event = attrs.Factory(trio.Event)
+    finish: trio.Event = attrs.Factory(trio.Event)
+    leave: trio.Event = attrs.Factory(trio.Event)
+
+    def _settle(self, outcome: str) -> None:
+        self.outcome = outcome
+        self.settled_at = time.monotonic()
+        self.settled.set()
+
+    async def run(self) -> None:
+        try:
+            if "/openai/" in self.url:
+                await self._openai()
+            else:
+                await self._native()
+        except ConnectionRejected as exc:
+            error = json.loads(exc.body or b"{}").get("error", {})
+            self._settle(f"HTTP {exc.status_code} {error.get('code')}")
+        finally:
+            self.done.set()
+
+    async def _native(self) -> None:
+        async with connect(self.url) as client:
+            await client.configure()
+            await client.send(append_msg(noise(1280 * 2)))
+            await client.recv_until("response.audio.delta")  # the model runs it
+            self._settle("served")
+            with trio.move_on_after(math.inf) as scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_cancel_on, self.leave, scope)
+                    await self.finish.wait()
+                    await client.send({"type": "input_audio_buffer.commit"})
+                    events = await client.recv_until("response.done", timeout=30)
+                    assert all(e["type"] != "error" for e in events), events
+                    await client.closed_code()
+                    scope.cancel()
+
+    async def _openai(self) -> None:
+        async with open_websocket_url(self.url) as ws:
+            with trio.fail_after(10):
+                created = json.loads(await ws.get_message())
+                assert created["type"] == "session.created", created
+                update = {"type": "session.update", "session": {"type": "realtime"}}
+                await ws.send_message(json.dumps(update))
+                updated = json.loads(await ws.get_message())
+                assert updated["type"] == "session.updated", updated
+            self._settle("served")
+            await self.leave.wait()
+
+
+async def _cancel_on(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+async def test_replicas_with_max_sessions_2_behind_maxconn_2(tmp_path: Path) -> None:
+    """``--max-sessions 2`` replicas, HAProxy with ``REALTIME_MAX_SESSIONS=2`` (``maxconn
+    2``): four conversations at once (native and OpenAI) are all served, two a replica;
+    a fifth and a sixth wait in HAProxy's queue (never a replica's ``server_busy``);
+    when one conversation ends, one of them is served and the other gets the config's
+    503 at ``timeout queue``.
+
+    ``--admission-margin 0``: on a 2-core VM the demo model's step takes most of a frame,
+    so admission by load would rightly refuse a second conversation per replica once
+    it has measured; this test is about the balancer's limit, not the replica's rule.
+    """
+    started = time.monotonic()
+    figures: dict[str, float] = {}
+    with contextlib.ExitStack() as stack:
+        replicas, base, stats = await start_fleet(
+            stack, tmp_path, "--admission-margin", "0", max_sessions=MAX_SESSIONS
+        )
+        figures["start_s"] = time.monotonic() - started
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                # 1. Four at once, both endpoints: all served, two per replica.
+                held = [Held(base + path) for path in (NATIVE_PATH, OPENAI_PATH) * 2]
+                for h in held:
+                    nursery.start_soon(h.run)
+                for h in held:
+                    await h.settled.wait()
+                assert [h.outcome for h in held] == ["served"] * 4, [h.outcome for h in held]
+                assert [sessions_active(r) for r in replicas] == [MAX_SESSIONS] * 2
+                assert in_conversations(stats, "scur") == [str(MAX_SESSIONS)] * 2
+
+                # 2. Two more while every slot is held: both wait in HAProxy's queue.
+                waiting = [Held(base + NATIVE_PATH), Held(base + OPENAI_PATH)]
+                for w in waiting:
+                    nursery.start_soon(w.run)
+                await wait_for(lambda: queued(stats) == 2, "two queued")
+                assert [w.outcome for w in waiting] == [None, None]
+
+                # 3. One conversation ends: a queued client is served on the replica it
+                #    left; the other waits out `timeout queue` and gets the 503 JSON.
+                held[0].finish.set()
+                await held[0].done.wait()
+                ended_at = time.monotonic()
+                for w in waiting:
+                    await w.settled.wait()
+                outcomes = sorted(w.outcome or "" for w in waiting)
+                assert outcomes == ["HTTP 503 server_busy", "served"], outcomes
+                for w in waiting:
+                    name = "served" if w.outcome == "served" else "503"
+                    figures[f"queued_{name}_after_end_s"] = w.settled_at - ended_at
+                assert [sessions_active(r) for r in replicas] == [MAX_SESSIONS] * 2
+                assert queued(stats) == 0
+                for h in (*held, *waiting):
+                    h.leave.set()
+        await wait_for(lambda: in_conversations(stats, "scur") == ["0", "0"], "all closed")
+    figures["total_s"] = time.monotonic() - started
+    print("max-sessions fleet figures:", {k: round(v, 2) for k, v in figures.items()})

@@ -75,6 +75,14 @@ export function median(values) {
 
 const fmtMs = (ms) => `${Math.round(ms)} ms`;
 
+// A server message as a sentence for the banner: capital first letter, final stop.
+export function sentence(text) {
+  const t = String(text || "").trim();
+  if (!t) return "";
+  const s = t[0].toUpperCase() + t.slice(1);
+  return /[.!?]$/.test(s) ? s : `${s}.`;
+}
+
 export function bytesToBase64(buffer) {
   const bytes = new Uint8Array(buffer);
   let binary = "";
@@ -397,9 +405,12 @@ class StatusView {
     notice.hidden = false;
   }
 
-  busy() {
-    this.set("busy", "busy: another session is active");
-    this.notice("busy", "The server is busy.", "Another session is active; try again when it ends.");
+  // Refused for want of a free conversation (server_busy, close 1013). `message` is
+  // the server's own: all of its conversations in use, or at its real-time capacity.
+  busy(message) {
+    this.set("busy", "busy: no free conversation");
+    const why = sentence(message || "no conversation is free; try again later");
+    this.notice("busy", "The server is busy.", why);
   }
 
   gone() {
@@ -812,6 +823,7 @@ class Call {
     this.state = "connecting";
     this.sessionId = null;
     this.busy = false;
+    this.busyMessage = ""; // the server's server_busy message
     this.format = null; // from session.updated
     this.timing = null;
     this.recording = null;
@@ -953,7 +965,8 @@ class Call {
   serverError(err) {
     if (err.code === "server_busy") {
       this.busy = true;
-      this.app.status.busy();
+      this.busyMessage = err.message || "";
+      this.app.status.busy(this.busyMessage);
     }
     this.app.status.error(`${err.code || "error"}: ${err.message || ""}`);
   }
@@ -1124,8 +1137,10 @@ class App {
   async explainClose(call, event) {
     const { status } = this;
     if (event.code === 1013 || call.busy) {
-      status.busy();
-      if (!call.busy) status.error("server busy (1013): another session is active, try again later");
+      // The close reason is the server's message too (shortened to fit a close frame).
+      status.busy(call.busyMessage || event.reason);
+      const why = event.reason ? `: ${event.reason}` : ", try again later";
+      if (!call.busy) status.error(`server busy (1013)${why}`);
     } else if (event.code === 1006 && call.state === "connecting") {
       await this.explainRefusal();
     } else if (event.code === 1006) {
