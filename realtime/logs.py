@@ -237,6 +237,8 @@ class SessionLog(Observer):
             "realtime_factor": _round(report.realtime_factor, 3),
             "step_p50_ms": _round(_ms(_percentile(steps, 0.50)), 2),
             "step_p95_ms": _round(_ms(_percentile(steps, 0.95)), 2),
+            "latency_p95_ms": _round(_ms(_percentile(sorted(report.frame_latency), 0.95)), 1),
+            "sessions": report.sessions,
             "close_code": report.close_code,
             "close_reason": report.close_reason,
         }

@@ -58,6 +58,10 @@ class SessionReport:
     """Engine time of each audio slice, in order (for p50/p95)."""
     close_code: int | None
     close_reason: str
+    frame_latency: tuple[float, ...] = ()
+    """Each frame's latency (its audio received until handed to the socket)."""
+    sessions: int = 1
+    """Conversations on the engine, this one included, when it started."""
     frame_seconds: float = 0.08
     """One model frame (``ModelFigures.frame_seconds``; VoiceChat's 80 ms)."""
 

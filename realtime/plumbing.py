@@ -129,6 +129,10 @@ class SessionPlumbing:
         """Frames whose audio was handed to the socket (the session report)."""
         self.step_seconds: list[float] = []
         """Engine time of each model step of this session (the session report)."""
+        self.frame_latency: list[float] = []
+        """Each frame's latency, its audio received until handed to the socket."""
+        self.sessions_at_start = 0
+        """Engine slots held once this one was taken (the session report)."""
         self.waker = Waker()
         """For the one task that awaits the model's output frame by frame."""
         self._out_send, self._out_recv = trio.open_memory_channel[Outgoing](
@@ -172,6 +176,8 @@ class SessionPlumbing:
             duration=trio.current_time() - self._started,
             frames=self.frames_sent,
             step_seconds=tuple(self.step_seconds),
+            frame_latency=tuple(self.frame_latency),
+            sessions=self.sessions_at_start,
             close_code=self.close_code,
             close_reason=reason,
             frame_seconds=self.engine.model.figures.frame_seconds,
@@ -205,6 +211,7 @@ class SessionPlumbing:
             log.info("refused a connection (1013): %s", message)
             await self._refuse("server_busy", message, CLOSE_TRY_AGAIN)
             return
+        self.sessions_at_start = self.engine.reserved
         self.observer.session_started(self.session_id)
         log.info("session %s opened", self.session_id)
         going_away = False
@@ -385,7 +392,9 @@ class SessionPlumbing:
         # Trio's clock, like ``received_at``: the frame latency is one clock's difference,
         # measured here for both dialects (append received until handed to the socket).
         self.frames_sent += 1
-        self.observer.frame_sent(now - item.received_at)
+        latency = now - item.received_at
+        self.frame_latency.append(latency)
+        self.observer.frame_sent(latency)
         self.sent(now)
 
     async def _sender(self) -> None:

@@ -156,3 +156,19 @@ def test_late_frames_are_counted_against_their_deadline() -> None:
         futures = [engine.submit(push(sid)) for sid in "abcd"]
         concurrent.futures.wait(futures, 10)
         assert engine.frames_late >= 2
+
+
+def test_a_model_failure_drops_that_session_only() -> None:
+    model = FakeModel(FakeOptions(fail_on_frame=2))
+    with running_engine(model, capacity=2) as engine:
+        open_all(engine, "a", "b")
+        engine.submit(push("b")).result(5)
+        for _ in range(2):
+            engine.submit(push("a")).result(5)
+        with pytest.raises(EngineError) as info:
+            engine.submit(push("a")).result(5)  # a's third frame fails
+        assert info.value.kind == "session_lost"
+        step = engine.submit(push("b")).result(5)  # b goes on (its second frame)
+        assert step is not None and step.events
+        with pytest.raises(EngineError):
+            engine.submit(push("a")).result(5)

@@ -212,7 +212,7 @@ def log_stream() -> Iterator[io.StringIO]:
 
 def test_session_log_json_line(log_stream: io.StringIO) -> None:
     setup_logging("info", "json", stream=log_stream)
-    SessionLog().session_ended(report())
+    SessionLog().session_ended(report(frame_latency=(0.05,) * 19 + (0.09,), sessions=3))
     SessionLog().connection_refused("busy")
     lines = [json.loads(line) for line in log_stream.getvalue().splitlines()]
     ended, refused = lines
@@ -226,6 +226,7 @@ def test_session_log_json_line(log_stream: io.StringIO) -> None:
     assert ended["realtime_factor"] == pytest.approx(2.1 / 1.6, abs=1e-3)
     assert 100 <= ended["step_p50_ms"] <= 110
     assert 190 <= ended["step_p95_ms"] <= 200
+    assert 50 <= ended["latency_p95_ms"] <= 90 and ended["sessions"] == 3
     assert refused["reason"] == "busy" and refused["message"] == "connection refused"
 
 
