@@ -150,6 +150,10 @@ class _Active:
 
 _STOP: Final = object()
 
+OPEN_SLICE_FRAMES: Final = 2
+"""An opening's next slice is due this many frame times after the last one ended, so
+the sessions already streaming keep their deadlines while another opens."""
+
 _KINDS: Final[dict[type[Command], CommandKind]] = {
     Open: "open",
     Push: "push",
@@ -245,9 +249,9 @@ class Engine:
     Commands wait in a :class:`~realtime.scheduler.Scheduler`: each session's in the
     order sent, among sessions earliest deadline first (a frame is due one frame time
     after it was submitted, and a frame after its session's previous one; flush,
-    cancel and close at once). An :class:`Open` runs in
-    slices (warm-up, then one prompt token each), each due a frame after the last, so
-    a long system prompt never stalls the sessions already running.
+    cancel and close at once). An :class:`Open` runs in slices (warm-up, then one
+    prompt token each), each due two frames after the last, so a long system prompt
+    takes the time the running sessions leave and never stalls them.
     """
 
     def __init__(
@@ -620,8 +624,10 @@ class Engine:
 
     def _open_slice(self, entry: Entry[str, _Queued]) -> None:
         """Run one slice of an Open; queue the rest at the head of its session's
-        commands, due one frame from now (an opening shares the thread like a session
-        streaming in real time, and runs back to back when nothing else waits)."""
+        commands, due ``OPEN_SLICE_FRAMES`` frames from now: a frame waiting (due within
+        one frame of its arrival) always runs before the next slice, the opening takes
+        the time the others leave, at least a slice every two frames, and runs back to
+        back when nothing else waits."""
         item = entry.item
         if item.opening is None:
             if not item.future.set_running_or_notify_cancel():
@@ -649,7 +655,7 @@ class Engine:
             with self._state_lock:
                 if self._dead_reason is None:
                     self._scheduler.add_first(
-                        entry.key, item, time.monotonic() + self._frame_seconds
+                        entry.key, item, time.monotonic() + OPEN_SLICE_FRAMES * self._frame_seconds
                     )
                     return
             self._abandon_opening(item)
