@@ -18,7 +18,7 @@ from realtime.audio import load_input_wav, write_wav_pcm16
 from realtime.engine import Engine
 from realtime.models.base import VOICECHAT_FIGURES
 from realtime.models.fake import FakeModel, FakeOptions
-from tests.helpers import REPO, ServerProcess, connect, running_server
+from tests.helpers import REPO, ServerProcess, connect, running_server, start_realtime_server
 
 sys.path.insert(0, str(REPO / "examples"))
 
@@ -331,3 +331,62 @@ def test_file_client_refuses_empty_input(tmp_path: Path) -> None:
     )
     assert run.returncode == 2
     assert "is empty" in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.slow
+def test_concurrent_file_clients_each_equal_generate_stream(
+    demo_cache_dir: Path, tmp_path: Path
+) -> None:
+    """Two conversations at once on one ``--max-sessions 2`` server, different seeds,
+    prompts and lengths: each WAV is the bytes of ``realtime generate --stream`` alone."""
+    runs = [
+        (_tone_wav(tmp_path / "a.wav", 0.9), ["--system-prompt", "One sentence.", "--seed", "4"]),
+        (_tone_wav(tmp_path / "b.wav", 0.6, rate=16_000), ["--seed", "9"]),
+    ]
+    with start_realtime_server("--max-sessions", "2", log_dir=tmp_path) as server:
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(SCRIPT),
+                    server.url,
+                    str(wav),
+                    str(tmp_path / f"s{i}.wav"),
+                    *flags,
+                    "--extra-seconds",
+                    "0.5",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=REPO,
+            )
+            for i, (wav, flags) in enumerate(runs)
+        ]
+        for proc in procs:
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+    for i, (wav, flags) in enumerate(runs):
+        offline = tmp_path / f"g{i}.wav"
+        gen = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "realtime",
+                "generate",
+                "--stream",
+                "--input",
+                str(wav),
+                "--output",
+                str(offline),
+                *flags,
+                "--extra-seconds",
+                "0.5",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+        )
+        assert gen.returncode == 0, gen.stderr
+        assert (tmp_path / f"s{i}.wav").read_bytes() == offline.read_bytes(), flags

@@ -23,6 +23,12 @@ from tests.helpers import Server, ahttp, append_msg, connect, noise, running_eng
 from tests.test_metrics import value
 
 
+MOMENT = json.dumps(
+    {"type": "input_audio_buffer.append", "audio": base64.b64encode(bytes(4800)).decode()}
+)
+"""100 ms of 24 kHz PCM16 for the OpenAI endpoint: its model session opens."""
+
+
 async def wait_for(condition: Any, seconds: float = 10.0) -> None:
     with trio.fail_after(seconds):
         while not condition():
@@ -102,8 +108,18 @@ async def test_one_session_by_default_refuses_the_second_as_the_seed_says() -> N
 
 async def _one_conversation(server: Server, rng: random.Random) -> str:
     """One client leaving one of the ways a client leaves; what it saw."""
-    way = rng.choice(["at_once", "after_update", "commit", "cancel", "mid_audio", "garbage"])
+    way = rng.choice(
+        ["at_once", "after_update", "commit", "cancel", "mid_audio", "garbage", "openai"]
+    )
     try:
+        if way == "openai":  # the other endpoint holds a slot of the same capacity
+            async with openai(server) as ws:
+                (first,) = await first_events(ws, 1)
+                if first["type"] == "error":
+                    return "busy"
+                await ws.send_message(MOMENT)
+                await trio.sleep(rng.random() * 0.2)
+                return way
         async with connect(server.url) as client:
             created = await client.recv()
             if created["type"] == "error":
@@ -182,15 +198,12 @@ async def test_openai_sessions_side_by_side_each_keep_their_silence_clock() -> N
     """Two OpenAI clients that speak a moment, then go quiet: the engine feeds each
     one's model clock silence, in turn."""
     model = FakeModel()
-    moment = json.dumps(
-        {"type": "input_audio_buffer.append", "audio": base64.b64encode(bytes(4800)).decode()}
-    )  # 100 ms of 24 kHz PCM16: the model session opens
     with running_engine(model, capacity=2) as engine:
         async with running_server(engine) as server:
             async with openai(server) as a, openai(server) as b:
                 for ws in (a, b):
                     await first_events(ws, 1)
-                    await ws.send_message(moment)
+                    await ws.send_message(MOMENT)
                 await wait_for(
                     lambda: (
                         len(model.sessions) == 2
