@@ -14,12 +14,13 @@ import argparse
 import base64
 import importlib.util
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final, TextIO, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+import trio
 
 if importlib.util.find_spec("realtime") is None:  # a script run from an uninstalled checkout
     sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
@@ -56,10 +57,10 @@ EXIT_CODES: Final[tuple[tuple[type[ClientError], int], ...]] = (
     (BadURL, 4),
     (Unauthorized, 5),
     (Forbidden, 6),
+    (ServerBusy, 7),  # 1013, server_busy, or HTTP 503 before the upgrade (a full fleet)
     (UpgradeRejected, 4),  # any other refused upgrade, e.g. 404: a wrong path
-    (ServerBusy, 7),
 )
-"""Most specific first: Unauthorized and Forbidden are UpgradeRejected too."""
+"""Most specific first: Unauthorized, Forbidden and BusyUpgrade are UpgradeRejected too."""
 
 EXIT_EPILOG: Final = """\
 exit status:
@@ -70,7 +71,8 @@ exit status:
   4    wrong URL: not ws:// or wss://, or no /v1/realtime at that path (e.g. HTTP 404)
   5    API key refused (HTTP 401): pass --api-key KEY
   6    client refused (HTTP 403, usually its Origin)
-  7    server busy: no conversation is free (close code 1013); try again later
+  7    server busy: no conversation is free (close code 1013, or HTTP 503 from a
+       balancer or a draining server); try again later (--retry N waits and retries)
   130  interrupted
 """
 
@@ -112,6 +114,11 @@ def checked(
     return as_type
 
 
+@checked(int, "expected an integer from 0 to 100")
+def _retries(value: int) -> bool:
+    return 0 <= value <= 100
+
+
 def client_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """An example client's parser: the exit statuses (:data:`EXIT_EPILOG`) follow the
     flags in ``--help``, laid out as written."""
@@ -124,9 +131,53 @@ def client_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def add_connection_options(parser: argparse.ArgumentParser) -> None:
-    """``--api-key`` and ``--origin``: what a client shows a server that checks them."""
+    """``--api-key``, ``--origin`` and ``--retry``: what a client shows a server that
+    checks them, and how long it keeps trying a busy one."""
     parser.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     parser.add_argument("--origin", default=None, help="send this Origin header (browser-like)")
+    parser.add_argument(
+        "--retry",
+        type=_retries,
+        default=0,
+        metavar="N",
+        help="when the server (or its balancer) is busy, wait and try again up to N times "
+        "(its Retry-After, else 1, 2, 4 ... up to 30 s; default 0: exit 7 at once)",
+    )
+
+
+T = TypeVar("T")
+
+RETRY_CAP_SECONDS: Final = 30.0
+
+
+def retry_wait(exc: ServerBusy, attempt: int) -> float:
+    """Seconds before retry ``attempt`` (0-based): the server's ``Retry-After`` when it
+    sent one, else 1, 2, 4 ... seconds, never over 30."""
+    hinted = getattr(exc, "retry_after", None)
+    if isinstance(hinted, (int, float)) and hinted >= 0:
+        return min(float(hinted), RETRY_CAP_SECONDS)
+    return min(2.0**attempt, RETRY_CAP_SECONDS)
+
+
+async def retrying_busy(
+    run: Callable[[], Awaitable[T]], retries: int, err: TextIO | None = None
+) -> T:
+    """``run()``, tried again up to ``retries`` times while the server is busy (one line
+    on stderr per wait); any other error, or the last busy, is raised."""
+    for attempt in range(retries + 1):
+        try:
+            return await run()
+        except ServerBusy as exc:
+            if attempt == retries:
+                raise
+            wait = retry_wait(exc, attempt)
+            print(
+                f"{exc}; retrying in {wait:g} s ({attempt + 1} of {retries})",
+                file=err if err is not None else sys.stderr,
+                flush=True,
+            )
+            await trio.sleep(wait)
+    raise AssertionError("not reached")  # pragma: no cover
 
 
 def redact_audio(event: Event) -> Event:

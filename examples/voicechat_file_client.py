@@ -40,6 +40,7 @@ from _common import (
     client_parser,
     redact_audio,
     report,
+    retrying_busy,
 )
 
 from realtime.audio import pcm16_to_float, prepare_input, read_wav, write_wav_pcm16
@@ -345,8 +346,8 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None) -> 
                 file=sys.stderr,
             )
 
-        result = trio.run(
-            lambda: run_file_client(
+        async def attempt() -> FileClientResult:
+            return await run_file_client(
                 args.url,
                 source,
                 system_prompt=args.system_prompt,
@@ -358,7 +359,8 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None) -> 
                 on_event=on_event,
                 printer=TranscriptPrinter(out),
             )
-        )
+
+        result = trio.run(retrying_busy, attempt, args.retry)
     except ClientError as exc:
         return report(exc)
     except KeyboardInterrupt:

@@ -56,6 +56,7 @@ from _common import (
     checked,
     client_parser,
     report,
+    retrying_busy,
 )
 from _playback import JitterBuffer as JitterBuffer  # re-exported for the tests
 
@@ -73,6 +74,7 @@ from realtime.client import (
     SessionUpdated,
     TextDelta,
     TranscriptDelta,
+    check_url,
     connect,
 )
 from realtime.models.base import VOICECHAT_FIGURES, Samples
@@ -1133,6 +1135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("URL is required (or --list-devices)")
     if args.seed < 0:
         parser.error("--seed must be >= 0")
+    if args.url:
+        try:
+            check_url(args.url)  # before any audio device is opened
+        except ClientError as exc:
+            return report(exc)
     try:
         if args.list_devices:
             list_devices(load_sounddevice(), sys.stdout)
@@ -1143,7 +1150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     meter = args.meter if args.meter is not None else sys.stderr.isatty()
     try:
-        result = trio.run(_session, args, source, sink, meter)
+        result = trio.run(retrying_busy, partial(_session, args, source, sink, meter), args.retry)
     except Interrupted:
         print("\nquit", file=sys.stderr)
         return 130

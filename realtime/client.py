@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final, TypeVar, overload
@@ -75,6 +76,18 @@ class ServerBusy(ClientError):
     def __init__(self, text: str, message: str | None = None) -> None:
         super().__init__(text)
         self.message = message
+
+
+class BusyUpgrade(ServerBusy, UpgradeRejected):
+    """HTTP 503 before the upgrade: a balancer with no replica free (HAProxy's answer
+    after its queue timeout), a draining server, or one at its connection limit. Busy,
+    like ``server_busy`` + 1013; ``retry_after`` is the ``Retry-After`` header's seconds
+    (``None`` when absent or not a number of seconds)."""
+
+    def __init__(self, status: int, body: str, message: str, retry_after: float | None) -> None:
+        UpgradeRejected.__init__(self, status, body, message)
+        self.message = body or None
+        self.retry_after = retry_after
 
 
 class ServerClosed(ClientError):
@@ -696,9 +709,26 @@ _REJECTION_HINTS: Final = {
 }
 
 
+def retry_after(headers: Sequence[tuple[bytes, bytes]]) -> float | None:
+    """The ``Retry-After`` header as seconds (``None``: absent, or an HTTP date)."""
+    for name, value in headers:
+        if name.lower() == b"retry-after":
+            try:
+                seconds = float(value.decode("ascii").strip())
+            except (UnicodeDecodeError, ValueError):
+                return None
+            return seconds if 0 <= seconds < 86_400 else None
+    return None
+
+
 def _rejected(url: str, exc: trio_websocket.ConnectionRejected) -> UpgradeRejected:
     status = exc.status_code
     body = _summarise_body(exc.body)
+    if status == 503:
+        wait = retry_after(exc.headers or ())
+        hint = f"try again in {wait:g} s" if wait is not None else "try again later"
+        said = f": {body}" if body else ""
+        return BusyUpgrade(status, body, f"server busy (HTTP 503 at {url}){said}; {hint}", wait)
     parts = [f"server rejected the WebSocket upgrade at {url}: HTTP {status}"]
     parts += [p for p in (body, _REJECTION_HINTS.get(status, "")) if p]
     kind = {401: Unauthorized, 403: Forbidden}.get(status, UpgradeRejected)
@@ -714,6 +744,17 @@ def _unreachable(url: str, exc: BaseException) -> ServerUnreachable:
     else:
         why = str(cause or exc) or type(exc).__name__
     return ServerUnreachable(f"cannot connect to {url}: {why}")
+
+
+def check_url(url: str) -> None:
+    """Raise :class:`BadURL` unless ``url`` is a ``ws://`` or ``wss://`` URL with a host:
+    what :func:`connect` checks first, for a client to check before it opens anything
+    else (audio devices, files)."""
+    if not url.startswith(("ws://", "wss://")):
+        hint = " (the WebSocket URL is ws://HOST:PORT/v1/realtime)" if "://" in url else ""
+        raise BadURL(f"URL must start with ws:// or wss://, got {url!r}{hint}")
+    if not urllib.parse.urlsplit(url).hostname:
+        raise BadURL(f"URL has no host: {url!r} (ws://HOST:PORT/v1/realtime)")
 
 
 @asynccontextmanager
@@ -733,11 +774,10 @@ async def connect(
 
     Every way the opening can fail becomes a :class:`ClientError` subclass:
     :class:`BadURL`, :class:`ServerUnreachable`, :class:`Unauthorized`,
-    :class:`Forbidden` or :class:`UpgradeRejected`.
+    :class:`Forbidden`, :class:`BusyUpgrade` (HTTP 503: a :class:`ServerBusy`) or
+    :class:`UpgradeRejected`.
     """
-    if not url.startswith(("ws://", "wss://")):
-        hint = " (the WebSocket URL is ws://HOST:PORT/v1/realtime)" if "://" in url else ""
-        raise BadURL(f"URL must start with ws:// or wss://, got {url!r}{hint}")
+    check_url(url)
     headers = auth_headers(api_key)
     if origin is not None:
         headers.append((b"origin", origin.encode()))

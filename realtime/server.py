@@ -27,6 +27,7 @@ from hypercorn.typing import Framework
 from realtime.app import ServerState, create_app
 from realtime.engine import Engine, EngineLoadError, watch_for_hung_calls
 from realtime.errors import UsageError
+from realtime.endpoints import NATIVE_PATH, OPENAI_PATH
 from realtime.limits import Limits
 from realtime.logs import SessionLog
 from realtime.metrics import PrometheusObserver
@@ -321,10 +322,18 @@ async def _next_signal(signals: AsyncIterator[int]) -> int:
     raise RuntimeError("the signal receiver ended")  # pragma: no cover
 
 
-def _ws_urls(binds: list[str]) -> list[str]:
-    return [
-        b.replace("http://", "ws://").replace("https://", "wss://") + "/v1/realtime" for b in binds
-    ]
+def serving_lines(binds: list[str], max_sessions: int = 1) -> list[str]:
+    """What ``realtime serve`` prints once it listens: per bound address the native
+    WebSocket (the ``realtime: serving`` line tools wait for), the OpenAI Realtime
+    endpoint and the browser page."""
+    lines = []
+    for http in binds:
+        ws = http.replace("http://", "ws://").replace("https://", "wss://")
+        lines.append(f"realtime: serving {ws}{NATIVE_PATH}")
+        lines.append(f"realtime: OpenAI Realtime endpoint {ws}{OPENAI_PATH}")
+        many = f" ({max_sessions} conversations at once)" if max_sessions > 1 else ""
+        lines.append(f"realtime: browser page {http}/{many}")
+    return lines
 
 
 def _leaf(group: BaseExceptionGroup[OSError]) -> OSError:
@@ -365,8 +374,8 @@ def serve_command(args: argparse.Namespace, limits: Limits) -> int:
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(partial(run_server, state, config))
-            for url in _ws_urls(binds):
-                print(f"realtime: serving {url}", file=sys.stderr, flush=True)
+            for line in serving_lines(binds, limits.max_sessions):
+                print(line, file=sys.stderr, flush=True)
 
     try:
         trio.run(main)

@@ -149,3 +149,19 @@ def test_serve_reads_limits_from_the_environment(monkeypatch: pytest.MonkeyPatch
     assert (limits.drain_timeout, limits.shutdown_timeout) == (300, 2.5)
     flags = build_parser().parse_args(["serve", "--drain-timeout", "0"])
     assert limits_from_args(flags).drain_timeout == 0
+
+
+def test_serve_prints_the_native_openai_and_page_urls() -> None:
+    from realtime.server import serving_lines
+    from realtime.testing import SERVING_LINE
+
+    lines = serving_lines(["http://127.0.0.1:8080"], max_sessions=3)
+    assert lines == [
+        "realtime: serving ws://127.0.0.1:8080/v1/realtime",
+        "realtime: OpenAI Realtime endpoint ws://127.0.0.1:8080/openai/v1/realtime",
+        "realtime: browser page http://127.0.0.1:8080/ (3 conversations at once)",
+    ]
+    # Tools that wait for the serving line find the native URL, and only that one.
+    found = [m.group(1) for line in lines if (m := SERVING_LINE.search(line))]
+    assert found == ["ws://127.0.0.1:8080/v1/realtime"]
+    assert serving_lines(["http://[::1]:1"])[2] == "realtime: browser page http://[::1]:1/"

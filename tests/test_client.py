@@ -216,3 +216,43 @@ async def test_a_native_client_at_the_openai_endpoint_is_told_where_to_go(
             async with rc.connect(url) as conn:
                 await conn.configure()
     assert "'session.created' in the OpenAI shape" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("headers", "wait"),
+    [([(b"Retry-After", b"5")], 5.0), ([], None), ([(b"retry-after", b"soon")], None)],
+)
+async def test_http_503_before_the_upgrade_is_busy_with_its_retry_after(
+    headers: list[tuple[bytes, bytes]], wait: float | None
+) -> None:
+    """A balancer's full fleet (HAProxy answers 503 + Retry-After after its queue
+    timeout) is busy, like 1013: ServerBusy, its message and wait kept."""
+    import trio_websocket
+
+    body = json.dumps({"error": {"code": "server_busy", "message": "no realtime replica is free"}})
+
+    async def handler(request: trio_websocket.WebSocketRequest) -> None:
+        await request.reject(503, extra_headers=headers, body=body.encode())
+
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(trio_websocket.serve_websocket, handler, "127.0.0.1", 0, None)
+        url = f"ws://127.0.0.1:{server.port}/v1/realtime"
+        with pytest.raises(rc.ServerBusy) as caught:
+            async with rc.connect(url):
+                pass
+        nursery.cancel_scope.cancel()
+    busy = caught.value
+    assert isinstance(busy, rc.BusyUpgrade) and isinstance(busy, rc.UpgradeRejected)
+    assert busy.status == 503 and busy.retry_after == wait
+    assert busy.message == "no realtime replica is free"
+    text = str(busy)
+    assert text.startswith("server busy (HTTP 503") and "no realtime replica is free" in text
+    assert ("try again in 5 s" if wait else "try again later") in text
+
+
+def test_check_url_refuses_what_connect_would() -> None:
+    rc.check_url("ws://127.0.0.1:8080/v1/realtime")
+    rc.check_url("wss://example.org/openai/v1/realtime")
+    for bad in ("http://127.0.0.1/v1/realtime", "127.0.0.1:8080", "ws:///v1/realtime", ""):
+        with pytest.raises(rc.BadURL):
+            rc.check_url(bad)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import subprocess
 import sys
@@ -390,3 +391,66 @@ def test_concurrent_file_clients_each_equal_generate_stream(
         )
         assert gen.returncode == 0, gen.stderr
         assert (tmp_path / f"s{i}.wav").read_bytes() == offline.read_bytes(), flags
+
+
+async def test_retrying_busy_waits_as_told_then_gives_up(autojump_clock: object) -> None:
+    """Retry-After when the server sent one, else 1, 2, 4 ... s; the last busy raised."""
+    from _common import retrying_busy
+
+    from realtime.client import BusyUpgrade
+
+    attempts: list[float] = []
+
+    async def busy_twice() -> str:
+        attempts.append(trio.current_time())
+        if len(attempts) == 1:
+            raise BusyUpgrade(503, "", "server busy (HTTP 503)", 5.0)
+        if len(attempts) == 2:
+            raise ServerBusy("server busy: all 2 conversations are in use [code 1013]")
+        return "served"
+
+    err = io.StringIO()
+    assert await retrying_busy(busy_twice, 3, err) == "served"
+    assert [round(b - a, 3) for a, b in itertools.pairwise(attempts)] == [5.0, 2.0]
+    assert err.getvalue().count("retrying in") == 2
+    attempts.clear()
+
+    async def always_busy() -> str:
+        attempts.append(trio.current_time())
+        raise ServerBusy("server busy")
+
+    with pytest.raises(ServerBusy):
+        await retrying_busy(always_busy, 2, io.StringIO())
+    assert len(attempts) == 3
+
+
+async def test_file_client_retry_waits_for_the_busy_server(tmp_path: Path) -> None:
+    """``--retry 5``: refused while another conversation holds the one slot, served once
+    it ends, exit 0; without --retry the same client exits 7 at once."""
+    wav = _tone_wav(tmp_path / "q.wav", 0.3)
+    engine = Engine(lambda: FakeModel())
+    engine.start()
+    try:
+        async with running_server(engine) as server:
+            async with connect(server.url) as holder:
+                await holder.configure()
+                once = await trio.to_thread.run_sync(
+                    lambda: _run_script(server.url, str(wav), str(tmp_path / "a.wav"))
+                )
+                assert once.returncode == 7, once.stderr
+
+                async def release_soon() -> None:
+                    await trio.sleep(1.5)
+                    await holder.ws.aclose()
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(release_soon)
+                    retried = await trio.to_thread.run_sync(
+                        lambda: _run_script(
+                            server.url, str(wav), str(tmp_path / "b.wav"), "--retry", "5"
+                        )
+                    )
+    finally:
+        engine.shutdown()
+    assert retried.returncode == 0, retried.stderr
+    assert "retrying in 1 s (1 of 5)" in retried.stderr

@@ -271,6 +271,15 @@ def test_microphone_without_devices(tmp_path: Path) -> None:
     assert "Traceback" not in listed.stderr + live.stderr
 
 
+def test_microphone_checks_the_url_before_opening_any_device(tmp_path: Path) -> None:
+    """A wrong URL is reported (exit 4) even on a machine without PortAudio: the
+    devices are never touched."""
+    env = _fake_sounddevice(tmp_path, "raise OSError('PortAudio library not found')\n")
+    proc = _run(["http://127.0.0.1:8080/v1/realtime"], env)
+    assert proc.returncode == 4, proc.stderr
+    assert "ws:// or wss://" in proc.stderr and "PortAudio" not in proc.stderr
+
+
 def test_microphone_usage_error() -> None:
     proc = subprocess.run(
         [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=60, cwd=REPO
