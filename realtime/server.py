@@ -25,9 +25,9 @@ from hypercorn.trio import serve
 from hypercorn.typing import Framework
 
 from realtime.app import ServerState, create_app
+from realtime.endpoints import NATIVE_PATH, OPENAI_PATH
 from realtime.engine import Engine, EngineLoadError, watch_for_hung_calls
 from realtime.errors import UsageError
-from realtime.endpoints import NATIVE_PATH, OPENAI_PATH
 from realtime.limits import Limits
 from realtime.logs import SessionLog
 from realtime.metrics import PrometheusObserver

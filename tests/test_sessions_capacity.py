@@ -22,7 +22,6 @@ from realtime.models.fake import FakeModel, FakeOptions
 from tests.helpers import Server, ahttp, append_msg, connect, noise, running_engine, running_server
 from tests.test_metrics import value
 
-
 MOMENT = json.dumps(
     {"type": "input_audio_buffer.append", "audio": base64.b64encode(bytes(4800)).decode()}
 )

@@ -1,13 +1,21 @@
 // The browser client for /v1/realtime: mic -> PCM16 frame appends, answer audio ->
-// speakers through an adaptive jitter buffer; conversation, function channel, live
-// figures, event log and downloads. No external resources, no build step.
+// speakers through an adaptive jitter buffer. The page is a conversation first (both
+// parties' turns, each replayable when the call ends); the live figures, the
+// function channel, the errors and the event log sit in a Diagnostics section.
+// No external resources, no build step.
 //
 // One App holds the page's state, split into small units that each keep their own:
-// Figures (the live numbers and their rendering), StatusView (state, banner, errors),
-// EventLog, Transcript, Downloads, Waveform, ServedModel, and per call a Call (the
-// WebSocket session), its CallAudio (capture and playback nodes), Timing and
-// Recording. The frame and the rates are the server's, from session.updated
+// Figures (the live numbers and their rendering), StatusView (state, banners,
+// errors), EventLog, Transcript, Downloads, Waveform, ServedModel, and per call a
+// Call (the WebSocket session), its CallAudio (capture and playback nodes), Timing,
+// Recording, MicWatch (a silent microphone) and, after Stop, AnswerWatch (has the
+// answer ended?). The frame and the rates are the server's, from session.updated
 // (sessionFormat); nothing before that message needs them.
+//
+// Stop ends the user's turn, not the call: the microphone goes off, the page goes on
+// sending silence at the frame pace so the model can finish its answer, and commits
+// once the answer has gone quiet or the bound (10 s by default) has passed; the
+// server then answers response.done. A second Stop cuts the answer (response.cancel).
 
 const SUBPROTOCOL = "realtime";
 const KEY_PREFIX = "realtime-key.";
@@ -16,29 +24,45 @@ const RECORD_LIMIT_MS = 30 * 60 * 1000; // 30 min kept for the download
 const METER_FLOOR_DB = -60;
 const RTT_KEPT = 50; // round trips in the median
 const RTF_WINDOW_MS = 5000; // audio received over this much wall time
-const ACTIVE = ["connecting", "configuring", "live", "committing"];
+const ACTIVE = ["connecting", "configuring", "live", "finishing", "committing", "waiting"];
+export const ANSWER_LIMIT_S = 10; // after Stop, the answer may run this long (the default)
+export const ANSWER_QUIET_MS = 1500; // model frames with no token and quiet audio: answer over
+export const OUTPUT_QUIET_DB = -50; // an answer frame below this is quiet
+const DONE_TIMEOUT_MS = 15000; // commit or cancel -> its answer, at most
+export const MIC_SILENT_DB = -80; // a microphone frame below this is silence
+export const MIC_WARN_MS = 2000; // silence (or no frame) this long: the warning
+const MIC_CHECK_MS = 250;
+export const RETRY_DEFAULT_S = 2; // between /ready probes when no Retry-After is given
+const RETRY_LIMIT_MS = 2 * 60 * 1000; // Try again waits for a free conversation this long
+export const TURN_GAP_MS = 1200; // a party quiet this long on the timeline: its next words open a turn
+export const USER_LEAD_MS = 500; // a user turn's replay starts this much before its first word
+export const ASSISTANT_TAIL_MS = 1000; // an answer's replay runs on this long (speech follows text)
 
 // VoiceChat's figures: only for a field a server's session.updated leaves out.
 export const DEFAULT_FORMAT = Object.freeze({ frameSamples: 1280, inputRate: 16000, outputRate: 22050 });
 
+// null: not measured (shown as "—", and left out of #stats' data-* attributes).
 const INITIAL_FIGURES = Object.freeze({
   appendsSent: 0,
+  silenceSent: 0, // of appendsSent: the silence sent after Stop while the answer finished
   audioDeltas: 0,
   transcriptDeltas: 0,
   textDeltas: 0,
   functionDeltas: 0,
-  lastFrameIndex: -1,
-  bufferedMs: 0,
-  latencyMs: 0,
-  targetMs: 0,
-  underruns: 0,
-  droppedMs: 0,
+  lastFrameIndex: null,
+  bufferedMs: null,
+  latencyMs: null,
+  targetMs: null,
+  underruns: null,
+  caughtUpMs: null,
+  droppedMs: null,
+  stretchedMs: null,
   errors: 0,
-  inputLevelDb: -120,
-  outputLevelDb: -120,
-  rttMs: -1,
-  rttMedianMs: -1,
-  rtf: 0,
+  inputLevelDb: null,
+  outputLevelDb: null,
+  rttMs: null,
+  rttMedianMs: null,
+  rtf: null,
 });
 
 const $ = (id) => document.getElementById(id);
@@ -73,7 +97,8 @@ export function median(values) {
   return sorted[sorted.length >> 1];
 }
 
-const fmtMs = (ms) => `${Math.round(ms)} ms`;
+const DASH = "—";
+const fmtMs = (ms) => (ms == null ? DASH : `${Math.round(ms)} ms`);
 
 // A server message as a sentence for the banner: capital first letter, final stop.
 export function sentence(text) {
@@ -97,6 +122,14 @@ export function base64ToInt16(data) {
   const bytes = new Uint8Array(binary.length & ~1);
   for (let i = 0; i < bytes.length; i++) bytes[i] = binary.charCodeAt(i);
   return new Int16Array(bytes.buffer); // little-endian, as every browser platform is
+}
+
+// RMS level of PCM16 in dB below full scale (-120 for digital silence).
+export function levelDb(pcm) {
+  let energy = 0;
+  for (let i = 0; i < pcm.length; i++) energy += pcm[i] * pcm[i];
+  const mean = pcm.length ? energy / pcm.length / (32768 * 32768) : 0;
+  return Math.max(-120, 10 * Math.log10(mean + 1e-12));
 }
 
 // The function channel: pretty-printed JSON when it parses (whole or line by line).
@@ -134,6 +167,39 @@ export function sessionUpdate(promptText, seedText) {
   return { type: "session.update", session };
 }
 
+// The answer's bound after Stop from the settings field: seconds in [0, 60].
+export function answerLimitSeconds(text) {
+  const s = Number.parseFloat(text);
+  return Number.isFinite(s) && s >= 0 ? Math.min(60, s) : ANSWER_LIMIT_S;
+}
+
+// A Retry-After header in seconds: delay-seconds, or an HTTP date (from `nowMs`);
+// null when absent or unreadable.
+export function parseRetryAfter(value, nowMs = Date.now()) {
+  if (value == null) return null;
+  const text = String(value).trim();
+  if (/^\d+$/.test(text)) {
+    const s = Number(text);
+    return s < 86400 ? s : null;
+  }
+  const at = Date.parse(text);
+  return Number.isFinite(at) ? Math.max(0, Math.ceil((at - nowMs) / 1000)) : null;
+}
+
+// /ready's reason as a sentence for the busy banner.
+export function readyReason(reason) {
+  return (
+    {
+      busy: "Every conversation it serves is in use.",
+      overloaded: "It is at its real-time capacity: one more conversation would make the others fall behind.",
+      draining: "It is shutting down and takes no new conversations.",
+      loading: "Its model is still loading.",
+      engine_unavailable: "Its model engine is not running.",
+      connection_limit: "It has too many open connections.",
+    }[reason] || ""
+  );
+}
+
 function realtimeUrl() {
   const url = new URL("/v1/realtime", window.location.href);
   url.protocol = window.location.protocol === "https:" ? "wss:" : "ws:";
@@ -162,6 +228,24 @@ async function probeModels(key) {
   }
 }
 
+// GET /ready: {status, reason, retryAfter} (status 0: unreachable). A balancer in
+// front may answer it too; either may say when to come back (Retry-After).
+async function probeReady(key) {
+  try {
+    const response = await fetch("/ready", { headers: authHeaders(key), cache: "no-store" });
+    let reason = "";
+    try {
+      const body = await response.json();
+      reason = body.reason || (body.error && body.error.code) || "";
+    } catch {
+      // not JSON: a proxy's page
+    }
+    return { status: response.status, reason, retryAfter: parseRetryAfter(response.headers.get("Retry-After")) };
+  } catch {
+    return { status: 0, reason: "", retryAfter: null };
+  }
+}
+
 async function listMics(select) {
   if (!navigator.mediaDevices || !navigator.mediaDevices.enumerateDevices) return;
   const devices = await navigator.mediaDevices.enumerateDevices();
@@ -173,7 +257,7 @@ async function listMics(select) {
   select.value = [...select.options].some((o) => o.value === chosen) ? chosen : "";
 }
 
-// ---------------------------------------------------------------- one call's figures
+// ---------------------------------------------------------------- one call's watches
 
 // Round trips (an append's send -> the audio frame with its frame_index) and the
 // real-time factor (audio received over the last 5 s of wall time).
@@ -210,8 +294,61 @@ export class Timing {
   }
 }
 
-// The audio kept for the download: microphone frames in order, model frames by
-// frame_index, 30 minutes of each at most.
+// Is the microphone delivering sound? "nothing": no frame for `afterMs`; "silent":
+// frames, but none above `silentDb` for `afterMs`; null: fine.
+export class MicWatch {
+  constructor(now, { silentDb = MIC_SILENT_DB, afterMs = MIC_WARN_MS } = {}) {
+    this.silentDb = silentDb;
+    this.afterMs = afterMs;
+    this.lastFrame = now;
+    this.lastSound = now;
+  }
+
+  frame(db, now) {
+    this.lastFrame = now;
+    if (db > this.silentDb) this.lastSound = now;
+  }
+
+  check(now) {
+    if (now - this.lastFrame >= this.afterMs) return "nothing";
+    if (now - this.lastSound >= this.afterMs) return "silent";
+    return null;
+  }
+}
+
+// After Stop: has the answer ended? Frames from `stopFrame` on answer the silence
+// the page sends. The answer is over ("quiet") once `quietMs` of them have come with
+// no token on any channel and audio below `quietDb`, and in any case ("limit")
+// `limitMs` of wall time after Stop.
+export class AnswerWatch {
+  constructor(frameMs, stopFrame, stoppedAt, limitMs, { quietMs = ANSWER_QUIET_MS, quietDb = OUTPUT_QUIET_DB } = {}) {
+    this.quietFrames = Math.max(1, Math.round(quietMs / frameMs));
+    this.quietDb = quietDb;
+    this.stopFrame = stopFrame;
+    this.deadline = stoppedAt + limitMs;
+    this.lastVoice = -1; // the last frame that carried a token or audible audio
+    this.lastFrame = -1; // the last answer frame received
+  }
+
+  token(frameIndex) {
+    if (Number.isInteger(frameIndex)) this.lastVoice = Math.max(this.lastVoice, frameIndex);
+  }
+
+  audio(frameIndex, db) {
+    this.lastFrame = Math.max(this.lastFrame, frameIndex);
+    if (db > this.quietDb) this.lastVoice = Math.max(this.lastVoice, frameIndex);
+  }
+
+  verdict(now) {
+    const quietFrom = Math.max(this.lastVoice + 1, this.stopFrame);
+    if (this.lastFrame + 1 - quietFrom >= this.quietFrames) return "quiet";
+    if (now >= this.deadline) return "limit";
+    return null;
+  }
+}
+
+// The audio kept for the download and the turns' replay: microphone frames in
+// order, model frames by frame_index, 30 minutes of each at most.
 export class Recording {
   constructor(format) {
     this.format = format;
@@ -235,23 +372,60 @@ export class Recording {
   wav() {
     return new Blob([conversationWav(this.mic, this.model, this.format)], { type: "audio/wav" });
   }
+
+  // Frames [first, end) of one channel, one after the other (a missing one as silence).
+  span(role, first, end) {
+    const frames = role === "user" ? this.mic : this.model;
+    const size = role === "user" ? this.format.frameSamples : this.format.outputFrameSamples;
+    const out = new Int16Array(Math.max(0, end - first) * size);
+    for (let k = first; k < end; k++) if (frames[k]) out.set(frames[k].subarray(0, size), (k - first) * size);
+    return out;
+  }
 }
 
-function writeWavHeader(view, frames, rate) {
+// The frames [first, end) a turn's replay plays: a user turn from a little before its
+// first word (transcription follows speech) to its last; an answer from its first
+// token to a little after its last (speech follows text). null: nothing recorded.
+export function turnSpan(turn, frameMs, micFrames, modelFrames) {
+  if (!Number.isInteger(turn.frame) || turn.frame < 0 || !(frameMs > 0)) return null;
+  const last = Number.isInteger(turn.last) ? turn.last : turn.frame;
+  let first;
+  let end;
+  if (turn.role === "user") {
+    first = Math.max(0, turn.frame - Math.round(USER_LEAD_MS / frameMs));
+    end = Math.min(micFrames, last + 1);
+  } else {
+    first = turn.frame;
+    end = Math.min(modelFrames, last + 1 + Math.round(ASSISTANT_TAIL_MS / frameMs));
+  }
+  return end > first ? { first, end } : null;
+}
+
+function writeWavHeader(view, frames, rate, channels = 2) {
   const text = (at, s) => [...s].forEach((ch, i) => view.setUint8(at + i, ch.charCodeAt(0)));
+  const block = 2 * channels;
   text(0, "RIFF");
-  view.setUint32(4, 36 + frames * 4, true);
+  view.setUint32(4, 36 + frames * block, true);
   text(8, "WAVE");
   text(12, "fmt ");
   view.setUint32(16, 16, true);
   view.setUint16(20, 1, true); // PCM
-  view.setUint16(22, 2, true); // channels
+  view.setUint16(22, channels, true);
   view.setUint32(24, rate, true);
-  view.setUint32(28, rate * 4, true);
-  view.setUint16(32, 4, true);
+  view.setUint32(28, rate * block, true);
+  view.setUint16(32, block, true);
   view.setUint16(34, 16, true);
   text(36, "data");
-  view.setUint32(40, frames * 4, true);
+  view.setUint32(40, frames * block, true);
+}
+
+// Mono PCM16 WAV of `pcm` (Int16Array) at `rate`.
+export function monoWav(pcm, rate) {
+  const bytes = new ArrayBuffer(44 + pcm.length * 2);
+  const view = new DataView(bytes);
+  writeWavHeader(view, pcm.length, rate, 1);
+  for (let i = 0; i < pcm.length; i++) view.setInt16(44 + i * 2, pcm[i], true);
+  return bytes;
 }
 
 // Stereo PCM16 WAV at the output rate: left = microphone (at the input rate, linearly
@@ -306,17 +480,22 @@ export function conversationMarkdown(c) {
 
 // ---------------------------------------------------------------- page units
 
-// The live numbers (also mirrored as data-* on #stats for scripts and tests) and
-// their rendering, at most once per animation frame.
+// The live numbers (also mirrored as data-* on #stats for scripts and tests; a
+// figure not measured now has no attribute and reads "—") and their rendering, at
+// most once per animation frame. `phase`: "none" (no call yet), "active", "ended".
 class Figures {
   constructor(ui) {
     this.ui = ui;
     this.values = { ...INITIAL_FIGURES };
+    this.phase = "none";
+    this.playbackSource = null; // the CallAudio whose playback reports count
     this.queued = false;
   }
 
   reset() {
     Object.assign(this.values, INITIAL_FIGURES);
+    this.playbackSource = null;
+    this.phase = "active";
   }
 
   schedule() {
@@ -331,49 +510,111 @@ class Figures {
     else requestAnimationFrame(render);
   }
 
-  // The playback worklet's report (about 20 a second).
-  playback(msg) {
+  // The playback worklet's report (about 20 a second) from `source`'s worklet.
+  // Latency is a figure while audio plays; the target while more is expected.
+  playback(msg, source) {
+    if (source !== this.playbackSource) return;
     const v = this.values;
     v.bufferedMs = msg.bufferedMs;
-    v.latencyMs = msg.latencyMs;
-    v.targetMs = msg.targetMs;
+    v.latencyMs = msg.playing ? msg.latencyMs : null;
+    v.targetMs = msg.finished ? null : msg.targetMs;
     v.underruns = msg.underruns;
+    v.caughtUpMs = msg.caughtUpMs;
     v.droppedMs = msg.droppedMs;
-    if (v.audioDeltas > 0) v.outputLevelDb = Math.max(-120, msg.levelDb);
+    v.stretchedMs = msg.stretchedMs;
+    v.outputLevelDb = msg.playing ? Math.max(-120, msg.levelDb) : null;
+    this.schedule();
+  }
+
+  playbackOpened(source) {
+    this.playbackSource = source;
+  }
+
+  // The speakers are released: nothing plays, nothing is buffered.
+  playbackClosed(source) {
+    if (source !== this.playbackSource) return;
+    this.playbackSource = null;
+    Object.assign(this.values, { bufferedMs: null, latencyMs: null, targetMs: null, outputLevelDb: null });
+    this.schedule();
+  }
+
+  micOff() {
+    this.values.inputLevelDb = null;
+    this.schedule();
+  }
+
+  // The call is over: what was live is no longer measured; the totals stay.
+  ended() {
+    this.phase = "ended";
+    Object.assign(this.values, { inputLevelDb: null, rttMs: null, rtf: null });
     this.schedule();
   }
 
   render() {
     const { ui, values: v } = this;
     for (const [key, value] of Object.entries(v)) {
-      ui.stats.dataset[key] = String(key === "rtf" ? Math.round(value * 100) / 100 : Math.round(value));
+      if (value == null) delete ui.stats.dataset[key];
+      else ui.stats.dataset[key] = String(key === "rtf" ? Math.round(value * 100) / 100 : Math.round(value));
     }
-    ui.statFrames.textContent = `${v.appendsSent} / ${v.audioDeltas}`;
-    ui.statRtt.textContent = v.rttMs < 0 ? "–" : `${fmtMs(v.rttMs)} (median ${fmtMs(v.rttMedianMs)})`;
-    ui.statLatency.textContent = v.targetMs ? `${fmtMs(v.latencyMs)} (${fmtMs(v.targetMs)})` : "–";
-    ui.statRtf.textContent = v.rtf ? `${v.rtf.toFixed(2)}×` : "–";
-    ui.statGlitches.textContent = `${v.underruns} / ${fmtMs(v.droppedMs)}`;
-    this.meter("in", v.inputLevelDb, v.appendsSent > 0);
-    this.meter("out", v.outputLevelDb, v.audioDeltas > 0);
+    ui.stats.dataset.phase = this.phase;
+    const none = this.phase === "none";
+    const silence = v.silenceSent ? ` (${v.silenceSent} of silence after Stop)` : "";
+    ui.statFrames.textContent = none ? DASH : `${v.appendsSent}${silence} / ${v.audioDeltas}`;
+    const median = v.rttMedianMs == null ? "" : ` (median ${fmtMs(v.rttMedianMs)})`;
+    ui.statRtt.textContent = v.rttMs == null && !median ? DASH : `${fmtMs(v.rttMs)}${median}`;
+    const target = v.targetMs == null ? "" : ` (target ${fmtMs(v.targetMs)})`;
+    ui.statLatency.textContent = `${fmtMs(v.latencyMs)}${target}`;
+    ui.statRtf.textContent = v.rtf == null ? DASH : `${v.rtf.toFixed(2)}×`;
+    ui.statUnderruns.textContent = v.underruns == null ? DASH : String(v.underruns);
+    ui.statCaughtUp.textContent = fmtMs(v.caughtUpMs);
+    ui.statDropped.textContent = fmtMs(v.droppedMs);
+    ui.figuresNote.textContent = {
+      none: "No session yet: every figure reads — until it is measured.",
+      active: "This session, as it runs. — : not measured now.",
+      ended: "The session has ended: its totals stay; what was live reads —.",
+    }[this.phase];
+    this.meter("in", v.inputLevelDb);
+    this.meter("out", v.outputLevelDb);
+    const summary = [];
+    if (v.rttMs != null) summary.push(`round trip ${fmtMs(v.rttMs)}`);
+    if (v.latencyMs != null) summary.push(`playback ${fmtMs(v.latencyMs)}`);
+    if (v.errors) summary.push(`${v.errors} error${v.errors === 1 ? "" : "s"}`);
+    ui.diagSummary.textContent = summary.length ? `· ${summary.join(" · ")}` : "";
   }
 
-  meter(which, db, active) {
+  meter(which, db) {
     const meter = $(`meter-${which}`);
-    const value = Math.max(METER_FLOOR_DB, Math.min(0, Math.round(db)));
+    const active = db != null;
+    const value = active ? Math.max(METER_FLOOR_DB, Math.min(0, Math.round(db))) : METER_FLOOR_DB;
     meter.setAttribute("aria-valuenow", String(value));
-    meter.setAttribute("aria-valuetext", active ? `${value} dBFS` : "silent");
+    meter.setAttribute("aria-valuetext", active ? `${value} dBFS` : "off");
     const fill = (100 * (value - METER_FLOOR_DB)) / -METER_FLOOR_DB;
     meter.firstElementChild.style.width = `${fill}%`;
     meter.dataset.hot = String(value > -6);
-    $(`meter-${which}-db`).textContent = active ? `${value} dB` : "–";
+    $(`meter-${which}-db`).textContent = active ? `${value} dB` : DASH;
   }
 }
 
-// The state badge and the controls it enables, the banner, the error list.
+const HINTS = {
+  idle: "Press Start talking, allow the microphone, and speak. Stop ends your turn; the answer then finishes.",
+  connecting: "Connecting…",
+  configuring: "Connecting…",
+  live: "Speak now. Stop ends your turn and lets the answer finish.",
+  finishing: "Your microphone is off; the answer is finishing (up to {limit} s). Stop again cuts it.",
+  committing: "The answer is ending. Stop again cuts it.",
+  waiting: "Waiting for a free conversation; Cancel stops waiting.",
+  closed: "The conversation has ended. Play any turn again, or Start talking for a new one.",
+  done: "The answer has ended.",
+  busy: "The server is full. Try again waits for a free conversation.",
+};
+const OTHER_HINT = "See the banner above for what happened and what to do.";
+
+// The state badge and the controls it enables, the banners, the error list.
 class StatusView {
   constructor(ui, figures) {
     this.ui = ui;
     this.figures = figures;
+    this.limitS = ANSWER_LIMIT_S;
   }
 
   get noticeKind() {
@@ -388,12 +629,19 @@ class StatusView {
     const active = ACTIVE.includes(state);
     ui.start.disabled = active;
     ui.stop.disabled = !active;
-    for (const el of [ui.apiKey, ui.mic, ui.echo, ui.prompt, ui.seed]) el.disabled = active;
+    ui.stop.textContent =
+      state === "finishing" || state === "committing" ? "Cut the answer" : state === "waiting" ? "Cancel" : "Stop";
+    for (const el of [ui.apiKey, ui.mic, ui.echo, ui.prompt, ui.seed, ui.answerLimit]) el.disabled = active;
+    ui.hint.textContent = (HINTS[state] || OTHER_HINT).replace("{limit}", String(this.limitS));
+    if (state !== "live") this.micWarning(null);
     this.figures.render(); // figures and state change together for anyone watching both
   }
 
-  notice(kind, title, text) {
+  // `actions`: which of the banner's buttons show ("retry", "cancel").
+  notice(kind, title, text, actions = []) {
     const { notice } = this.ui;
+    this.ui.retry.hidden = !actions.includes("retry");
+    this.ui.retryCancel.hidden = !actions.includes("cancel");
     if (!kind) {
       notice.hidden = true;
       delete notice.dataset.kind;
@@ -410,11 +658,34 @@ class StatusView {
   busy(message) {
     this.set("busy", "busy: no free conversation");
     const why = sentence(message || "no conversation is free; try again later");
-    this.notice("busy", "The server is busy.", why);
+    this.notice("busy", "The server is busy.", why, ["retry"]);
   }
 
   gone() {
     this.notice("gone", "The server cannot be reached.", "Is `realtime serve` still running?");
+  }
+
+  // The microphone delivers silence ("silent") or nothing ("nothing"); null: fine.
+  micWarning(kind) {
+    const { ui } = this;
+    const was = ui.micWarning.dataset.kind || null;
+    if (kind === was) return;
+    if (!kind) {
+      ui.micWarning.hidden = true;
+      delete ui.micWarning.dataset.kind;
+      if (ui.state.dataset.state === "live") ui.state.textContent = "live: speak now";
+      return;
+    }
+    ui.micWarning.dataset.kind = kind;
+    const seconds = MIC_WARN_MS / 1000;
+    ui.micWarningTitle.textContent =
+      kind === "nothing" ? "The microphone delivers no audio." : "The microphone delivers only silence.";
+    ui.micWarningText.textContent =
+      kind === "nothing"
+        ? `Nothing has come from it for ${seconds} s: is it unplugged, or in use by another program? Pick another one under Settings, or press Stop.`
+        : `For ${seconds} s it has been below ${MIC_SILENT_DB} dBFS: is it muted, or the wrong device? Pick another one under Settings, or press Stop.`;
+    ui.micWarning.hidden = false;
+    ui.state.textContent = kind === "nothing" ? "live: no audio from the microphone" : "live: the microphone is silent";
   }
 
   error(message) {
@@ -471,9 +742,12 @@ export class EventLog {
     this.entry(`${this.stamp()} ${dir} ${type}${detail ? " " + detail : ""}`);
   }
 
-  append(frameMs) {
-    const text = (run) => `${run.t} → input_audio_buffer.append ×${run.n} (${Math.round(frameMs)} ms PCM16 each)`;
-    this.appends = this.grow(this.appends, {}, text);
+  // One append of `frameMs`; `silence`: the page's own silence after Stop.
+  append(frameMs, silence = false) {
+    const what = silence ? "of silence each, after Stop" : "PCM16 each";
+    const text = (run) => `${run.t} → input_audio_buffer.append ×${run.n} (${Math.round(frameMs)} ms ${what})`;
+    if (this.appends && this.appends.silence !== silence) this.appends = null;
+    this.appends = this.grow(this.appends, { silence }, text);
   }
 
   audioFrame(index) {
@@ -494,13 +768,70 @@ export class EventLog {
   }
 }
 
-// The conversation: your transcript and the assistant's text in alternating turns,
-// the whole texts so far, and the function channel.
+// One replay at a time: a turn's ▶ button plays its audio from a WAV blob.
+class Replays {
+  constructor() {
+    this.playing = null; // {audio, button}
+    this.urls = [];
+  }
+
+  button(wav, seconds) {
+    const url = URL.createObjectURL(new Blob([wav], { type: "audio/wav" }));
+    this.urls.push(url);
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "replay secondary small";
+    button.dataset.src = url;
+    button.dataset.durationMs = String(Math.round(seconds * 1000));
+    button.setAttribute("aria-pressed", "false");
+    button.textContent = `▶ ${seconds.toFixed(1)} s`;
+    button.title = "Play this turn again";
+    button.addEventListener("click", () => this.toggle(button));
+    return button;
+  }
+
+  toggle(button) {
+    const current = this.playing;
+    this.stop();
+    if (current && current.button === button) return;
+    const audio = new Audio(button.dataset.src);
+    const done = () => {
+      button.setAttribute("aria-pressed", "false");
+      button.textContent = `▶ ${(Number(button.dataset.durationMs) / 1000).toFixed(1)} s`;
+      if (this.playing && this.playing.audio === audio) this.playing = null;
+    };
+    audio.addEventListener("ended", done);
+    audio.addEventListener("pause", done);
+    audio.addEventListener("playing", () => {
+      button.setAttribute("aria-pressed", "true");
+      button.textContent = "■ stop";
+    });
+    this.playing = { audio, button };
+    audio.play().catch(done);
+  }
+
+  stop() {
+    if (this.playing) this.playing.audio.pause();
+    this.playing = null;
+  }
+
+  clear() {
+    this.stop();
+    for (const url of this.urls) URL.revokeObjectURL(url);
+    this.urls = [];
+  }
+}
+
+// The conversation: each party's words in turns on the model's timeline. A party's
+// turn goes on while its words come less than TURN_GAP_MS apart (so in a full-duplex
+// call both parties can hold a turn at once); the whole texts so far, and the
+// function channel.
 class Transcript {
   constructor(ui) {
     this.ui = ui;
     this.views = { user: ui.user, assistant: ui.assistant };
     this.frameMs = 0; // the session's, once session.updated has come
+    this.replays = new Replays();
     this.reset();
   }
 
@@ -509,6 +840,8 @@ class Transcript {
     this.assistant = "";
     this.fn = "";
     this.turns = [];
+    this.open = { user: null, assistant: null };
+    this.replays.clear();
     const { ui } = this;
     ui.conversation.textContent = "";
     ui.conversationEmpty.hidden = false;
@@ -531,29 +864,56 @@ class Transcript {
 
   addToTurn(role, delta, frameIndex) {
     if (!delta) return;
-    let turn = this.turns[this.turns.length - 1];
-    if (!turn || turn.role !== role) {
-      turn = { role, frame: frameIndex, text: "", el: this.turnElement(role, frameIndex) };
+    const frame = Number.isInteger(frameIndex) ? frameIndex : null;
+    const follow = this.atBottom();
+    let turn = this.open[role];
+    const gap = this.frameMs > 0 ? TURN_GAP_MS / this.frameMs : Infinity;
+    if (!turn || (frame !== null && turn.last !== null && frame - turn.last >= gap)) {
+      const li = this.turnElement(role, frame);
+      turn = { role, frame: frame === null ? -1 : frame, last: frame, text: "", li, el: li.querySelector("p") };
       this.turns.push(turn);
+      this.open[role] = turn;
     }
+    if (frame !== null) turn.last = Math.max(turn.last === null ? frame : turn.last, frame);
     turn.text += delta;
     turn.el.textContent = turn.text.trimStart();
-    this.ui.conversation.scrollTop = this.ui.conversation.scrollHeight;
+    if (follow) turn.li.scrollIntoView({ block: "nearest" });
+  }
+
+  // Is the end of the conversation in view? Then the newest words are kept in view.
+  atBottom() {
+    const rect = this.ui.conversation.getBoundingClientRect();
+    return rect.bottom <= window.innerHeight + 80;
   }
 
   turnElement(role, frameIndex) {
     const li = document.createElement("li");
     li.className = `turn ${role}`;
-    const head = document.createElement("span");
+    const head = document.createElement("div");
     head.className = "who";
-    const known = frameIndex >= 0 && this.frameMs > 0;
+    const name = document.createElement("span");
+    const known = frameIndex !== null && frameIndex >= 0 && this.frameMs > 0;
     const at = known ? ` · ${((frameIndex * this.frameMs) / 1000).toFixed(1)} s` : "";
-    head.textContent = (role === "user" ? "You" : "Assistant") + at;
+    name.textContent = (role === "user" ? "You" : "Assistant") + at;
+    head.append(name);
     const body = document.createElement("p");
     li.append(head, body);
     this.ui.conversation.appendChild(li);
     this.ui.conversationEmpty.hidden = true;
-    return body;
+    return li;
+  }
+
+  // The call has ended: each turn gets a button that plays its audio again.
+  attachAudio(recording) {
+    const { format } = recording;
+    for (const turn of this.turns) {
+      const span = turnSpan(turn, format.frameMs, recording.mic.length, recording.model.length);
+      if (!span) continue;
+      const pcm = recording.span(turn.role, span.first, span.end);
+      const rate = turn.role === "user" ? format.inputRate : format.outputRate;
+      const button = this.replays.button(monoWav(pcm, rate), pcm.length / rate);
+      turn.li.querySelector(".who").append(button);
+    }
   }
 }
 
@@ -658,12 +1018,13 @@ class ServedModel {
     } else if (status === 401) {
       ui.model.textContent = "model: API key needed";
       ui.model.dataset.modelId = "";
+      ui.settingsPanel.open = true; // the key field is there
       this.status.notice(
         "key",
         key ? "Wrong API key." : "This server needs an API key.",
         key
           ? "The server refused it (HTTP 401). Check the key it was started with (--api-key)."
-          : "Enter the key the server was started with (--api-key) above.",
+          : "Enter the key the server was started with (--api-key) under Settings.",
       );
     } else if (status === 0) {
       ui.model.textContent = "model: server unreachable";
@@ -733,6 +1094,7 @@ class CallAudio {
     this.source = null;
     this.capture = null;
     this.playback = null;
+    this.closing = null;
   }
 
   echoReport() {
@@ -764,18 +1126,29 @@ class CallAudio {
     this.capture.connect(ctx.destination);
   }
 
-  // The microphone off for good: the capture nodes and the tracks.
+  // The microphone off (its tracks stopped), while the capture worklet goes on
+  // posting frames of silence at the same pace.
+  muteCapture() {
+    if (this.capture) this.capture.port.postMessage({ type: "mute" });
+    this.releaseMic();
+  }
+
+  releaseMic() {
+    if (this.source) {
+      this.source.disconnect();
+      this.source = null;
+    }
+    for (const track of this.stream.getTracks()) track.stop();
+  }
+
+  // The microphone and the capture off for good.
   stopCapture() {
     if (this.capture) {
       this.capture.port.postMessage({ type: "stop" });
       this.capture.disconnect();
       this.capture = null;
     }
-    if (this.source) {
-      this.source.disconnect();
-      this.source = null;
-    }
-    for (const track of this.stream.getTracks()) track.stop();
+    this.releaseMic();
   }
 
   // Answer audio arrives at `format.outputRate`; the worklet resamples it.
@@ -803,18 +1176,34 @@ class CallAudio {
     if (this.playback) this.playback.port.postMessage({ type: "finish" });
   }
 
+  // Silence now: what is queued is dropped (the user cut the answer).
+  silence() {
+    if (this.playback) {
+      this.playback.port.postMessage({ type: "reset" });
+      this.playback.port.postMessage({ type: "finish" });
+    }
+  }
+
   setVolume(volume) {
     this.gain.gain.setTargetAtTime(volume, this.ctx.currentTime, 0.02);
   }
 
+  // Resolves once the audio device is released.
   close(afterMs = 0) {
-    const { ctx } = this;
-    setTimeout(() => ctx.close().catch(() => {}), afterMs);
+    if (!this.closing) {
+      const { ctx } = this;
+      this.closing = new Promise((resolve) => setTimeout(resolve, afterMs)).then(() =>
+        ctx.close().catch(() => {}),
+      );
+    }
+    return this.closing;
   }
 }
 
 // One WebSocket session: its phase, the server's figures once session.updated has
-// come, and the handling of every server event.
+// come, and the handling of every server event. Phases: connecting, configuring,
+// live, finishing (after Stop: silence out, the answer still coming), committing
+// (the commit sent), done (response.done or response.cancelled came).
 class Call {
   constructor(app, audio, ws) {
     this.app = app;
@@ -827,6 +1216,13 @@ class Call {
     this.format = null; // from session.updated
     this.timing = null;
     this.recording = null;
+    this.micWatch = null;
+    this.micTimer = 0;
+    this.answer = null; // AnswerWatch, after Stop
+    this.answerTimer = 0;
+    this.doneTimer = 0;
+    this.ending = null; // "done" or "cancelled": how the server ended it
+    this.cutting = false; // the second Stop: response.cancel sent
     this.started = new Date().toISOString();
     ws.onmessage = (e) => this.receive(e.data);
     ws.onerror = () => {}; // the details (close code) arrive with onclose
@@ -837,10 +1233,10 @@ class Call {
     return this.app.call === this;
   }
 
-  send(message) {
+  send(message, silence = false) {
     if (this.ws.readyState !== WebSocket.OPEN) return false;
     this.ws.send(JSON.stringify(message));
-    if (message.type === "input_audio_buffer.append") this.app.log.append(this.format.frameMs);
+    if (message.type === "input_audio_buffer.append") this.app.log.append(this.format.frameMs, silence);
     else this.app.log.event("→", message.type, summarize(message));
     return true;
   }
@@ -870,29 +1266,32 @@ class Call {
       case "conversation.item.input_audio_transcription.delta":
         figures.values.transcriptDeltas += 1;
         transcript.grow("user", event, event.transcript);
+        if (this.answer) this.answer.token(event.frame_index);
         break;
       case "response.text.delta":
         figures.values.textDeltas += 1;
         transcript.grow("assistant", event, event.text);
+        if (this.answer) this.answer.token(event.frame_index);
         break;
       case "response.function.delta":
         figures.values.functionDeltas += 1;
         transcript.functionDelta(event);
+        if (this.answer) this.answer.token(event.frame_index);
         break;
       case "response.audio.delta":
         this.audioDelta(event);
         break;
       case "input_audio_buffer.committed":
-        status.set("committing", "finishing the answer…");
+        if (this.state !== "done" && !this.cutting) status.set("committing", "finishing the answer…");
         break;
       case "response.done":
-        this.state = "done";
+        this.ended("done");
         this.audio.finish();
         status.set("done", "done");
         break;
       case "response.cancelled":
-        this.state = "done";
-        status.set("done", "cancelled");
+        this.ended("cancelled");
+        status.set("done", "cut");
         break;
       case "error":
         this.serverError(event.error || {});
@@ -907,7 +1306,7 @@ class Call {
     const { ui, status } = this.app;
     this.state = "configuring";
     this.sessionId = session.id;
-    ui.statSession.textContent = this.sessionId || "–";
+    ui.statSession.textContent = this.sessionId || DASH;
     ui.stats.dataset.sessionId = this.sessionId || "";
     status.set("configuring", "configuring");
     this.send(sessionUpdate(ui.prompt.value, ui.seed.value));
@@ -917,29 +1316,45 @@ class Call {
   updated(session) {
     const { app, audio } = this;
     this.format = sessionFormat(session);
+    app.ui.stats.dataset.frameMs = String(this.format.frameMs);
     this.timing = new Timing(this.format.frameMs);
     this.recording = new Recording(this.format);
     app.transcript.frameMs = this.format.frameMs;
-    audio.openPlayback(this.format, (msg) => app.figures.playback(msg));
+    app.figures.playbackOpened(audio);
+    audio.openPlayback(this.format, (msg) => app.figures.playback(msg, audio));
     this.state = "live";
     app.status.set("live", "live: speak now");
+    this.micWatch = new MicWatch(performance.now());
+    this.micTimer = setInterval(() => this.checkMic(), MIC_CHECK_MS);
     audio.startCapture(this.format, (frame) => this.captured(frame));
   }
 
+  checkMic() {
+    if (!this.current || this.state !== "live" || !this.micWatch) return;
+    this.app.status.micWarning(this.micWatch.check(performance.now()));
+  }
+
+  // A frame from the capture worklet: the microphone's, or (after Stop) its silence.
   captured(frame) {
-    if (!this.current || this.state !== "live") return;
+    if (!this.current || (this.state !== "live" && this.state !== "finishing")) return;
+    const silence = frame.silence === true;
     const { figures } = this.app;
     const index = figures.values.appendsSent;
-    const sent = this.send({
-      type: "input_audio_buffer.append",
-      audio: bytesToBase64(frame.pcm),
-      sample_rate: this.format.inputRate,
-    });
+    const sent = this.send(
+      { type: "input_audio_buffer.append", audio: bytesToBase64(frame.pcm), sample_rate: this.format.inputRate },
+      silence,
+    );
     if (!sent) return;
-    this.timing.sent(index, performance.now());
+    const now = performance.now();
+    this.timing.sent(index, now);
     this.recording.addMic(new Int16Array(frame.pcm));
     figures.values.appendsSent += 1;
-    figures.values.inputLevelDb = Math.max(-120, frame.levelDb);
+    if (silence) {
+      figures.values.silenceSent += 1;
+    } else if (this.micWatch) {
+      figures.values.inputLevelDb = Math.max(-120, frame.levelDb);
+      this.micWatch.frame(frame.levelDb, now);
+    }
     figures.schedule();
   }
 
@@ -953,13 +1368,20 @@ class Call {
     const values = figures.values;
     values.audioDeltas += 1;
     const index = event.frame_index;
-    if (index <= values.lastFrameIndex) status.error(`audio frame_index went backwards (${index})`);
+    if (values.lastFrameIndex !== null && index <= values.lastFrameIndex) {
+      status.error(`audio frame_index went backwards (${index})`);
+    }
     values.lastFrameIndex = index;
     log.audioFrame(index);
     Object.assign(values, this.timing.answered(index, now));
     const pcm = base64ToInt16(event.delta);
     this.recording.addModel(index, pcm);
+    if (this.cutting) return; // the user cut the answer: nothing more is played
     this.audio.play(pcm);
+    if (this.answer) {
+      this.answer.audio(index, levelDb(pcm));
+      this.checkAnswer();
+    }
   }
 
   serverError(err) {
@@ -971,17 +1393,102 @@ class Call {
     this.app.status.error(`${err.code || "error"}: ${err.message || ""}`);
   }
 
-  // Stop: a live call commits (the answer ends with what was said so far); one
-  // still setting up is closed.
+  // Stop: a live call ends the user's turn and lets the answer finish; during that,
+  // a second Stop cuts the answer; a call still setting up is closed.
   stop() {
-    if (this.state === "live") {
-      this.state = "committing";
-      this.audio.stopCapture();
-      this.send({ type: "input_audio_buffer.commit", pad_partial: true });
-      this.app.status.set("committing", "finishing the answer…");
-    } else if (this.state !== "done") {
-      this.ws.close(1000, "stopped by the user");
+    if (this.state === "live") this.finish();
+    else if (this.state === "finishing" || this.state === "committing") this.cut();
+    else if (this.state !== "done") this.ws.close(1000, "stopped by the user");
+  }
+
+  // The microphone off; silence goes on at the frame pace until the answer has gone
+  // quiet or the bound has passed; then the commit.
+  finish() {
+    const { app } = this;
+    const limitMs = 1000 * answerLimitSeconds(app.ui.answerLimit.value);
+    this.stopMicWatch();
+    this.state = "finishing";
+    this.audio.muteCapture();
+    app.figures.micOff();
+    if (limitMs <= 0) {
+      this.commit("at once");
+      return;
     }
+    const now = performance.now();
+    const stopFrame = app.figures.values.appendsSent;
+    app.ui.stats.dataset.stopFrame = String(stopFrame); // the first frame after Stop
+    this.answer = new AnswerWatch(this.format.frameMs, stopFrame, now, limitMs);
+    this.answerTimer = setInterval(() => this.checkAnswer(), 200);
+    app.status.limitS = limitMs / 1000;
+    app.status.set("finishing", "finishing the answer…");
+  }
+
+  checkAnswer() {
+    if (this.state !== "finishing" || !this.answer) return;
+    const verdict = this.answer.verdict(performance.now());
+    if (verdict) this.commit(verdict);
+  }
+
+  // `why`: "quiet" (the answer went quiet), "limit" (the bound), "at once" (no bound).
+  commit(why) {
+    clearInterval(this.answerTimer);
+    this.answer = null;
+    this.state = "committing";
+    this.app.ui.stats.dataset.finishedBy = why;
+    this.audio.stopCapture();
+    this.send({ type: "input_audio_buffer.commit", pad_partial: true });
+    this.app.status.set("committing", "finishing the answer…");
+    this.expectEnd("response.done");
+  }
+
+  // The second Stop: the answer is cut (response.cancel), and what is queued is not played.
+  cut() {
+    clearInterval(this.answerTimer);
+    this.answer = null;
+    this.cutting = true;
+    this.audio.stopCapture();
+    this.audio.silence();
+    this.app.ui.stats.dataset.finishedBy = "cut";
+    if (!this.send({ type: "response.cancel" })) {
+      this.ws.close(1000, "cut by the user");
+      return;
+    }
+    this.state = "committing";
+    this.app.status.set("committing", "cutting the answer…");
+    this.app.ui.hint.textContent = "Cutting the answer: nothing more of it is played.";
+    this.app.ui.stop.disabled = true;
+    this.expectEnd("response.cancelled");
+  }
+
+  // The server owes `what` and the close; if neither comes, the page closes.
+  expectEnd(what) {
+    clearTimeout(this.doneTimer);
+    this.doneTimer = setTimeout(() => {
+      if (!this.current) return;
+      this.app.status.error(`no ${what} within ${DONE_TIMEOUT_MS / 1000} s: closing the connection`);
+      this.ws.close(1000, "no answer to the commit");
+    }, DONE_TIMEOUT_MS);
+  }
+
+  ended(how) {
+    this.state = "done";
+    this.ending = how;
+    clearInterval(this.answerTimer);
+    this.answer = null;
+    this.stopMicWatch();
+  }
+
+  stopMicWatch() {
+    clearInterval(this.micTimer);
+    this.micWatch = null;
+    this.app.status.micWarning(null);
+  }
+
+  // Every timer off: the connection has closed.
+  dispose() {
+    clearInterval(this.answerTimer);
+    clearTimeout(this.doneTimer);
+    this.stopMicWatch();
   }
 
   // What the downloads say about this call.
@@ -1003,14 +1510,20 @@ class Call {
 
 function findElements() {
   const ids = {
-    form: "settings", apiKey: "api-key", mic: "mic", micRefresh: "mic-refresh",
+    form: "settings", settingsPanel: "settings-panel", settingsSummary: "settings-summary",
+    apiKey: "api-key", mic: "mic", micRefresh: "mic-refresh",
     echo: "echo", echoApplied: "echo-applied", prompt: "system-prompt", seed: "seed",
+    answerLimit: "answer-limit",
     preview: "update-preview", volume: "volume", volumeValue: "volume-value",
-    start: "start", stop: "stop", state: "state", model: "model", demo: "demo-banner",
+    start: "start", stop: "stop", hint: "hint", state: "state", model: "model", demo: "demo-banner",
     demoName: "demo-name", notice: "notice", noticeTitle: "notice-title",
-    noticeText: "notice-text", stats: "stats", statFrames: "stat-frames",
+    noticeText: "notice-text", retry: "retry", retryCancel: "retry-cancel",
+    micWarning: "mic-warning", micWarningTitle: "mic-warning-title", micWarningText: "mic-warning-text",
+    diagnostics: "diagnostics", diagSummary: "diag-summary", figuresNote: "figures-note",
+    stats: "stats", statFrames: "stat-frames",
     statRtt: "stat-rtt", statLatency: "stat-latency", statRtf: "stat-rtf",
-    statGlitches: "stat-glitches", statSession: "stat-session",
+    statUnderruns: "stat-underruns", statCaughtUp: "stat-caught-up", statDropped: "stat-dropped",
+    statSession: "stat-session",
     conversation: "conversation", conversationEmpty: "conversation-empty",
     user: "user-transcript", assistant: "assistant-text", fn: "function-text",
     errors: "errors", log: "log", logCount: "log-count", downloads: "downloads",
@@ -1019,6 +1532,8 @@ function findElements() {
   };
   return Object.freeze(Object.fromEntries(Object.entries(ids).map(([k, id]) => [k, $(id)])));
 }
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 class App {
   constructor(ui) {
@@ -1031,6 +1546,7 @@ class App {
     this.waveform = new Waveform(ui.wave);
     this.model = new ServedModel(ui, this.status);
     this.call = null; // the one live call
+    this.waiting = null; // {cancelled} while Try again waits for a free conversation
     this.keyTimer = 0;
   }
 
@@ -1038,8 +1554,25 @@ class App {
     return Number(this.ui.volume.value) / 100;
   }
 
-  showPreview() {
-    this.ui.preview.textContent = JSON.stringify(sessionUpdate(this.ui.prompt.value, this.ui.seed.value));
+  get key() {
+    return this.ui.apiKey.value.trim();
+  }
+
+  showSettings() {
+    const { ui } = this;
+    ui.preview.textContent = JSON.stringify(sessionUpdate(ui.prompt.value, ui.seed.value));
+    const mic = ui.mic.selectedOptions[0] ? ui.mic.selectedOptions[0].textContent : "System default";
+    const limit = answerLimitSeconds(ui.answerLimit.value);
+    ui.settingsSummary.textContent = [
+      mic === "System default" ? "default microphone" : mic,
+      `echo cancellation ${ui.echo.checked ? "on" : "off"}`,
+      `seed ${sessionUpdate("", ui.seed.value).session.seed}`,
+      ui.prompt.value.trim() ? "system prompt set" : null,
+      limit ? `answer up to ${limit} s after Stop` : "Stop ends at once",
+    ]
+      .filter(Boolean)
+      .join(" · ");
+    this.status.limitS = limit;
   }
 
   resetView() {
@@ -1047,14 +1580,16 @@ class App {
     this.status.clearErrors();
     this.transcript.reset();
     delete this.ui.stats.dataset.closeCode;
-    this.ui.statSession.textContent = "–";
+    delete this.ui.stats.dataset.finishedBy;
+    delete this.ui.stats.dataset.stopFrame;
+    this.ui.statSession.textContent = DASH;
     this.status.notice(null);
     this.downloads.clear();
     this.figures.render();
   }
 
   async start() {
-    if (this.call) return;
+    if (this.call || this.waiting) return;
     this.resetView();
     if (!navigator.mediaDevices || !navigator.mediaDevices.getUserMedia) {
       this.status.set("nomic", "no microphone");
@@ -1086,7 +1621,7 @@ class App {
   connect(audio) {
     let ws;
     try {
-      ws = new WebSocket(realtimeUrl(), subprotocols(this.ui.apiKey.value.trim()));
+      ws = new WebSocket(realtimeUrl(), subprotocols(this.key));
     } catch (err) {
       throw new Error(`cannot open the WebSocket (is the API key a plain token?): ${err.message}`);
     }
@@ -1106,7 +1641,7 @@ class App {
       this.status.notice("nomic", "No usable microphone.",
         name === "NotReadableError"
           ? "The microphone is in use by another program or failed to start."
-          : "Plug one in, or pick another in the Microphone list.");
+          : "Plug one in, or pick another in the Microphone list under Settings.");
     } else {
       return false;
     }
@@ -1115,21 +1650,90 @@ class App {
   }
 
   stop() {
-    if (this.call) this.call.stop();
+    if (this.waiting) this.cancelWait();
+    else if (this.call) this.call.stop();
+  }
+
+  // Try again: wait for /ready to say a conversation is free (it or a balancer in
+  // front may say when to ask again: Retry-After), then start. Bounded by RETRY_LIMIT_MS.
+  async retry() {
+    if (this.call || this.waiting) return;
+    const waiting = { cancelled: false };
+    this.waiting = waiting;
+    const { status, ui } = this;
+    const give = (fn) => {
+      if (this.waiting === waiting) this.waiting = null;
+      fn();
+    };
+    status.notice(null);
+    status.set("waiting", "waiting for a free conversation");
+    const deadline = performance.now() + RETRY_LIMIT_MS;
+    for (let attempt = 1; ; attempt++) {
+      const ready = await probeReady(this.key);
+      if (waiting.cancelled) return;
+      if (ready.status === 200 || ready.status === 404) {
+        give(() => this.start()); // 404: no /ready here (an older server or a proxy)
+        return;
+      }
+      if (ready.status === 401) {
+        give(() => {
+          status.set("unauthorized", "wrong API key");
+          this.model.load();
+        });
+        return;
+      }
+      if (ready.status === 0) {
+        give(() => {
+          status.set("gone", "server unreachable");
+          status.gone();
+        });
+        return;
+      }
+      const given = ready.retryAfter;
+      const seconds = Math.max(1, Math.min(60, given == null ? RETRY_DEFAULT_S : given));
+      ui.stats.dataset.retryAfterS = String(seconds);
+      if (performance.now() + seconds * 1000 > deadline) {
+        give(() => {
+          status.set("busy", "busy: no free conversation");
+          status.notice("busy", "The server is still full.", `No conversation came free in ${RETRY_LIMIT_MS / 60000} minutes. ${readyReason(ready.reason)}`, ["retry"]);
+        });
+        return;
+      }
+      const why = readyReason(ready.reason) || `It answered HTTP ${ready.status}.`;
+      const source = given == null ? "" : " (as its Retry-After says)";
+      for (let left = seconds; left > 0; left--) {
+        status.notice("waiting", "The server is full.", `${why} Trying again in ${left} s${source}; attempt ${attempt}.`, ["cancel"]);
+        await sleep(1000);
+        if (waiting.cancelled) return;
+      }
+    }
+  }
+
+  cancelWait() {
+    if (!this.waiting) return;
+    this.waiting.cancelled = true;
+    this.waiting = null;
+    this.status.set("busy", "busy: no free conversation");
+    this.status.notice("busy", "Stopped waiting.", "The server was full. Try again when you like.", ["retry"]);
   }
 
   async closed(call, event) {
     if (this.call !== call) return;
     this.call = null;
+    call.dispose();
     call.audio.stopCapture();
     const { values } = this.figures;
-    values.inputLevelDb = -120; // the microphone is off now
+    this.figures.ended();
     this.log.stopClock();
     this.log.event("×", "close", `code ${event.code}${event.reason ? " " + event.reason : ""}`);
     this.ui.stats.dataset.closeCode = String(event.code);
-    // Let queued speech finish, then release the audio device.
-    call.audio.close(Math.max(0, values.bufferedMs) + 500);
-    if (call.recording && !call.recording.empty) this.downloads.offer(call.recording, call.conversation());
+    // Let queued speech finish (none after a cut), then release the audio device.
+    const queued = call.cutting ? 0 : Math.max(0, values.bufferedMs || 0);
+    call.audio.close(queued + 500).then(() => this.figures.playbackClosed(call.audio));
+    if (call.recording && !call.recording.empty) {
+      this.downloads.offer(call.recording, call.conversation());
+      this.transcript.attachAudio(call.recording);
+    }
     await this.explainClose(call, event);
     this.figures.schedule();
   }
@@ -1144,13 +1748,13 @@ class App {
     } else if (event.code === 1006 && call.state === "connecting") {
       await this.explainRefusal();
     } else if (event.code === 1006) {
-      const gone = (await probeModels(this.ui.apiKey.value.trim())).status === 0;
+      const gone = (await probeModels(this.key)).status === 0;
       status.set(gone ? "gone" : "error", gone ? "server gone" : "connection lost");
       status.notice(gone ? "gone" : "error", gone ? "The server went away." : "The connection was lost.",
         gone ? "The session ended when the server stopped." : "The network dropped the connection.");
       status.error(`connection lost (code 1006)${gone ? ": the server is gone" : ""}`);
     } else if (call.state === "done" && event.code === 1000) {
-      status.set("closed", "finished");
+      status.set("closed", call.cutting ? "finished: the answer was cut" : "finished");
     } else if (event.code === 1000 || event.code === 1005) {
       status.set("closed", "closed");
     } else {
@@ -1160,40 +1764,54 @@ class App {
     }
   }
 
-  // Browsers hide the HTTP status of a refused upgrade: ask /v1/models why.
+  // Browsers hide the HTTP status of a refused upgrade: ask /v1/models and /ready why.
   async explainRefusal() {
     const { status } = this;
     status.set("connecting", "checking why…");
-    const probe = await probeModels(this.ui.apiKey.value.trim());
+    const probe = await probeModels(this.key);
     if (probe.status === 401) {
       status.set("unauthorized", "wrong API key");
-      status.notice("unauthorized", "Wrong or missing API key.", "The server refused the key (HTTP 401). Enter the key it was started with (--api-key).");
+      this.ui.settingsPanel.open = true;
+      status.notice("unauthorized", "Wrong or missing API key.", "The server refused the key (HTTP 401). Enter the key it was started with (--api-key) under Settings.");
       status.error("could not connect: missing or wrong API key (HTTP 401)");
-    } else if (probe.status === 0) {
+      return;
+    }
+    if (probe.status === 0) {
       status.set("gone", "server unreachable");
       status.gone();
       status.error("could not connect: the server is unreachable");
-    } else {
-      status.set("error", "refused");
-      status.notice("error", "The server refused the WebSocket.", "The key is fine, so the page's Origin is probably not allowed: start the server with --allowed-origin.");
-      status.error("could not connect: the server refused the WebSocket upgrade (Origin not allowed?)");
+      return;
     }
+    const ready = await probeReady(this.key);
+    if (ready.status === 503) {
+      // Refused before the upgrade (HTTP 503 from the server or a balancer in front).
+      status.set("busy", "busy: the server is full");
+      const when = ready.retryAfter == null ? "" : ` It asks to come back in ${ready.retryAfter} s.`;
+      status.notice("busy", "The server is full.", `${readyReason(ready.reason) || "It takes no new conversation now."}${when} Try again waits for a free one.`, ["retry"]);
+      status.error(`could not connect: the server is full (/ready: 503${ready.reason ? " " + ready.reason : ""})`);
+      return;
+    }
+    status.set("error", "refused");
+    status.notice("error", "The server refused the WebSocket.", "The key is fine and the server has room, so the page's Origin is probably not allowed (start the server with --allowed-origin); behind a balancer that was full a moment ago, Try again.", ["retry"]);
+    status.error("could not connect: the server refused the WebSocket upgrade (Origin not allowed?)");
   }
 
   wire() {
     const { ui } = this;
     const mics = () => listMics(ui.mic).catch(() => {});
-    ui.form.addEventListener("submit", (e) => {
-      e.preventDefault();
-      this.start();
-    });
+    ui.form.addEventListener("submit", (e) => e.preventDefault());
+    ui.start.addEventListener("click", () => this.start());
     ui.stop.addEventListener("click", () => this.stop());
+    ui.retry.addEventListener("click", () => this.retry());
+    ui.retryCancel.addEventListener("click", () => this.cancelWait());
     ui.apiKey.addEventListener("input", () => {
       clearTimeout(this.keyTimer);
       this.keyTimer = setTimeout(() => this.model.load(), 400);
     });
-    ui.prompt.addEventListener("input", () => this.showPreview());
-    ui.seed.addEventListener("input", () => this.showPreview());
+    for (const el of [ui.prompt, ui.seed, ui.answerLimit, ui.mic, ui.echo]) {
+      el.addEventListener("input", () => this.showSettings());
+      el.addEventListener("change", () => this.showSettings());
+    }
     ui.volume.addEventListener("input", () => {
       ui.volumeValue.textContent = `${ui.volume.value} %`;
       if (this.call) this.call.audio.setVolume(this.volume);
@@ -1210,7 +1828,7 @@ class App {
   boot() {
     this.wire();
     this.status.set("idle", "idle");
-    this.showPreview();
+    this.showSettings();
     this.figures.render();
     listMics(this.ui.mic).catch(() => {});
     this.model.load();

@@ -64,7 +64,9 @@ class StreamResampler {
 
 // Mic -> mono -> `targetRate` -> little-endian PCM16, posted one `frameSamples`
 // frame at a time (1280 at 16 kHz: 80 ms for VoiceChat); the page sends each as one
-// input_audio_buffer.append.
+// input_audio_buffer.append. After "mute" (the user pressed Stop and the microphone
+// is off) it posts frames of silence at the same pace, on the audio clock, so the
+// model's timeline runs on while it finishes its answer; "stop" ends it.
 class CaptureProcessor extends AudioWorkletProcessor {
   constructor(options) {
     super();
@@ -72,11 +74,26 @@ class CaptureProcessor extends AudioWorkletProcessor {
     this.frameSamples = opts.frameSamples || 1280;
     this.resampler = new StreamResampler(sampleRate, opts.targetRate || 16000);
     this.frame = new Float32Array(this.frameSamples);
+    this.targetRate = opts.targetRate || 16000;
     this.filled = 0;
     this.active = true;
+    this.muted = false;
     this.port.onmessage = (e) => {
-      if (e.data && e.data.type === "stop") this.active = false;
+      const type = e.data && e.data.type;
+      if (type === "stop") this.active = false;
+      else if (type === "mute" && !this.muted) this.mute();
     };
+  }
+
+  // The microphone's last frame goes out padded with silence; every frame after it
+  // is pure silence (a fresh resampler: no tail of the microphone's audio).
+  mute() {
+    if (this.filled > 0) {
+      this.frame.fill(0, this.filled);
+      this.emit();
+    }
+    this.muted = true;
+    this.resampler = new StreamResampler(sampleRate, this.targetRate);
   }
 
   emit() {
@@ -89,18 +106,25 @@ class CaptureProcessor extends AudioWorkletProcessor {
       view.setInt16(i * 2, Math.round(x * 32767), true);
     }
     const levelDb = 10 * Math.log10(energy / this.frameSamples + 1e-12);
-    this.port.postMessage({ type: "frame", pcm: bytes, levelDb }, [bytes]);
+    this.port.postMessage({ type: "frame", pcm: bytes, levelDb, silence: this.muted }, [bytes]);
     this.filled = 0;
   }
 
-  process(inputs) {
+  process(inputs, outputs) {
     if (!this.active) return false;
     const input = inputs[0];
-    if (!input || input.length === 0) return true;
-    const n = input[0].length;
-    const mono = new Float32Array(n);
-    for (const channel of input) {
-      for (let i = 0; i < n; i++) mono[i] += channel[i] / input.length;
+    let mono;
+    if (this.muted) {
+      mono = new Float32Array(outputs[0][0].length); // one render quantum of silence
+    } else {
+      // A device that delivers nothing gives no channels: no frame is posted, and
+      // the page's microphone watch notices the gap.
+      if (!input || input.length === 0) return true;
+      const n = input[0].length;
+      mono = new Float32Array(n);
+      for (const channel of input) {
+        for (let i = 0; i < n; i++) mono[i] += channel[i] / input.length;
+      }
     }
     const out = this.resampler.process(mono);
     let i = 0;

@@ -12,6 +12,9 @@
 //   best-matching lag (a SOLA time compression): at most `maxSpeedup` (25 %)
 //   faster, in proportion to the excess. Above `hardLimitMs` it jumps straight
 //   back to the target. So latency never accumulates.
+// - What it removes is counted apart: `caughtUpMs` (pieces cut by catching up; the
+//   audio around them plays, a little faster) and `droppedMs` (audio discarded whole:
+//   a jump above `hardLimitMs`, or the oldest audio past `capacityMs`).
 // - When it sits below the target (bursty delivery drained it), playback slows
 //   down by repeating a piece the same way, at most `maxSlowdown` (10 %), so the
 //   margin the target stands for is really there before the next gap.
@@ -63,7 +66,8 @@ export class JitterBuffer {
     this.finished = false;
     this.fadeIn = false;
     this.underruns = 0;
-    this.droppedSamples = 0; // removed by catching up, jumps or overflow
+    this.caughtUpSamples = 0; // cut out a pitch period at a time by catching up
+    this.droppedSamples = 0; // discarded whole: jumps above hardLimitMs, overflow
     this.playedSamples = 0;
     this.stretchedSamples = 0; // added by slowing down
     this.sinceUnderrun = 0; // samples pulled since the last underrun
@@ -83,6 +87,10 @@ export class JitterBuffer {
 
   get droppedMs() {
     return this.droppedSamples / this.perMs;
+  }
+
+  get caughtUpMs() {
+    return this.caughtUpSamples / this.perMs;
   }
 
   get playedMs() {
@@ -188,6 +196,7 @@ export class JitterBuffer {
       const jump = Math.floor(this.size - this.targetMs * this.perMs) - this.overlap;
       if (jump > 0) {
         this.cut(jump);
+        this.droppedSamples += jump;
         this.latencyMs = this.bufferedMs;
       }
       return;
@@ -207,6 +216,7 @@ export class JitterBuffer {
     if (this.credit >= this.minCut && this.size >= n + this.maxCut + this.overlap) {
       const lag = this.bestLag(1);
       this.cut(lag);
+      this.caughtUpSamples += lag;
       this.credit -= lag;
       this.cooldown = this.overlap;
     } else if (
@@ -256,7 +266,6 @@ export class JitterBuffer {
       buf[start + lag + i] = buf[start + i] * (1 - g) + buf[start + lag + i] * g;
     }
     this.start += lag;
-    this.droppedSamples += lag;
   }
 
   // Play the last `lag` samples again: what plays next cross-fades into them,
@@ -280,9 +289,11 @@ export class JitterBuffer {
       targetMs: this.targetMs,
       underruns: this.underruns,
       droppedMs: this.droppedMs,
+      caughtUpMs: this.caughtUpMs,
       stretchedMs: this.stretchedSamples / this.perMs,
       playedMs: this.playedMs,
       playing: this.playing,
+      finished: this.finished,
     };
   }
 }
