@@ -2,7 +2,8 @@
 
 Rows: 1 bare model, 2 zero-cost model through the server, 3 paced stream,
 4 unpaced stream, 5 ping/cancel during a long append, 6 session churn and
-memory, 7 rows 3-5 against mlx-vlm's own ``/v1/realtime`` server.
+memory, 7 rows 3-5 against mlx-vlm's own ``/v1/realtime`` server, 8 a short sweep of
+concurrent paced conversations on one server (``python -m benchmarks.sessions``).
 """
 
 from __future__ import annotations
@@ -12,19 +13,17 @@ import datetime
 import json
 import math
 import os
-import platform
 import shlex
-import statistics
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import trio
 
-from benchmarks import breakdown, servers, streams
+from benchmarks import breakdown, servers, sessions, streams
 from benchmarks.bare import WARMUP_FRAMES, bare_model
+from benchmarks.stats import machine, median_of
 from benchmarks.wire import (
     append_message,
     figures_for,
@@ -41,9 +40,10 @@ ROW_NAMES: Final = {
     5: "responsiveness",
     6: "churn",
     7: "peer",
+    8: "sessions",
 }
 ALL_ROWS: Final = tuple(ROW_NAMES)
-MODEL_ROWS: Final = (1, 3, 4, 5, 7)
+MODEL_ROWS: Final = (1, 3, 4, 5, 7, 8)
 """The default rows when ``--model`` names a checkpoint (rows that measure a model)."""
 
 OVERHEAD_TARGET_MS: Final = 1.0
@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--model",
         type=Path,
-        help="VoiceChat checkpoint folder for rows 1, 3-5, 7 (default: the demo checkpoint)",
+        help="VoiceChat checkpoint folder for rows 1, 3-5, 7, 8 (default: the demo checkpoint)",
     )
     parser.add_argument(
         "--size",
@@ -124,46 +124,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip the per-hop breakdown on instrumented servers (rows 3 and 7)",
     )
     parser.add_argument(
+        "--concurrent",
+        type=sessions.session_counts,
+        default=(1, 2, 3),
+        help="row 8: concurrent conversation counts, each streaming --frames frames "
+        "(default 1,2,3; python -m benchmarks.sessions for the full sweep)",
+    )
+    parser.add_argument(
         "--zero-cost-frames",
         type=_positive,
         help="row 2 frames (default 20 x --frames)",
     )
     return parser
-
-
-def machine() -> dict[str, Any]:
-    """What the figures were measured on."""
-    cpu = platform.processor() or platform.machine()
-    memory = None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.partition(":")[2].strip()
-                break
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                memory = round(int(line.split()[1]) / 1024 / 1024, 1)
-                break
-    except OSError:
-        pass
-
-    def version(dist: str) -> str | None:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return None
-
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": cpu,
-        "memory_gib": memory,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "mlx": version("mlx"),
-        "mlx_vlm": version("mlx-vlm"),
-        "trio": version("trio"),
-        "hypercorn": version("hypercorn"),
-    }
 
 
 def _run(fn: Callable[[], Awaitable[T]]) -> T:
@@ -264,24 +236,6 @@ def _headline(suite: dict[str, Any]) -> dict[str, Any]:
         ".".join((row, *path)): _dig_or_none(suite.get(row, {}), path)
         for row, path, _, _ in COMPARISONS
     }
-
-
-def median_of(suites: list[dict[str, Any]]) -> dict[str, Any]:
-    """The element-wise median of several runs of the same suite (numbers only;
-    anything else is taken from the first run)."""
-    first = suites[0]
-    out: dict[str, Any] = {}
-    for key, value in first.items():
-        values = [s.get(key) for s in suites]
-        if isinstance(value, dict) and all(isinstance(v, dict) for v in values):
-            out[key] = median_of(values)  # type: ignore[arg-type]
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            numbers = [float(v) for v in values if isinstance(v, (int, float))]
-            med = float(statistics.median(numbers))
-            out[key] = int(med) if isinstance(value, int) and med.is_integer() else med
-        else:
-            out[key] = value
-    return out
 
 
 def compare(ours: dict[str, Any], peer: dict[str, Any]) -> dict[str, Any]:
@@ -438,6 +392,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results["peer"] = peer
     else:
         results["peer"] = {"skipped": "--no-peer" if args.no_peer else "not selected"}
+    if 8 in rows:
+        assert path is not None
+        _log(f"row 8: {', '.join(map(str, args.concurrent))} concurrent paced conversations")
+        results["sessions"] = sessions.sweep(
+            path, args.concurrent, frames * figures.frame_seconds, log=_log
+        )
+    else:
+        results["sessions"] = skipped
     results["load_average_end"] = _loadavg()
     return results
 
@@ -584,6 +546,35 @@ def table(results: dict[str, Any]) -> str:
                 ("ours at least as good" if c["at_least_as_good"] else "WORSE")
                 + ("" if c["target"] else " (info)"),
             )
+    concurrent = results.get("sessions", {"skipped": "not selected"})
+    if "skipped" not in concurrent:
+        for line in sessions.rows_of(concurrent):
+            cell = dict(zip(sessions.HEADERS, line, strict=True))
+            n = cell["N"]
+            add(
+                "8 sessions",
+                f"N={n}: latency ms p50/p95/p99, worst p95",
+                f"{cell['latency ms p50 / p95 / p99']}, {cell['worst conv p95']}",
+                f"real time: {cell['real time']}",
+            )
+            add(
+                "8 sessions",
+                f"N={n}: frames > 2 frames, lag growth ms",
+                f"{cell['frames > 2 frames']}, {cell['lag growth ms']}",
+            )
+            add(
+                "8 sessions",
+                f"N={n}: engine busy, server CPU ms/frame",
+                f"{cell['engine busy']}, {cell['CPU ms/frame']}",
+            )
+            if cell["problems"] != "-":
+                add("8 sessions", f"N={n}: problems", cell["problems"])
+        add(
+            "8 sessions",
+            "largest N all real time",
+            str(concurrent["max_realtime_sessions"]),
+            f"({concurrent['seconds']:g} s each)",
+        )
     headers = ("row", "metric", "value", "target")
     widths = [max([len(h), *(len(line[i]) for line in lines)]) for i, h in enumerate(headers)]
     out = [" | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]

@@ -104,10 +104,10 @@ def _started(name: str, cmd: Sequence[str]) -> Iterator[ServerProcess]:
 
 
 @contextmanager
-def ours(model_path: Path) -> Iterator[ServerProcess]:
-    """``python -m realtime serve -m PATH --port 0``: this project's server."""
+def ours(model_path: Path, *options: str) -> Iterator[ServerProcess]:
+    """``python -m realtime serve -m PATH --port 0 [OPTIONS]``: this project's server."""
     cmd = [sys.executable, "-m", "realtime", "serve", "-m", str(model_path), "--port", "0"]
-    cmd += ["--host", "127.0.0.1"]
+    cmd += ["--host", "127.0.0.1", *options]
     yield from _started("ours", cmd)
 
 

@@ -1,8 +1,14 @@
-"""Small statistics helpers: percentiles over timing samples."""
+"""Small helpers every benchmark shares: percentiles over timing samples, the median
+of several runs, and what the figures were measured on."""
 
 from __future__ import annotations
 
+import os
+import platform
+import statistics
 from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -41,3 +47,56 @@ def summarize(values: Sequence[float]) -> Summary:
         min=float(arr.min()),
         max=float(arr.max()),
     )
+
+
+def median_of(suites: list[dict[str, Any]]) -> dict[str, Any]:
+    """The element-wise median of several runs of the same suite (numbers only;
+    anything else is taken from the first run)."""
+    first = suites[0]
+    out: dict[str, Any] = {}
+    for key, value in first.items():
+        values = [s.get(key) for s in suites]
+        if isinstance(value, dict) and all(isinstance(v, dict) for v in values):
+            out[key] = median_of(values)  # type: ignore[arg-type]
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            numbers = [float(v) for v in values if isinstance(v, (int, float))]
+            med = float(statistics.median(numbers))
+            out[key] = int(med) if isinstance(value, int) and med.is_integer() else med
+        else:
+            out[key] = value
+    return out
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    cpu = platform.processor() or platform.machine()
+    memory = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.partition(":")[2].strip()
+                break
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory = round(int(line.split()[1]) / 1024 / 1024, 1)
+                break
+    except OSError:
+        pass
+
+    def version(dist: str) -> str | None:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "memory_gib": memory,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "mlx": version("mlx"),
+        "mlx_vlm": version("mlx-vlm"),
+        "trio": version("trio"),
+        "hypercorn": version("hypercorn"),
+    }

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+import attrs
 import trio
 
 from benchmarks.servers import ServerProcess
@@ -37,7 +38,7 @@ RESPONSIVENESS_TRIGGER: Final = 5
 """The ping and cancel go out when this many frames of the big append have answered."""
 
 
-async def _cancel_and_close(client: Client) -> None:
+async def cancel_and_close(client: Client) -> None:
     await client.send(CANCEL)
     await client.drain_until("response.cancelled", 60)
 
@@ -49,11 +50,13 @@ async def warm_up(url: str, model: str | None, messages: list[str]) -> None:
         for message in messages:
             await client.send(message)
         await _count_audio(client, len(messages))
-        await _cancel_and_close(client)
+        await cancel_and_close(client)
 
 
-async def _count_audio(client: Client, n: int) -> list[float]:
-    times: list[float] = []
+async def _count_audio(client: Client, n: int, into: list[float] | None = None) -> list[float]:
+    """Receive times of the next ``n`` audio deltas, appended to ``into`` as they land
+    (so a stream that fails midway still shows how far it got)."""
+    times: list[float] = [] if into is None else into
     with trio.fail_after(STREAM_TIMEOUT):
         while len(times) < n:
             at, event = await client.recv()
@@ -78,38 +81,56 @@ def _cpu_per_frame(before: float | None, after: float | None, frames: int) -> fl
     return (after - before) * 1e3 / frames
 
 
+@attrs.define
+class PacedTimes:
+    """One paced stream's clock readings (``perf_counter``), filled as it runs."""
+
+    sent: list[float] = attrs.Factory(list)
+    """Just before each append went out."""
+    received: list[float] = attrs.Factory(list)
+    """Just as each frame's audio delta landed, in order (the i-th answers the i-th append)."""
+    late: list[float] = attrs.Factory(list)
+    """Seconds each append left after its due time (the client's own lag)."""
+
+    def latencies_ms(self) -> list[float]:
+        """Append to audio delta, per frame that was answered."""
+        return [(r - s) * 1e3 for s, r in zip(self.sent, self.received, strict=False)]
+
+
+async def paced_stream(
+    client: Client, messages: list[str], start: float | None = None, times: PacedTimes | None = None
+) -> PacedTimes:
+    """Send ``messages[i]`` at trio time ``start + i`` frame times (``session.updated``'s
+    frame; ``start`` defaults to now) while receiving every frame's audio delta."""
+    out = PacedTimes() if times is None else times
+    step = client.conn.frame_seconds
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_count_audio, client, len(messages), out.received)
+        begin = trio.current_time() if start is None else start
+        for i, message in enumerate(messages):
+            due = begin + i * step
+            await trio.sleep_until(due)
+            out.late.append(trio.current_time() - due)
+            out.sent.append(await client.send(message))
+    return out
+
+
 async def paced(
     url: str, model: str | None, messages: list[str], cpu: CpuClock = _no_cpu
 ) -> dict[str, Any]:
     """One frame's append per model step (``session.updated``'s: 80 ms for VoiceChat);
     latency of each append to its audio delta."""
     n = len(messages)
-    sent = [math.nan] * n
-    received: list[float] = []
-    late: list[float] = []
     async with connect(url, model) as client:
         await client.configure(within=STREAM_TIMEOUT)
-        step = client.conn.frame_seconds
         cpu_before = cpu()
-        async with trio.open_nursery() as nursery:
-
-            async def receive() -> None:
-                received.extend(await _count_audio(client, n))
-
-            nursery.start_soon(receive)
-            start = trio.current_time()
-            for i, message in enumerate(messages):
-                due = start + i * step
-                await trio.sleep_until(due)
-                late.append(trio.current_time() - due)
-                sent[i] = await client.send(message)
+        times = await paced_stream(client, messages)
         cpu_after = cpu()
-        await _cancel_and_close(client)
-    latencies = [(r - s) * 1e3 for s, r in zip(sent, received, strict=True)]
+        await cancel_and_close(client)
     return {
         "frames": n,
-        "latency_ms": summarize(latencies).to_dict(),
-        "send_lateness_ms_p99": summarize([x * 1e3 for x in late]).p99,
+        "latency_ms": summarize(times.latencies_ms()).to_dict(),
+        "send_lateness_ms_p99": summarize([x * 1e3 for x in times.late]).p99,
         "server_cpu_ms_per_frame": _cpu_per_frame(cpu_before, cpu_after, n),
         "busy_retries": client.busy_retries,
     }
@@ -145,7 +166,7 @@ async def unpaced(
                 if i == 0:
                     first_sent = at
         cpu_after = cpu()
-        await _cancel_and_close(client)
+        await cancel_and_close(client)
     elapsed = received[-1] - first_sent
     steady = (n - 1) / (received[-1] - received[0]) if n > 1 else math.nan
     return {
@@ -168,7 +189,7 @@ async def round_trips(url: str, model: str | None, messages: list[str]) -> dict[
             sent = await client.send(message)
             (got,) = await _count_audio(client, 1)
             times.append((got - sent) * 1e6)
-        await _cancel_and_close(client)
+        await cancel_and_close(client)
     return {"frames": len(messages), "round_trip_us": summarize(times).to_dict()}
 
 
@@ -233,7 +254,7 @@ async def ping_floor(url: str, model: str | None, pings: int) -> dict[str, Any]:
                             break
                 times.append((at - sent) * 1e6)
             out[name] = summarize(times[pings // 5 :]).to_dict()
-        await _cancel_and_close(client)
+        await cancel_and_close(client)
     return out
 
 

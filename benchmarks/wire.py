@@ -155,7 +155,15 @@ async def connect(url: str, model: str | None, *, retry_busy: bool = True) -> As
 
 
 async def http_get_json(http: str, path: str, within: float = 10.0) -> tuple[int, Any]:
-    """GET ``http + path`` over a fresh TCP connection; (status, parsed JSON body).
+    """GET ``http + path`` over a fresh TCP connection; (status, parsed JSON body)."""
+    status, body = await http_get(http, path, within, accept="application/json")
+    return status, json.loads(body) if body else None
+
+
+async def http_get(
+    http: str, path: str, within: float = 10.0, *, accept: str = "*/*"
+) -> tuple[int, bytes]:
+    """GET ``http + path`` over a fresh TCP connection; (status, raw body).
 
     Reads exactly Content-Length bytes (or chunks): Hypercorn may keep the
     connection open after the response even when asked to close it.
@@ -168,7 +176,7 @@ async def http_get_json(http: str, path: str, within: float = 10.0) -> tuple[int
         async with stream:
             request = (
                 f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-                "Accept: application/json\r\nConnection: close\r\n\r\n"
+                f"Accept: {accept}\r\nConnection: close\r\n\r\n"
             )
             await stream.send_all(request.encode())
             raw = bytearray()
@@ -188,7 +196,7 @@ async def http_get_json(http: str, path: str, within: float = 10.0) -> tuple[int
                 length = int(headers.get("content-length", "0"))
                 while len(body) < length:
                     body += await _receive(stream)
-    return status, json.loads(body) if body else None
+    return status, body
 
 
 async def _receive(stream: trio.SocketStream) -> bytes:

@@ -6,6 +6,7 @@ benchmark, never by timing asserts); only that each row produced sane values.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import subprocess
@@ -15,7 +16,10 @@ from typing import Any
 
 import pytest
 
-from benchmarks.main import ROW_NAMES, build_parser, compare, median_of, table
+from benchmarks import sessions
+from benchmarks.main import ROW_NAMES, build_parser, compare, table
+from benchmarks.stats import median_of
+from benchmarks.streams import PacedTimes
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -137,7 +141,7 @@ def test_row_selection_is_validated() -> None:
     with pytest.raises(SystemExit):
         parser.parse_args(["--size", "huge"])
     with pytest.raises(SystemExit):
-        parser.parse_args(["--rows", "8"])
+        parser.parse_args(["--rows", str(max(ROW_NAMES) + 1)])
     with pytest.raises(SystemExit):
         parser.parse_args(["--frames", "0"])
 
@@ -170,3 +174,85 @@ def test_table_of_skipped_rows() -> None:
     results = {name: skipped for name in ROW_NAMES.values()}
     printed = table(results)
     assert "row | metric" in printed and "1 bare" not in printed
+
+
+@pytest.mark.slow
+def test_sessions_sweep_runs(demo_cache_dir: Path, tmp_path: Path) -> None:
+    """``benchmarks.sessions`` on 1 and 2 concurrent conversations of 2 s each: every
+    figure is there and sane, and no conversation was refused or failed (not a timing
+    assert: whether they stayed real time is the benchmark's finding, not the test's)."""
+    out = tmp_path / "sessions.json"
+    cmd = [sys.executable, "-m", "benchmarks.sessions", "--sessions", "1,2", "--seconds", "2"]
+    cmd += ["--json", str(out)]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["counts"] == [1, 2] and result["server_options"][:2] == ["--max-sessions", "2"]
+    assert result["max_realtime_sessions"] in (0, 1, 2)
+    frames = result["frames_per_conversation"]
+    assert frames == 25
+    for n, row in zip((1, 2), result["by_sessions"], strict=True):
+        assert row["sessions"] == n and row["frames"] == n * frames
+        assert _summary_ok(row["latency_ms"], n * frames)
+        assert len(result["per_round"][0][n - 1]["conversations"]) == n
+        assert _positive(row["engine_busy"]) and _positive(row["engine_step_ms_mean"])
+        assert _positive(row["server_cpu_ms_per_frame"]) and _positive(row["wall_seconds"])
+        assert isinstance(row["lag_growth_ms_max"], float)
+        assert row["client_errors"] == [] and row["refused"] == {} and row["busy_retries"] == 0
+        # Every conversation ended the way the benchmark ends it, by a cancel.
+        assert row["session_outcomes"] == {"outcome=cancelled": n}
+        assert isinstance(row["realtime"], bool)
+    assert "largest N with every conversation real time" in done.stdout
+
+
+@pytest.mark.slow
+def test_memory_script_runs(demo_cache_dir: Path, tmp_path: Path) -> None:
+    """``benchmarks.memory`` with two sessions and one second of audio each."""
+    out = tmp_path / "memory.json"
+    cmd = [sys.executable, "-m", "benchmarks.memory", "--sessions", "2", "--seconds", "1"]
+    cmd += ["--sample-seconds", "0.4", "--json", str(out)]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["sessions"] == 2 and result["frames_per_session"] == 12
+    assert len(result["opens"]) == 2 and _positive(result["open_ms_p50"])
+    assert _positive(result["loaded"]["active_mb"]) and _positive(result["peak_mb"])
+    assert len(result["samples"]) == 1 + 3  # after the opens, then every 5 frames, the end
+    assert isinstance(result["growth_mb_per_session_minute"], float)
+    assert _summary_ok(result["step_ms"], 24)
+
+
+def _times(latencies_ms: list[float], frame: float = 0.08) -> PacedTimes:
+    sent = [i * frame for i in range(len(latencies_ms))]
+    received = [s + lat / 1e3 for s, lat in zip(sent, latencies_ms, strict=True)]
+    return PacedTimes(sent=sent, received=received, late=[0.0] * len(sent))
+
+
+def test_sessions_verdict_per_conversation() -> None:
+    """Real time: p95 within two frames, lag not growing by a frame, every frame back."""
+    steady = sessions.conversation_figures(_times([30.0] * 100), 100, 80.0)
+    assert steady["realtime"] is True and steady["missed_frames"] == 0
+    assert steady["lag_growth_ms"] == pytest.approx(0.0, abs=1e-6)
+    assert steady["outstanding_max"] == 0
+    # 1 ms later every frame: fell 99 ms behind over the run, though p95 is < 160 ms.
+    growing = sessions.conversation_figures(_times([1.0 * i for i in range(100)]), 100, 80.0)
+    assert growing["realtime"] is False
+    assert growing["lag_growth_ms"] == pytest.approx(99.0)
+    assert growing["latency_ms"]["p95"] < 160 and growing["outstanding_end"] == 1
+    slow = sessions.conversation_figures(_times([200.0] * 100), 100, 80.0)
+    assert slow["realtime"] is False and slow["missed_frames"] == 100
+    short = sessions.conversation_figures(_times([30.0] * 90), 100, 80.0)
+    assert short["realtime"] is False and short["answered"] == 90
+
+
+def test_sessions_headline_and_counts() -> None:
+    rows = [{"sessions": n, "realtime": ok} for n, ok in ((1, True), (2, True), (3, False))]
+    assert sessions.headline(rows) == 2
+    assert sessions.headline([{"sessions": 1, "realtime": False}]) == 0
+    # Counting up: a pass after a failure (noise) does not raise the headline.
+    assert sessions.headline([*rows, {"sessions": 4, "realtime": True}]) == 2
+    assert sessions.session_counts("4,1,2,2") == (1, 2, 4)
+    for bad in ("0,1", "a", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            sessions.session_counts(bad)
+    assert build_parser().parse_args(["--concurrent", "2,1"]).concurrent == (1, 2)
