@@ -144,11 +144,11 @@ async def test_sigterm_drains_a_real_server_and_a_second_signal_stops_it() -> No
             assert await client.closed_code() == 1001
         assert await trio.to_thread.run_sync(server.proc.wait, 15) == 0
         output = server.output()
-    # --log-format json: every log line is one JSON object (the URL line is a print).
+    # --log-format json: every log line is one JSON object (the URL lines are prints).
     records = [
         json.loads(line)
         for line in output.splitlines()
-        if line.strip() and not line.startswith("realtime: serving")
+        if line.strip() and not line.startswith("realtime: ")
     ]
     messages = [r["message"] for r in records]
     assert sum("Running on" in m for m in messages) == 1

@@ -20,7 +20,8 @@ from tests.helpers import REPO
 LOADING = "slow loader: loading"
 
 SERVE_SLOW_LOAD = f"""
-import sys, time
+import faulthandler, signal, sys, time
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's stacks on a hang
 import realtime.server
 from realtime.cli import main
 
@@ -55,6 +56,8 @@ def signal_during_load(signum: signal.Signals, *args: str) -> tuple[int, float, 
         try:
             code = proc.wait(EXIT_BOUND * 2)
         except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)  # every thread's stack into the log
+            time.sleep(1.0)
             raise AssertionError(
                 f"{signum.name} during the model load did not end the process:\n"
                 + log.read_text(errors="replace")
