@@ -150,6 +150,10 @@ class _Active:
 
 _STOP: Final = object()
 
+SIGNAL_POLL_SECONDS: Final = 0.1
+"""How often the main thread, waiting for the model to load, lets a pending signal's
+handler run."""
+
 OPEN_SLICE_FRAMES: Final = 2
 """An opening's next slice is due this many frame times after the last one ended, so
 the sessions already streaming keep their deadlines while another opens."""
@@ -306,7 +310,16 @@ class Engine:
         """
         try:
             self._thread.start()
-            error = self._loaded.exception()  # waits for the load; raises only if interrupted
+            while True:
+                # Waited for in short steps: a signal the kernel hands to the loading
+                # thread (any thread may get a process's signal) runs Python's handler
+                # only once the main thread runs again, and a wait without a timeout
+                # never returns for it (a SIGINT then hung the process, once in CI).
+                try:
+                    error = self._loaded.exception(timeout=SIGNAL_POLL_SECONDS)
+                    break
+                except concurrent.futures.TimeoutError:
+                    continue
         except BaseException as exc:
             self._abandon(f"interrupted while the model was loading ({type(exc).__name__})")
             raise
