@@ -314,7 +314,7 @@ class Engine:
                 # Waited for in short steps: a signal the kernel hands to the loading
                 # thread (any thread may get a process's signal) runs Python's handler
                 # only once the main thread runs again, and a wait without a timeout
-                # never returns for it (a SIGINT then hung the process, once in CI).
+                # never returns for it (a SIGINT then hung the process).
                 try:
                     error = self._loaded.exception(timeout=SIGNAL_POLL_SECONDS)
                     break

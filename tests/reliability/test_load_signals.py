@@ -22,6 +22,10 @@ LOADING = "slow loader: loading"
 SERVE_SLOW_LOAD = f"""
 import faulthandler, signal, sys, time
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's stacks on a hang
+# A test run started in the background by a non-interactive shell (nohup ... &) starts
+# its children with SIGINT ignored, and Python then installs no KeyboardInterrupt:
+# give this server the SIGINT a user's terminal gives it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import realtime.server
 from realtime.cli import main
 
@@ -87,7 +91,7 @@ def test_sigint_during_the_model_load_exits_130_at_once() -> None:
 def test_sigint_delivered_to_the_loading_thread_still_ends_the_process() -> None:
     """A signal is the process's: Linux may deliver it to the engine thread, whose C
     handler only flags it for the main thread. A main thread blocked in a wait with no
-    timeout never ran the handler (a hang seen once in CI); it now waits in steps."""
+    timeout never ran the handler (the process hung); it now waits in steps."""
     cmd = [sys.executable, "-c", SERVE_SLOW_LOAD, "--signal-this-thread"]
     with launch(cmd, cwd=REPO, name="slow-load") as (proc, log):
         try:
