@@ -8,7 +8,9 @@ import nox
 
 nox.options.sessions = ["lint", "typecheck", "tests"]
 nox.options.reuse_existing_virtualenvs = True
-nox.options.default_venv_backend = "venv"
+nox.options.default_venv_backend = "uv|venv"
+"""uv installs a session's environment in seconds (pip took minutes per session); plain
+venv + pip when uv is not installed."""
 
 PYTHON = os.environ.get("REALTIME_NOX_PYTHON") or None
 
