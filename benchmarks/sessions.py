@@ -1,10 +1,13 @@
 """``python -m benchmarks.sessions``: how many paced conversations one server keeps real time.
 
-One ``realtime serve`` with ``--max-sessions`` the largest N swept and admission by
-load off (``--admission-margin 0``), so the benchmark, not the server's own estimate,
-finds the limit. For each N (``--sessions``), N concurrent conversations on the native
-endpoint, each with its own audio and seed, send one 80 ms append per frame time for
-``--seconds``, their starts staggered within one frame. Per N:
+One ``realtime serve`` per scheduler (``--scheduler``: ``time-sliced`` runs it with
+``--no-batch-frames``, each frame its own model step; ``batched`` with
+``--batch-frames``, the frames that are due as one step), each with ``--max-sessions``
+the largest N swept and admission by load off (``--admission-margin 0``), so the
+benchmark, not the server's own estimate, finds the limit. For each scheduler and N
+(``--sessions``), N concurrent conversations on the native endpoint, each with its own
+audio and seed, send one 80 ms append per frame time for ``--seconds``, their starts
+staggered within one frame. Per scheduler and N:
 
 * frame latency over all conversations, measured as row 3 measures it (the append
   leaving the client to that frame's ``response.audio.delta`` arriving);
@@ -12,16 +15,19 @@ endpoint, each with its own audio and seed, send one 80 ms append per frame time
 * backlog growth: each conversation's latency fitted against time (how much later its
   last frames came back than its first), the appends it had unanswered, its lag at the
   end;
-* the engine's busy fraction (``realtime_model_step_seconds`` sum over wall time, from
-  ``/metrics``) and mean step, and the server's CPU per frame (all threads);
+* the engine's busy fraction (``realtime_batch_step_seconds`` sum over wall time, from
+  ``/metrics``), the model steps and their mean rows, the step time per batch and per
+  conversation-frame (step time over its rows), also by batch size, and the server's
+  CPU per frame (all threads);
 * refusals, error events and connection errors counted by the server, client-side
   failures, and problem lines in the server's log.
 
 A conversation is real time when its p95 is within two frame times, its fitted lag grew
 by less than one frame time over the run, and every frame came back. The headline is the
-largest N, counting up from the smallest, at which every conversation is. With
-``--rounds R`` the sweep runs R times on the same server (every other round in reverse
-order) and each figure is the median of the rounds, its spread kept beside it.
+largest N, counting up from the smallest, at which every conversation is, per
+scheduler. With ``--rounds R`` the sweep runs R times on the same servers (every other
+round with the schedulers and the Ns in reverse order) and each figure is the median of
+the rounds, its spread kept beside it.
 """
 
 from __future__ import annotations
@@ -82,6 +88,9 @@ ended badly (the text log format ``realtime serve`` writes by default)."""
 
 Log = Callable[[str], None]
 
+SCHEDULERS: Final = {"time-sliced": "--no-batch-frames", "batched": "--batch-frames"}
+"""Each scheduler and the ``realtime serve`` flag that selects it."""
+
 
 def session_counts(text: str) -> tuple[int, ...]:
     """``1,2,4`` -> (1, 2, 4): the conversation counts to sweep, ascending."""
@@ -92,6 +101,18 @@ def session_counts(text: str) -> tuple[int, ...]:
     if not counts or counts[0] < 1:
         raise argparse.ArgumentTypeError(f"counts are integers >= 1; got {text!r}")
     return counts
+
+
+def scheduler_names(text: str) -> tuple[str, ...]:
+    """``time-sliced,batched`` -> ("time-sliced", "batched"): the schedulers to compare,
+    in the order given, each once."""
+    names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    unknown = [n for n in names if n not in SCHEDULERS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"expected schedulers among {', '.join(SCHEDULERS)}; got {text!r}"
+        )
+    return names
 
 
 def _log(message: str) -> None:
@@ -225,6 +246,35 @@ def _mean_ms(before: dict[str, float], after: dict[str, float], histogram: str) 
     return _delta(before, after, histogram + "_sum") / count * 1e3 if count else None
 
 
+def step_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """The model steps between two scrapes (``realtime_batch_step_seconds`` by rows):
+    how many, their mean rows, the step time per batch and per conversation-frame, and
+    the same by batch size (rows)."""
+    name = "realtime_batch_step_seconds"
+    counts = _labelled_deltas(before, after, name + "_count")
+    sums = _labelled_deltas(before, after, name + "_sum")
+    by_rows: dict[str, dict[str, float]] = {}
+    frames = 0.0
+    for label, steps in sorted(counts.items(), key=lambda kv: int(kv[0].partition("=")[2])):
+        rows = int(label.partition("=")[2])
+        seconds = sums.get(label, 0.0)
+        frames += rows * steps
+        by_rows[str(rows)] = {
+            "steps": steps,
+            "ms_per_batch": seconds / steps * 1e3,
+            "ms_per_frame": seconds / steps / rows * 1e3,
+        }
+    steps = sum(counts.values())
+    seconds = sum(sums.values())
+    return {
+        "model_steps": steps,
+        "rows_per_step_mean": frames / steps if steps else None,
+        "step_ms_per_batch": seconds / steps * 1e3 if steps else None,
+        "step_ms_per_frame": seconds / frames * 1e3 if frames else None,
+        "step_by_rows": by_rows,
+    }
+
+
 def _max(values: Sequence[float | None]) -> float | None:
     present = [v for v in values if v is not None and np.isfinite(v)]
     return max(present) if present else None
@@ -306,7 +356,7 @@ async def run_count(
         figures["realtime"] = figures["realtime"] and not problems
     latencies = [x for t in times for x in t.latencies_ms()]
     answered = len(latencies)
-    step_sum = _delta(before, after, "realtime_model_step_seconds_sum")
+    step_sum = _delta(before, after, "realtime_batch_step_seconds_sum")  # each step once
     steps = _delta(before, after, "realtime_model_step_seconds_count")
     cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
     return {
@@ -328,6 +378,7 @@ async def run_count(
         "engine_busy": step_sum / window if window > 0 else None,
         "engine_steps": steps,
         "engine_step_ms_mean": _mean_ms(before, after, "realtime_model_step_seconds"),
+        **step_figures(before, after),
         "server_frame_latency_ms_mean": _mean_ms(before, after, "realtime_frame_latency_seconds"),
         "server_cpu_ms_per_frame": cpu * 1e3 / answered if cpu is not None and answered else None,
         "server_cpu_cores": cpu / window if cpu is not None and window > 0 else None,
@@ -355,6 +406,8 @@ SPREAD: Final = (
     ("missed_frames",),
     ("lag_growth_ms_max",),
     ("engine_busy",),
+    ("step_ms_per_batch",),
+    ("step_ms_per_frame",),
     ("server_cpu_ms_per_frame",),
 )
 """Figures whose value in every round is kept beside the median."""
@@ -417,9 +470,13 @@ def sweep(
     rounds: int = 1,
     log: Log = _log,
     give_up_seconds: float = GIVE_UP_SECONDS,
+    schedulers: Sequence[str] = ("batched",),
 ) -> dict[str, Any]:
-    """Every N of ``counts`` on one server started for the sweep, ``rounds`` times."""
+    """Every N of ``counts`` under every scheduler, on one server per scheduler started
+    for the sweep (all up at once, so the rounds alternate between them), ``rounds``
+    times."""
     counts = sorted(set(counts))
+    schedulers = list(dict.fromkeys(schedulers))
     figures = figures_for(path)
     size = figures.frame_samples
     frames = max(1, round(seconds * figures.frames_per_second))
@@ -429,49 +486,70 @@ def sweep(
         frame_messages(test_pcm(frames * size, seed=AUDIO_SEED + k), figures) for k in range(top)
     ]
     warm = frame_messages(test_pcm(WARMUP_FRAMES * size, seed=AUDIO_SEED - 1), figures)
-    options = ("--max-sessions", str(top), "--admission-margin", "0")
-    per_round: list[dict[int, dict[str, Any]]] = []
-    with servers.ours(path, *options) as server:
+    base = ("--max-sessions", str(top), "--admission-margin", "0")
+    options = {name: (*base, SCHEDULERS[name]) for name in schedulers}
+    per_round: dict[str, list[dict[int, dict[str, Any]]]] = {name: [] for name in schedulers}
+    problems: dict[str, list[str]] = {}
+    with contextlib.ExitStack() as stack:
+        running = {
+            name: stack.enter_context(servers.ours(path, *options[name])) for name in schedulers
+        }
 
         async def run_all() -> None:
-            await streams.warm_up(server.url, None, warm)
+            for server in running.values():
+                await streams.warm_up(server.url, None, warm)
             for r in range(rounds):
-                # Every other round in reverse: no N always runs on the warmer machine.
+                # Every other round in reverse: no scheduler or N always runs on the
+                # warmer machine.
                 order = counts if r % 2 == 0 else counts[::-1]
-                results: dict[int, dict[str, Any]] = {}
-                for n in order:
-                    await _wait_idle(server.http)
-                    log(f"round {r + 1}/{rounds}: {n} conversations x {seconds:g} s")
-                    results[n] = await run_count(server, n, audio, give_up_seconds)
-                    row = results[n]
-                    log(
-                        f"  N={n}: p50/p95 {row['latency_ms']['p50']:.1f}/"
-                        f"{row['latency_ms']['p95']:.1f} ms, engine busy "
-                        f"{_pct(row['engine_busy'])}, real time: {row['realtime']}"
-                    )
-                per_round.append(results)
+                names = schedulers if r % 2 == 0 else schedulers[::-1]
+                for name in names:
+                    server = running[name]
+                    results: dict[int, dict[str, Any]] = {}
+                    for n in order:
+                        await _wait_idle(server.http)
+                        log(f"round {r + 1}/{rounds}, {name}: {n} conversations x {seconds:g} s")
+                        results[n] = await run_count(server, n, audio, give_up_seconds)
+                        row = results[n]
+                        log(
+                            f"  N={n}: p50/p95 {row['latency_ms']['p50']:.1f}/"
+                            f"{row['latency_ms']['p95']:.1f} ms, engine busy "
+                            f"{_pct(row['engine_busy'])}, {_f(row['rows_per_step_mean'], 2)} "
+                            f"rows a step of {_f(row['step_ms_per_batch'])} ms, "
+                            f"real time: {row['realtime']}"
+                        )
+                    per_round[name].append(results)
 
         trio.run(run_all)
-        problems = server_problems(server.output())
-    by_sessions = [combine([r[n] for r in per_round]) for n in counts]
+        problems = {name: server_problems(server.output()) for name, server in running.items()}
     frame_ms = figures.frame_seconds * 1e3
+    by_scheduler: dict[str, dict[str, Any]] = {}
+    for name in schedulers:
+        by_sessions = [combine([r[n] for r in per_round[name]]) for n in counts]
+        by_scheduler[name] = {
+            "server_options": list(options[name]),
+            "by_sessions": by_sessions,
+            "per_round": [[r[n] for n in counts] for r in per_round[name]],
+            "max_realtime_sessions": headline(by_sessions),
+            "realtime_sessions": [row["sessions"] for row in by_sessions if row["realtime"]],
+            "server_log_problems": problems[name],
+        }
     return {
         "counts": counts,
+        "schedulers": schedulers,
         "seconds": frames * figures.frame_seconds,
         "frames_per_conversation": frames,
         "rounds": rounds,
         "give_up_seconds": give_up_seconds,
-        "server_options": list(options),
         "frame_ms": frame_ms,
         "criterion": (
             f"every conversation: p95 <= {MISSED_FRAMES * frame_ms:g} ms, fitted lag growth "
             f"<= {GROWTH_FRAMES * frame_ms:g} ms over the run, every frame answered"
         ),
-        "by_sessions": by_sessions,
-        "per_round": [[r[n] for n in counts] for r in per_round],
-        "max_realtime_sessions": headline(by_sessions),
-        "realtime_sessions": [row["sessions"] for row in by_sessions if row["realtime"]],
-        "server_log_problems": problems,
+        "by_scheduler": by_scheduler,
+        "max_realtime_sessions": {
+            name: one["max_realtime_sessions"] for name, one in by_scheduler.items()
+        },
     }
 
 
@@ -505,9 +583,17 @@ def _spread(row: dict[str, Any], key: str, digits: int = 1, scale: float = 1.0) 
 
 
 def rows_of(result: dict[str, Any]) -> list[tuple[str, ...]]:
-    """One line per N: the figures the table prints (medians, [min-max] of the rounds)."""
+    """One line per scheduler and N: the figures the table prints (medians, [min-max] of
+    the rounds)."""
     lines: list[tuple[str, ...]] = []
-    for row in result["by_sessions"]:
+    for name in result["schedulers"]:
+        lines += [(name, *line) for line in _rows(result["by_scheduler"][name]["by_sessions"])]
+    return lines
+
+
+def _rows(by_sessions: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    lines: list[tuple[str, ...]] = []
+    for row in by_sessions:
         latency = row["latency_ms"]
         problems = []
         if row["gave_up"]:
@@ -539,7 +625,9 @@ def rows_of(result: dict[str, Any]) -> list[tuple[str, ...]]:
                 _f(row["lag_growth_ms_max"]) + _spread(row, "lag_growth_ms_max"),
                 _f(row["outstanding_max"], 0),
                 _pct(row["engine_busy"]) + _spread(row, "engine_busy", 0, 100),
-                _f(row["engine_step_ms_mean"]),
+                _f(row["rows_per_step_mean"], 2),
+                _f(row["step_ms_per_batch"]) + _spread(row, "step_ms_per_batch"),
+                _f(row["step_ms_per_frame"]) + _spread(row, "step_ms_per_frame"),
                 _f(row["server_cpu_ms_per_frame"], 2) + _spread(row, "server_cpu_ms_per_frame", 2),
                 "; ".join(problems) or "-",
                 verdict,
@@ -549,6 +637,7 @@ def rows_of(result: dict[str, Any]) -> list[tuple[str, ...]]:
 
 
 HEADERS: Final = (
+    "scheduler",
     "N",
     "latency ms p50 / p95 / p99",
     "worst conv p95",
@@ -556,7 +645,9 @@ HEADERS: Final = (
     "lag growth ms",
     "max unanswered",
     "engine busy",
-    "step ms",
+    "rows/step",
+    "step ms/batch",
+    "ms/conv-frame",
     "CPU ms/frame",
     "problems",
     "real time",
@@ -570,7 +661,7 @@ def table(result: dict[str, Any]) -> str:
     out = [" | ".join(h.ljust(w) for h, w in zip(HEADERS, widths, strict=True))]
     out.append("-+-".join("-" * w for w in widths))
     out += [" | ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in lines]
-    best = result["max_realtime_sessions"]
+    best = ", ".join(f"{name} {n}" for name, n in result["max_realtime_sessions"].items())
     out.append("")
     out.append(
         f"largest N with every conversation real time: {best} "
@@ -579,9 +670,11 @@ def table(result: dict[str, Any]) -> str:
         + (" [min-max]" if result["rounds"] > 1 else "")
         + ")"
     )
-    if result["server_log_problems"]:
-        out.append(f"server log: {len(result['server_log_problems'])} problem lines, first:")
-        out += ["  " + line[:200] for line in result["server_log_problems"][:5]]
+    for name in result["schedulers"]:
+        problems = result["by_scheduler"][name]["server_log_problems"]
+        if problems:
+            out.append(f"{name} server log: {len(problems)} problem lines, first:")
+            out += ["  " + line[:200] for line in problems[:5]]
     return "\n".join(line.rstrip() for line in out)
 
 
@@ -606,6 +699,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=session_counts,
         default=(1, 2, 3, 4),
         help="conversation counts to sweep, e.g. 1,2,3,4,6 (default 1,2,3,4)",
+    )
+    parser.add_argument(
+        "--scheduler",
+        type=scheduler_names,
+        default=("time-sliced", "batched"),
+        help="schedulers to compare, each on its own server: time-sliced (--no-batch-frames), "
+        "batched (--batch-frames) (default time-sliced,batched)",
     )
     parser.add_argument(
         "--seconds",
@@ -657,7 +757,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "load_average_start": _loadavg(),
     }
     results.update(
-        sweep(path, args.sessions, args.seconds, args.rounds, give_up_seconds=args.give_up_seconds)
+        sweep(
+            path,
+            args.sessions,
+            args.seconds,
+            args.rounds,
+            give_up_seconds=args.give_up_seconds,
+            schedulers=args.scheduler,
+        )
     )
     results["load_average_end"] = _loadavg()
     results["elapsed_seconds"] = time.perf_counter() - started

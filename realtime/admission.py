@@ -1,10 +1,22 @@
 """Admission by load: whether one more conversation would keep every open one in real time.
 
-Conversations on one engine share its thread: each needs one model step per frame
-time, so ``n`` of them keep up while ``n x step <= frame``. The engine measures its
-frame steps; a new conversation is admitted while
+Conversations on one engine share its thread, and every one of them needs a frame
+stepped each frame time. What that costs depends on the scheduler:
 
-    (open + 1) x p90(recent frame steps) <= margin x frame time
+* **time-sliced** (``--no-batch-frames``): each frame is its own model step, so ``n``
+  conversations need ``n x step`` of every frame time;
+* **batched** (``--batch-frames``): the frames that are due run as one step of ``B``
+  rows, whose cost grows far slower than ``B`` when the step is bound by per-step
+  overhead. The engine keeps the step times of each batch size apart
+  (:class:`StepTimes`), and the cost of ``n`` conversations is the measured step at
+  ``B = n``, else a least-squares line ``a + b x B`` over the sizes measured, never
+  below the cost of the largest measured size under ``n`` nor above the smallest one
+  over it (:func:`batched_cost`).
+
+A new conversation is admitted while the predicted engine time of one frame of every
+conversation, itself included, fits:
+
+    frame_cost(open + 1) <= margin x frame time
 
 ``margin`` (``--admission-margin``, 0.75 by default) leaves room for what the step
 time does not show: the connections' own work on the event loop, the GIL they share
@@ -16,52 +28,133 @@ run to measure (``MIN_SAMPLES``). Pure: the engine keeps the numbers, tests pass
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Mapping
 from typing import Final
 
 import attrs
 
 WINDOW: Final = 64
-"""Frame steps remembered: a few seconds of one conversation, under a second of four."""
+"""Frame steps remembered (per batch size): a few seconds of one conversation, under a
+second of four."""
 MIN_SAMPLES: Final = 16
 """Frame steps measured before the rule applies (the first frames of a session run
 slower while buffers and kernels warm up, so a few are not a measurement)."""
 QUANTILE: Final = 0.9
 
 
+def quantile(times: Iterable[float], q: float = QUANTILE) -> float | None:
+    """The ``q`` quantile of ``times`` (``None`` when fewer than ``MIN_SAMPLES``)."""
+    ordered = sorted(times)
+    if len(ordered) < MIN_SAMPLES:
+        return None
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 @attrs.define(slots=True)
 class StepTimes:
-    """The engine's most recent frame step durations, in seconds."""
+    """The engine's most recent model step durations, in seconds: over all steps, and
+    apart for each batch size (rows in one step)."""
 
     window: int = WINDOW
     _times: deque[float] = attrs.field(init=False)
+    _by_rows: dict[int, deque[float]] = attrs.field(init=False, factory=dict)
 
     def __attrs_post_init__(self) -> None:
         self._times = deque(maxlen=self.window)
 
-    def add(self, seconds: float) -> None:
+    def add(self, seconds: float, rows: int = 1) -> None:
+        """One model step of ``rows`` rows took ``seconds``."""
+        if rows < 1:
+            raise ValueError(f"a step has at least one row, got {rows}")
         self._times.append(seconds)
+        self._by_rows.setdefault(rows, deque(maxlen=self.window)).append(seconds)
 
     def __len__(self) -> int:
         return len(self._times)
 
     def quantile(self, q: float = QUANTILE) -> float | None:
-        """The ``q`` quantile of the remembered steps (``None`` before ``MIN_SAMPLES``)."""
-        if len(self._times) < MIN_SAMPLES:
-            return None
-        ordered = sorted(self._times)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+        """The ``q`` quantile of the remembered steps of any size (``None`` before
+        ``MIN_SAMPLES``)."""
+        return quantile(self._times, q)
+
+    def costs(self, q: float = QUANTILE) -> dict[int, float]:
+        """The ``q`` quantile of each batch size's remembered steps, for the sizes with
+        at least ``MIN_SAMPLES`` of them."""
+        out = {}
+        for rows, times in self._by_rows.items():
+            value = quantile(times, q)
+            if value is not None:
+                out[rows] = value
+        return dict(sorted(out.items()))
+
+
+def batched_cost(costs: Mapping[int, float], rows: int) -> float | None:
+    """The predicted time of one batched step of ``rows`` rows from the measured
+    ``costs`` (batch size -> step seconds); ``None`` when nothing is measured.
+
+    Measured at ``rows``: that. Else the least-squares line ``a + b x B`` over the sizes
+    measured (one size ``B0`` alone: proportional above it, ``cost x rows / B0``, the
+    time-sliced rule until a second size is measured; below it, its cost), bounded by
+    the measured neighbours: never above the smallest measured size over ``rows``, and
+    never below the largest one under it (a step does not get cheaper with more rows).
+    """
+    if rows in costs:
+        return costs[rows]
+    if not costs:
+        return None
+    sizes = sorted(costs)
+    if len(sizes) == 1:
+        (only,) = sizes
+        estimate = costs[only] * rows / only if rows > only else costs[only]
+    else:
+        mean_b = sum(sizes) / len(sizes)
+        mean_c = sum(costs[b] for b in sizes) / len(sizes)
+        spread = sum((b - mean_b) ** 2 for b in sizes)
+        slope = sum((b - mean_b) * (costs[b] - mean_c) for b in sizes) / spread
+        estimate = mean_c + slope * (rows - mean_b)
+    above = [b for b in sizes if b > rows]
+    below = [b for b in sizes if b < rows]
+    if above:
+        estimate = min(estimate, costs[above[0]])
+    if below:
+        estimate = max(estimate, costs[below[-1]])
+    return max(0.0, estimate)
+
+
+def frame_cost(sessions: int, costs: Mapping[int, float], *, batched: bool) -> float | None:
+    """Engine time of one frame of each of ``sessions`` conversations, predicted from
+    the measured ``costs`` (batch size -> step seconds; ``None``: not measured yet).
+
+    Batched: one step of ``sessions`` rows (:func:`batched_cost`). Time-sliced: a step
+    of one row each."""
+    if sessions < 1:
+        return 0.0
+    if batched:
+        return batched_cost(costs, sessions)
+    step = costs.get(1)
+    return None if step is None else sessions * step
+
+
+def fits(open_sessions: int, cost: float | None, frame_seconds: float, margin: float) -> bool:
+    """Whether one more conversation may join ``open_sessions``: ``cost`` is the
+    predicted engine time of a frame of all of them, the new one included (``None``:
+    not measured yet); ``margin`` 0: always."""
+    if margin <= 0 or cost is None or open_sessions == 0:
+        return True
+    return cost <= margin * frame_seconds
 
 
 def admits(open_sessions: int, step: float | None, frame_seconds: float, margin: float) -> bool:
-    """Whether one more conversation keeps ``open_sessions`` (and itself) real time, with
-    frame steps of ``step`` seconds (``None``: not measured yet); ``margin`` 0: always."""
-    if margin <= 0 or step is None or open_sessions == 0:
-        return True
-    return (open_sessions + 1) * step <= margin * frame_seconds
+    """The time-sliced rule: whether one more conversation keeps ``open_sessions`` (and
+    itself) real time, with frame steps of ``step`` seconds (``None``: not measured
+    yet), i.e. ``(open + 1) x step <= margin x frame``; ``margin`` 0: always."""
+    cost = None if step is None else (open_sessions + 1) * step
+    return fits(open_sessions, cost, frame_seconds, margin)
 
 
 def sessions_within(step: float | None, frame_seconds: float, margin: float) -> int | None:
-    """How many conversations the rule admits at this step time (``None``: no bound)."""
+    """How many conversations the time-sliced rule admits at this step time (``None``:
+    no bound)."""
     if margin <= 0 or step is None or step <= 0:
         return None
     return max(1, int(margin * frame_seconds / step))

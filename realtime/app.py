@@ -518,6 +518,7 @@ def create_http_app(state: ServerState) -> QuartTrio:
             "session_active": engine.is_reserved(),
             "sessions_active": engine.reserved,
             "capacity": engine.capacity,
+            "batch_frames": engine.batch_frames,
             "version": __version__,
         }
         if not alive:

@@ -6,7 +6,9 @@ checkpoint),
 ``REALTIME_API_KEY``, ``REALTIME_ALLOWED_ORIGINS`` and ``REALTIME_ALLOWED_HOSTS``
 (comma-separated) and one
 ``REALTIME_<FIELD>`` per field of :class:`realtime.limits.Limits`, e.g.
-``REALTIME_IDLE_TIMEOUT`` for ``--idle-timeout``. The model is loaded
+``REALTIME_IDLE_TIMEOUT`` for ``--idle-timeout``, and ``REALTIME_BATCH_FRAMES``
+(``1``/``0``, ``on``/``off``; unset: batched when ``REALTIME_MAX_SESSIONS`` > 1) for
+``--batch-frames``. The model is loaded
 on the engine thread when Hypercorn starts serving, and the thread is joined
 when it stops.
 """
@@ -27,7 +29,7 @@ import trio
 from realtime.app import RealtimeApp, ServerState, create_app
 from realtime.engine import watch_for_hung_calls
 from realtime.errors import UsageError
-from realtime.limits import limits_from_env
+from realtime.limits import batch_frames_from_env, limits_from_env
 from realtime.logs import setup_logging
 
 log = logging.getLogger("realtime")
@@ -80,10 +82,11 @@ def create_app_from_env() -> RealtimeApp:
             )
         setup_logging(level, "json" if fmt == "json" else "text")
         limits = limits_from_env(os.environ)
+        batch_frames = batch_frames_from_env(os.environ)
         loader = model_loader(
             os.environ.get("REALTIME_MODEL") or None, None, model_option="REALTIME_MODEL"
         )
-        engine = engine_for(loader, limits)
+        engine = engine_for(loader, limits, batch_frames=batch_frames)
     except (UsageError, ModelPathError, ValueError) as exc:
         _fail(f"realtime: error: {exc}")
     origins = tuple(

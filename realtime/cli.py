@@ -17,7 +17,14 @@ from typing import TypeVar
 
 from realtime import __version__
 from realtime.errors import UsageError
-from realtime.limits import Limits, Setting, limit_settings, limits_from
+from realtime.limits import (
+    BATCH_FRAMES_ENV,
+    Limits,
+    Setting,
+    batch_frames_from_env,
+    limit_settings,
+    limits_from,
+)
 from realtime.models.checkpoint import ModelLoadError, ModelPathError
 
 log = logging.getLogger("realtime")
@@ -87,6 +94,30 @@ def _add_limit_options(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def _add_batch_option(parser: argparse.ArgumentParser) -> None:
+    """``--batch-frames`` / ``--no-batch-frames``; unset, ``REALTIME_BATCH_FRAMES`` or
+    the default (on when ``--max-sessions`` > 1) decides (:func:`batch_frames_from_args`)."""
+    parser.add_argument(
+        "--batch-frames",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the frames of every conversation that has one due as one batched model "
+        "step (--no-batch-frames: each frame its own step, in turn); default: "
+        f"${BATCH_FRAMES_ENV}, else on when --max-sessions > 1",
+    )
+
+
+def batch_frames_from_args(args: argparse.Namespace) -> bool | None:
+    """The flag, else ``REALTIME_BATCH_FRAMES`` (a bad value is a usage error), else
+    ``None`` (the default: :func:`realtime.limits.batching`)."""
+    if args.batch_frames is not None:
+        return bool(args.batch_frames)
+    try:
+        return batch_frames_from_env(os.environ)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def limits_from_args(args: argparse.Namespace) -> Limits:
     return limits_from({spec.name: getattr(args, spec.name) for spec in limit_settings()})
 
@@ -116,6 +147,16 @@ _MODEL_HELP = (
     "mlx-community/NemotronLabs-VoiceChat-11B-4bit (downloaded into the Hugging Face "
     "cache unless a local folder has that name); omitted: the built-in random-weight demo"
 )
+
+
+def _add_demo_turns_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--demo-turns",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with no -m (generate: with --stream): the demo answers speech with scripted "
+        "turns (default), or --no-demo-turns runs its raw random network",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -176,7 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="with no -m: serve the 4- or 8-bit variant of the demo model",
     )
+    _add_demo_turns_option(serve)
     _add_limit_options(serve)
+    _add_batch_option(serve)
 
     gen = sub.add_parser("generate", help="run a WAV through the model offline")
     gen.add_argument("-m", "--model", metavar="PATH|REPO", help=_MODEL_HELP)
@@ -200,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --stream: print a per-stage frame timing summary",
     )
+    _add_demo_turns_option(gen)
 
     demo = sub.add_parser("demo-model", help="write a random-weight demo checkpoint")
     demo.add_argument("dir", metavar="DIR")
@@ -262,6 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             from realtime.server import serve_command
 
+            args.batch_frames = batch_frames_from_args(args)
             return serve_command(args, limits_from_args(args))
         if args.command == "generate":
             from realtime.offline import generate_command

@@ -8,6 +8,10 @@ and is woken through ``TrioToken.run_sync_soon`` (or, on a connection's per-fram
 path, its :class:`Waker`) when the reply is ready; it never runs model code and never
 parks a trio worker thread while the model computes.
 
+With ``batch_frames`` the frames that are due run as one batched model step
+(:meth:`RealtimeModel.step` with one row per conversation, chosen by
+:meth:`Scheduler.pop_batch`); each row keeps its own result, failure and deadline.
+
 The engine knows nothing of the wire protocol: its failures carry their own
 :class:`FailureKind`, which the connection maps to wire error codes.
 """
@@ -29,7 +33,15 @@ import trio
 from realtime import admission
 from realtime.admission import StepTimes
 from realtime.models import base as model
-from realtime.models.base import ModelEvent, ModelSession, Opening, RealtimeModel, Samples
+from realtime.models.base import (
+    Frame,
+    ModelEvent,
+    ModelSession,
+    Opening,
+    RealtimeModel,
+    RowResult,
+    Samples,
+)
 from realtime.observe import CommandKind, Observer
 from realtime.scheduler import Entry, Scheduler
 
@@ -117,7 +129,18 @@ class Close:
     session_id: str
 
 
-Command = Open | Push | Flush | Cancel | Close
+@attrs.frozen(slots=True)
+class ToolResult:
+    """Give the session's model a tool's ``output`` (the OpenAI endpoint's
+    ``function_call_output``), one inserted model step per slice with other sessions'
+    frames between the slices (:class:`realtime.models.base.TakesToolResults`); the
+    session's own later commands wait for it. Result: ``None``."""
+
+    session_id: str
+    output: str
+
+
+Command = Open | Push | Flush | Cancel | Close | ToolResult
 
 
 @attrs.frozen(slots=True, eq=False)
@@ -126,6 +149,10 @@ class Step:
 
     events: list[ModelEvent]
     seconds: float
+    """The model step this frame ran in; batched, the whole batch's (what one frame of
+    this conversation held the shared engine for)."""
+    rows: int = 1
+    """Frames (one per conversation) in that model step."""
 
 
 @attrs.define(slots=True)
@@ -138,6 +165,8 @@ class _Queued:
     """An Open's engine time over all its slices."""
     began: bool = False
     """An Open that passed its checks (it counts against the capacity until it ends)."""
+    feed: model.ToolResultFeed | None = None
+    """A ToolResult under way: its next step runs when the scheduler picks it again."""
 
 
 @attrs.define(slots=True)
@@ -164,7 +193,14 @@ _KINDS: Final[dict[type[Command], CommandKind]] = {
     Flush: "flush",
     Cancel: "cancel",
     Close: "close",
+    ToolResult: "tool_result",
 }
+
+
+def _joins_batch(entry: Entry[str, _Queued]) -> bool:
+    """A frame still wanted joins a batch; anything else runs alone."""
+    command = entry.item.command
+    return isinstance(command, Push) and (command.stop is None or not command.stop.is_set())
 
 
 def _settle(
@@ -256,6 +292,12 @@ class Engine:
     cancel and close at once). An :class:`Open` runs in slices (warm-up, then one
     prompt token each), each due two frames after the last, so a long system prompt
     takes the time the running sessions leave and never stalls them.
+
+    With ``batch_frames`` (``--batch-frames``), a frame that runs takes with it the head
+    frame of every other session whose head is a frame (at most ``max_batch``, the
+    capacity by default) and the model steps them as one batch of rows: frames only run
+    early, none waits for others to arrive. Admission then predicts from the step time
+    measured per batch size (:mod:`realtime.admission`).
     """
 
     def __init__(
@@ -265,13 +307,21 @@ class Engine:
         observer: Observer | None = None,
         capacity: int = 1,
         admission_margin: float = 0.0,
+        batch_frames: bool = False,
+        max_batch: int | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         if not admission_margin >= 0:
             raise ValueError(f"admission_margin must be >= 0, got {admission_margin}")
+        if max_batch is not None and max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.capacity = capacity
         self.admission_margin = admission_margin
+        self.batch_frames = batch_frames
+        """Run the frames that are due as one model step (``--batch-frames``)."""
+        self.max_batch = (max_batch or capacity) if batch_frames else 1
+        """Most rows in one model step (the capacity by default; 1: time-sliced)."""
         self._loader = loader
         self._observer = observer if observer is not None else Observer()
         self._wake: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -293,7 +343,8 @@ class Engine:
         self._model: RealtimeModel | None = None
         self._sessions: dict[str, _Active] = {}  # engine thread only
         self._openings: set[str] = set()  # engine thread only: Opens under way
-        self._running: _Queued | None = None
+        self._running: tuple[_Queued, ...] = ()
+        """The commands the running model call serves (a batch: one per row)."""
         self._last_beat: float | None = None
         """``time.monotonic()`` of the running command's start or last step (None: idle)."""
         self._hung = False
@@ -369,8 +420,8 @@ class Engine:
             if self._dead_reason is None:
                 self._dead_reason = reason
             running = self._running
-        if running is not None:
-            _settle(running.future, exception=self._dead_error(running.command, reason))
+        for item in running:
+            _settle(item.future, exception=self._dead_error(item.command, reason))
         self._die(reason)
 
     @property
@@ -408,16 +459,35 @@ class Engine:
         held = len(self._reserved)
         if held >= self.capacity:
             return "busy"
-        step = self._step_times.quantile()
-        if not admission.admits(held, step, self._frame_seconds, self.admission_margin):
-            return "overloaded"
+        if self.admission_margin > 0 and held > 0:
+            cost = self._frame_cost(held + 1)
+            if not admission.fits(held, cost, self._frame_seconds, self.admission_margin):
+                return "overloaded"
         return None
+
+    def _frame_cost(self, sessions: int) -> float | None:
+        costs = self._step_times.costs()
+        return admission.frame_cost(sessions, costs, batched=self.batch_frames)
 
     @property
     def step_p90(self) -> float | None:
-        """The p90 of recent frame steps, in seconds (``None``: too few measured)."""
+        """The p90 of recent model steps of any batch size, in seconds (``None``: too
+        few measured)."""
         with self._state_lock:
             return self._step_times.quantile()
+
+    @property
+    def step_costs(self) -> dict[int, float]:
+        """The p90 of recent model steps per batch size (rows), for the sizes measured
+        often enough: what admission by load predicts from."""
+        with self._state_lock:
+            return self._step_times.costs()
+
+    def admission_cost(self) -> float | None:
+        """The predicted engine time of one frame of every open conversation and one
+        more (``None``: not measured): what admission compares with margin x frame."""
+        with self._state_lock:
+            return self._frame_cost(len(self._reserved) + 1)
 
     @property
     def queue_depth(self) -> int:
@@ -451,7 +521,7 @@ class Engine:
     def submit(self, command: Flush | Cancel) -> concurrent.futures.Future[list[ModelEvent]]: ...
 
     @overload
-    def submit(self, command: Open | Close) -> concurrent.futures.Future[None]: ...
+    def submit(self, command: Open | Close | ToolResult) -> concurrent.futures.Future[None]: ...
 
     def submit(self, command: Command) -> concurrent.futures.Future[object]:  # type: ignore[misc]
         """Queue a command for the engine thread; the future holds its typed result."""
@@ -505,7 +575,7 @@ class Engine:
     async def run(self, command: Flush | Cancel) -> list[ModelEvent]: ...
 
     @overload
-    async def run(self, command: Open | Close) -> None: ...
+    async def run(self, command: Open | Close | ToolResult) -> None: ...
 
     async def run(self, command: Command) -> object:
         """Submit a command and await its result."""
@@ -530,26 +600,29 @@ class Engine:
         )
         self._frame_seconds = self._model.figures.frame_seconds
         self._loaded.set_result(self._model)
-        entry: Entry[str, _Queued] | None = None
+        entries: list[Entry[str, _Queued]] = []
         stopping = False
         try:
             while self._dead_reason is None:
                 with self._state_lock:
-                    entry = self._scheduler.pop()
-                if entry is None:
+                    entries = self._scheduler.pop_batch(_joins_batch, self.max_batch)
+                if not entries:
                     if stopping:
                         break
                     stopping = self._wake.get() is _STOP
                     continue
-                self._execute(entry)
-                entry = None
+                if isinstance(entries[0].item.command, Push):
+                    self._step_frames(entries)
+                else:
+                    self._execute(entries[0])
+                entries = []
             self._die("shut down")
         except BaseException as exc:
             reason = f"engine thread died: {_describe(exc)}"
             log.critical(reason, exc_info=True)
             self._die(reason)
-            if entry is not None and not entry.item.future.done():
-                entry.item.future.set_exception(self._dead_error(entry.item.command, reason))
+            for entry in entries:
+                _settle(entry.item.future, exception=self._dead_error(entry.item.command, reason))
         finally:
             with self._state_lock:
                 left = self._scheduler.drain()
@@ -575,7 +648,7 @@ class Engine:
             if self._dead_reason is None:
                 self._dead_reason = reason
             for entry in self._scheduler.drain():
-                if entry.item.opening is not None:
+                if entry.item.opening is not None or entry.item.feed is not None:
                     # Under way on the engine thread: that thread abandons it; here its
                     # future fails, and the opening is dropped with the entry.
                     _settle(
@@ -594,46 +667,114 @@ class Engine:
         if isinstance(command, Open):
             self._open_slice(entry)
             return
+        if isinstance(command, ToolResult):
+            self._feed_slice(entry)
+            return
         if not item.future.set_running_or_notify_cancel():
             return
         kind = _KINDS[type(command)]
         self._observer.command_started(kind)
         started = time.perf_counter()
-        self._running = item
+        self._running = (item,)
         self._last_beat = time.monotonic()
         result: object = None
         error: BaseException | None = None
         try:
             result = self._dispatch(command)
-        except EngineError as exc:
-            error = exc
-        except model.ContextLimitReached as exc:
-            error = EngineError("context_limit", str(exc), during=kind)
-        except model.InferenceError as exc:
-            # The model reports a condition it survives (a wrong rate).
-            error = EngineError("step_failed", str(exc), during=kind)
         except Exception as exc:
-            log.exception("%s failed for %s; dropping the session", kind, command.session_id)
-            self._drop(command.session_id)
-            error = EngineError("session_lost", _describe(exc), during=kind)
+            error = self._failure(exc, kind, command.session_id)
         finally:
             self._last_beat = None
-            self._running = None
+            self._running = ()
             # Before the result wakes trio: afterwards this thread goes straight back
             # to its queue instead of holding the GIL the woken connection needs.
             self._observer.command_finished(kind, time.perf_counter() - started)
-        if isinstance(result, Step):
-            self._stepped(result, entry.due)
         _settle(item.future, result=result, exception=error)
 
-    def _stepped(self, step: Step, due: float) -> None:
-        """Count one frame step: its time (admission) and whether it met its deadline."""
-        lateness = time.monotonic() - due
-        with self._state_lock:
-            self._step_times.add(step.seconds)
-        if lateness > 0:
-            self.frames_late += 1
-        self._observer.frame_deadline(lateness, len(self._scheduler))
+    def _failure(self, exc: Exception, kind: CommandKind, session_id: str) -> EngineError:
+        """What a command's (or one batch row's) exception leaves of its session: the
+        one mapping, so a failed row of a batch ends as that frame alone would."""
+        if isinstance(exc, EngineError):
+            return exc
+        if isinstance(exc, model.ContextLimitReached):
+            return EngineError("context_limit", str(exc), during=kind)
+        if isinstance(exc, model.InferenceError):
+            # The model reports a condition it survives (a wrong rate).
+            return EngineError("step_failed", str(exc), during=kind)
+        log.error("%s failed for %s; dropping the session", kind, session_id, exc_info=exc)
+        self._drop(session_id)
+        return EngineError("session_lost", _describe(exc), during=kind)
+
+    def _step_frames(self, entries: list[Entry[str, _Queued]]) -> None:
+        """Run these :class:`Push` entries (one per session) as one model step; each
+        row's future gets its own :class:`Step` or error, and each frame is counted
+        against its own deadline."""
+        began = time.perf_counter()
+        rows: list[tuple[Entry[str, _Queued], Frame]] = []
+        for entry in entries:
+            item, command = entry.item, entry.item.command
+            assert isinstance(command, Push)
+            if not item.future.set_running_or_notify_cancel():
+                continue
+            self._observer.command_started("push")
+            if command.stop is not None and command.stop.is_set():
+                self._skip(item, began)  # a cancel or disconnect: queued audio must not run
+                continue
+            try:
+                session = self._session(command.session_id, "push")
+            except EngineError as exc:
+                self._skip(item, began, exc)
+                continue
+            rows.append((entry, (session, command.samples, command.sample_rate)))
+        if not rows:
+            return
+        self._running = tuple(entry.item for entry, _ in rows)
+        self._last_beat = time.monotonic()
+        started = time.perf_counter()
+        try:
+            results = self._step_rows([frame for _, frame in rows])
+        finally:
+            seconds = time.perf_counter() - started
+            self._last_beat = None
+            self._running = ()
+        outcomes: list[tuple[Entry[str, _Queued], Step | None, EngineError | None]] = []
+        for (entry, _), result in zip(rows, results, strict=True):
+            if isinstance(result, Exception):
+                outcomes.append((entry, None, self._failure(result, "push", entry.key)))
+            else:
+                outcomes.append((entry, Step(result, seconds, len(rows)), None))
+        # Counted before any result wakes trio (see _execute).
+        if all(step is not None for _, step, _ in outcomes):
+            with self._state_lock:
+                self._step_times.add(seconds, len(rows))
+        self._observer.model_stepped(len(rows), seconds)
+        now, queued = time.monotonic(), len(self._scheduler)
+        for entry, step, _ in outcomes:
+            if step is not None:
+                lateness = now - entry.due
+                if lateness > 0:
+                    self.frames_late += 1
+                self._observer.frame_deadline(lateness, queued)
+            self._observer.command_finished("push", time.perf_counter() - began)
+        for entry, step, error in outcomes:
+            _settle(entry.item.future, result=step, exception=error)
+
+    def _skip(self, item: _Queued, began: float, error: EngineError | None = None) -> None:
+        """A frame that does not run: ``None`` (stopped) or its error, at once."""
+        self._observer.command_finished("push", time.perf_counter() - began)
+        _settle(item.future, result=None, exception=error)
+
+    def _step_rows(self, frames: list[Frame]) -> list[RowResult]:
+        """One model step of ``frames``; a call that raises, or answers with the wrong
+        number of rows, fails every row as a single frame's failure would."""
+        try:
+            results = list(self.model.step(frames))
+        except Exception as exc:
+            return [exc] * len(frames)
+        if len(results) != len(frames):
+            wrong = RuntimeError(f"the model returned {len(results)} rows for {len(frames)}")
+            return [wrong] * len(frames)
+        return results
 
     def _open_slice(self, entry: Entry[str, _Queued]) -> None:
         """Run one slice of an Open; queue the rest at the head of its session's
@@ -647,7 +788,7 @@ class Engine:
                 return
             self._observer.command_started("open")
         started = time.perf_counter()
-        self._running = item
+        self._running = (item,)
         self._last_beat = time.monotonic()
         session: ModelSession | None = None
         error: EngineError | None = None
@@ -660,7 +801,7 @@ class Engine:
             error = EngineError("open_failed", _describe(exc), during="open")
         finally:
             self._last_beat = None
-            self._running = None
+            self._running = ()
             item.engine_seconds += time.perf_counter() - started
         if error is not None and item.opening is not None:
             self._abandon_opening(item)
@@ -678,6 +819,47 @@ class Engine:
         self._observer.command_finished("open", item.engine_seconds)
         _settle(item.future, result=None, exception=error)
 
+    def _feed_slice(self, entry: Entry[str, _Queued]) -> None:
+        """Run one step of a ToolResult (the first checks the session and begins the
+        feed); the rest is queued at the head of the session's commands like an
+        opening's slices (:meth:`_open_slice`)."""
+        item, command = entry.item, entry.item.command
+        assert isinstance(command, ToolResult)
+        if item.feed is None:
+            if not item.future.set_running_or_notify_cancel():
+                return
+            self._observer.command_started("tool_result")
+        started = time.perf_counter()
+        self._running = (item,)
+        self._last_beat = time.monotonic()
+        done = False
+        error: EngineError | None = None
+        try:
+            if item.feed is None:
+                session = self._session(command.session_id, "tool_result")
+                if not isinstance(session, model.TakesToolResults):
+                    raise EngineError(
+                        "step_failed", "this model takes no tool results", during="tool_result"
+                    )
+                item.feed = session.begin_tool_result(command.output)
+            done = item.feed.advance()
+        except Exception as exc:
+            error = self._failure(exc, "tool_result", command.session_id)
+        finally:
+            self._last_beat = None
+            self._running = ()
+            item.engine_seconds += time.perf_counter() - started
+        if error is None and not done:
+            with self._state_lock:
+                if self._dead_reason is None:
+                    self._scheduler.add_first(
+                        entry.key, item, time.monotonic() + OPEN_SLICE_FRAMES * self._frame_seconds
+                    )
+                    return
+            error = self._dead_error(item.command, self._dead_reason)
+        self._observer.command_finished("tool_result", item.engine_seconds)
+        _settle(item.future, result=None, exception=error)
+
     def _abandon_opening(self, item: _Queued) -> None:
         opening, item.opening = item.opening, None
         if opening is None:
@@ -688,15 +870,9 @@ class Engine:
         except Exception:
             log.exception("abandoning an opening session failed")
 
-    def _dispatch(self, command: Command) -> Step | list[ModelEvent] | None:
+    def _dispatch(self, command: Command) -> list[ModelEvent] | None:
+        """Run one command that is not a frame (frames: :meth:`_step_frames`)."""
         match command:
-            case Push(session_id, samples, sample_rate, stop):
-                if stop is not None and stop.is_set():
-                    return None
-                session = self._session(session_id, "push")
-                started = time.perf_counter()
-                (events,) = self.model.step([(session, samples, sample_rate)])
-                return Step(events, time.perf_counter() - started)
             case Flush(session_id, pad_partial):
                 active = self._active_session(session_id, "flush")
                 active.finished = True

@@ -174,6 +174,44 @@ class Limits:
     the descriptors left free at start, less a reserve; see realtime.guard)."""
 
 
+BATCH_FRAMES_ENV: Final = "REALTIME_BATCH_FRAMES"
+"""``--batch-frames`` / ``--no-batch-frames`` as an environment setting (``realtime.asgi``;
+the flag's default for ``realtime serve``). A switch, not a number, so it is no
+:class:`Limits` field: :func:`batching` decides it with ``max_sessions``."""
+
+_SWITCH: Final = {
+    "1": True,
+    "true": True,
+    "yes": True,
+    "on": True,
+    "0": False,
+    "false": False,
+    "no": False,
+    "off": False,
+}
+
+
+def batch_frames_from_env(environ: Mapping[str, str]) -> bool | None:
+    """``REALTIME_BATCH_FRAMES`` as a switch (``None``: unset or empty, the default
+    applies); ValueError with a one-line message naming the variable."""
+    raw = environ.get(BATCH_FRAMES_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        return _SWITCH[raw.lower()]
+    except KeyError:
+        raise ValueError(
+            f"{BATCH_FRAMES_ENV} must be one of 1, 0, true, false, yes, no, on, off; got {raw!r}"
+        ) from None
+
+
+def batching(batch_frames: bool | None, max_sessions: int) -> bool:
+    """Whether the frames that are due run as one batched model step: as asked, else on
+    exactly when more than one conversation may run (one conversation steps alone, the
+    seed's behaviour)."""
+    return max_sessions > 1 if batch_frames is None else batch_frames
+
+
 def message_size(frame: str | bytes, limit: int) -> int:
     """A client message's size as ``max_message_bytes`` counts it, on both endpoints:
     bytes, UTF-8 for text (a character may be four). Exact whenever it may matter: a

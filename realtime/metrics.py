@@ -23,6 +23,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Summary,
     disable_created_metrics,
     generate_latest,
 )
@@ -82,6 +83,8 @@ LATENESS_BUCKETS: Final = (
 )
 """Seconds after a frame's deadline (negative: before it), around one 80 ms frame."""
 OPEN_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+BATCH_BUCKETS: Final = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+"""Rows of one model step: every size up to 4, then coarser (``--max-sessions`` bounds it)."""
 
 
 def _declared_counter(
@@ -172,6 +175,20 @@ class PrometheusObserver(Observer):
             "realtime_model_step_seconds",
             "Engine-thread time of one audio slice (one 80 ms frame) through the model.",
             buckets=STEP_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "realtime_batch_size",
+            "Frames (one per conversation) in each model step: 1 when time-sliced "
+            "(--no-batch-frames), up to the conversations with a frame due when batched.",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.batch_step = Summary(
+            "realtime_batch_step_seconds",
+            "Engine time of one model step, by its rows (batch size): the mean step per "
+            "batch size is sum over count.",
+            ["rows"],
             registry=r,
         )
         self.frame_latency = Histogram(
@@ -265,6 +282,10 @@ class PrometheusObserver(Observer):
             self.frames_late.inc()
         self.frame_lateness.observe(lateness)
 
+    def model_stepped(self, rows: int, seconds: float) -> None:
+        self.batch_size.observe(rows)
+        self.batch_step.labels(str(rows)).observe(seconds)
+
 
 class _ScrapeTime(Collector):
     """Values read when Prometheus scrapes: engine alive, draining, slot, build info."""
@@ -310,9 +331,31 @@ class _ScrapeTime(Collector):
         step = engine.step_p90 if engine is not None else None
         yield GaugeMetricFamily(
             "realtime_engine_step_p90_seconds",
-            "p90 of the engine's recent frame steps: what admission by load reads "
-            "(NaN until enough frames ran).",
+            "p90 of the engine's recent model steps, any batch size (time-sliced: what "
+            "admission by load reads; NaN until enough frames ran).",
             value=float("nan") if step is None else step,
+        )
+        yield GaugeMetricFamily(
+            "realtime_batch_frames",
+            "1 when the frames that are due run as one batched model step (--batch-frames).",
+            value=float(engine is not None and engine.batch_frames),
+        )
+        costs = GaugeMetricFamily(
+            "realtime_engine_step_cost_seconds",
+            "p90 of the engine's recent model steps per batch size (rows), for the sizes "
+            "measured often enough: what admission by load predicts from.",
+            labels=["rows"],
+        )
+        for rows, cost in (engine.step_costs if engine is not None else {}).items():
+            costs.add_metric([str(rows)], cost)
+        yield costs
+        predicted = engine.admission_cost() if engine is not None else None
+        yield GaugeMetricFamily(
+            "realtime_engine_admission_cost_seconds",
+            "Predicted engine time of one frame of every open conversation and one more: "
+            "a new one is refused while it exceeds --admission-margin x the frame time "
+            "(NaN until enough frames ran).",
+            value=float("nan") if predicted is None else predicted,
         )
         owner = self._owner
         yield CounterMetricFamily(

@@ -15,7 +15,7 @@ from typing import Any, Final, Literal
 
 import attrs
 
-CommandKind = Literal["open", "push", "flush", "cancel", "close", "call"]
+CommandKind = Literal["open", "push", "flush", "cancel", "close", "call", "tool_result"]
 
 RefusalReason = Literal[
     "busy",
@@ -91,6 +91,10 @@ class Observer:
     def frame_deadline(self, lateness: float, queued: int) -> None:
         """A frame step finished ``lateness`` seconds after its deadline (negative: in
         time), with ``queued`` commands waiting."""
+
+    def model_stepped(self, rows: int, seconds: float) -> None:
+        """One model step ran ``rows`` frames (one per conversation; 1 when time-sliced)
+        in ``seconds``; its frames each also report ``command_finished("push")``."""
 
     # --- trio side ------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ from realtime.models.base import (
     UserTranscriptDelta,
     open_now,
     open_session,
+    step_one,
 )
 from realtime.transcript import TranscriptPrinter
 
@@ -94,6 +95,29 @@ def _resolve_model(model: str | None) -> Path:
         )
         return path
     return check_model_path(resolve_model(model)).path  # ModelPathError: one line, exit 2
+
+
+def _wants_demo_turns(args: argparse.Namespace) -> bool:
+    """Whether the demo runs with its scripted turns (:mod:`realtime.models.demo`): with
+    no -m and --stream, as ``realtime serve`` serves it, so the output equals the
+    socket's; never for a real checkpoint, nor mlx-vlm's offline path (no turns)."""
+    choice: bool | None = getattr(args, "demo_turns", None)
+    if args.model is not None:
+        if choice is not None:
+            raise UsageError("--[no-]demo-turns applies to the demo model only (omit -m)")
+        return False
+    if not args.stream:
+        if choice:
+            print("realtime: --demo-turns applies to --stream only; ignored", file=sys.stderr)
+        return False
+    if choice is False:
+        return False
+    if args.profile:
+        print(
+            "realtime: --profile times the raw network only: add --no-demo-turns; ignored",
+            file=sys.stderr,
+        )
+    return True
 
 
 def _label(event: ModelEvent) -> tuple[str, str] | None:
@@ -169,8 +193,7 @@ def stream_session(
 
     for piece in stream_slices(samples, figures.frame_samples):
         try:
-            (events,) = model.step([(session, piece, figures.input_sample_rate)])
-            emit(events)
+            emit(step_one(model, (session, piece, figures.input_sample_rate)))
         except InferenceError as exc:
             printer.break_line()
             print(f"realtime: inference error: {exc}", file=sys.stderr, flush=True)
@@ -206,11 +229,16 @@ def generate_command(args: argparse.Namespace) -> int:
         raise UsageError(f"output folder {output.parent} does not exist")
     source = read_source(args.input)
     path = _resolve_model(args.model)
+    turns = _wants_demo_turns(args)
     if args.profile and not args.stream:
         print("realtime: --profile applies to --stream only; ignored", file=sys.stderr)
 
     started = time.perf_counter()
     model = load_model(path)  # ModelPathError, ModelLoadError: one line, exit 2
+    if turns:
+        from realtime.models.demo import demo_turns
+
+        model = demo_turns(model)
     loaded = time.perf_counter()
     figures = model.figures
     samples = model_input(source, args.extra_seconds, figures.input_sample_rate)

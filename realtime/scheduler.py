@@ -11,6 +11,11 @@ moment they arrive, and a conversation is as urgent as its most urgent command, 
 they never wait behind another conversation's backlog for more than the one step
 running.
 
+Batching (:meth:`Scheduler.pop_batch`): the command that runs next, when it is a
+frame, takes with it the head frame of every other conversation whose head is a
+frame, so the model steps them as one batch. Those frames only run early: nothing
+ever waits for a batch to fill, so a frame waits at most the one step running.
+
 Times are plain floats passed in by the caller (the engine's monotonic clock; tests
 pass their own), so every rule here is tested without threads or a clock.
 """
@@ -19,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import Generic, TypeVar
 
 import attrs
@@ -93,6 +98,10 @@ class Scheduler(Generic[K, T]):
         queue = self._queues.get(key)
         if not queue:
             return None
+        return self._urgency(queue)
+
+    @staticmethod
+    def _urgency(queue: deque[Entry[K, T]]) -> tuple[float, int]:
         return min((e.due, e.seq) for e in queue)
 
     def peek(self) -> Entry[K, T] | None:
@@ -100,7 +109,7 @@ class Scheduler(Generic[K, T]):
         best: tuple[float, int] | None = None
         head: Entry[K, T] | None = None
         for queue in self._queues.values():
-            urgency = min((e.due, e.seq) for e in queue)
+            urgency = self._urgency(queue)
             if best is None or urgency < best:
                 best, head = urgency, queue[0]
         return head
@@ -109,12 +118,43 @@ class Scheduler(Generic[K, T]):
         """Take the command that runs next (``None``: nothing is queued)."""
         head = self.peek()
         if head is not None:
-            queue = self._queues[head.key]
-            queue.popleft()
-            self._size -= 1
-            if not queue:
-                del self._queues[head.key]
+            self._take_head(head.key)
         return head
+
+    def _take_head(self, key: K) -> Entry[K, T]:
+        queue = self._queues[key]
+        head = queue.popleft()
+        self._size -= 1
+        if not queue:
+            del self._queues[key]
+        return head
+
+    def pop_batch(self, joins: Callable[[Entry[K, T]], bool], limit: int) -> list[Entry[K, T]]:
+        """Take the command that runs next and, when it ``joins`` a batch, the head of
+        every other conversation whose head joins too, most urgent first, at most
+        ``limit`` entries in all (``[]``: nothing is queued).
+
+        At most one entry per conversation and only heads, so each conversation's own
+        order holds; the first entry is what :meth:`pop` would take, so a batch never
+        delays the command that is due: the others only run early.
+        """
+        lead = self.pop()
+        if lead is None:
+            return []
+        batch = [lead]
+        if limit <= 1 or not joins(lead):
+            return batch
+        joining = sorted(
+            (
+                (self._urgency(queue), key)
+                for key, queue in self._queues.items()
+                if key != lead.key and joins(queue[0])
+            ),
+            key=lambda pair: pair[0],
+        )
+        for _, key in joining[: limit - 1]:
+            batch.append(self._take_head(key))
+        return batch
 
     def remove(self, key: K) -> list[Entry[K, T]]:
         """Take every queued command of ``key``, in order (its session is gone)."""

@@ -28,7 +28,7 @@ from realtime.app import ServerState, create_app
 from realtime.endpoints import NATIVE_PATH, OPENAI_PATH
 from realtime.engine import Engine, EngineLoadError, watch_for_hung_calls
 from realtime.errors import UsageError
-from realtime.limits import Limits
+from realtime.limits import Limits, batching
 from realtime.logs import SessionLog
 from realtime.metrics import PrometheusObserver
 from realtime.models.base import RealtimeModel
@@ -92,36 +92,51 @@ def _close_bound(config: Config) -> None:
 
 
 def model_loader(
-    model: str | None, quantize: int | None, *, model_option: str = "-m"
+    model: str | None,
+    quantize: int | None,
+    *,
+    model_option: str = "-m",
+    demo_turns: bool | None = None,
 ) -> Callable[[], RealtimeModel]:
     """The loader the engine thread runs: the given checkpoint (a folder, or a Hugging
     Face repo id downloaded here; checked here, before any thread starts, so a bad path
     exits 2 at once), or the demo checkpoint, which is built on the engine thread too
     since building it runs MLX. ``model_option`` names the setting in messages
-    (``REALTIME_MODEL`` under the Hypercorn CLI)."""
+    (``REALTIME_MODEL`` under the Hypercorn CLI). The demo takes turns by the energy
+    policy of :mod:`realtime.models.demo` unless ``demo_turns`` is False (the raw
+    random network); a real checkpoint is never wrapped."""
     from realtime.models import ModelPathError, check_model_path, load_model
     from realtime.models.hub import resolve_model
 
     if model is None:
+        turns = demo_turns is not False
         log.warning(
             "no %s given: serving the built-in DEMO checkpoint. It has random weights: "
-            "it exercises the whole pipeline but speaks noise and writes gibberish. "
+            "it exercises the whole pipeline but speaks noise%s. "
             "Set %s to a VoiceChat checkpoint folder or Hugging Face repo id "
             "(e.g. mlx-community/NemotronLabs-VoiceChat-11B-4bit) to serve a real one.",
             model_option,
+            "; its scripted turns answer speech after you stop (--no-demo-turns: the raw "
+            "network, which writes gibberish)"
+            if turns
+            else " and writes gibberish",
             model_option if model_option != "-m" else "-m PATH",
         )
 
         def load_demo() -> RealtimeModel:
             from realtime.demo_checkpoint import ensure_demo_checkpoint
+            from realtime.models.demo import demo_turns as with_turns
 
             path = ensure_demo_checkpoint(quantize=quantize)
-            log.info("demo checkpoint: %s", path)
-            return load_model(path)
+            log.info("demo checkpoint: %s%s", path, "" if turns else " (raw, no demo turns)")
+            loaded = load_model(path)
+            return with_turns(loaded) if turns else loaded
 
         return load_demo
     if quantize is not None:
         raise UsageError("--quantize applies to the demo model only (omit -m)")
+    if demo_turns is not None:
+        raise UsageError("--[no-]demo-turns applies to the demo model only (omit -m)")
     try:
         info = check_model_path(resolve_model(model))
     except ModelPathError as exc:
@@ -130,18 +145,32 @@ def model_loader(
 
 
 def engine_for(
-    loader: Callable[[], RealtimeModel], limits: Limits, observer: Observer | None = None
+    loader: Callable[[], RealtimeModel],
+    limits: Limits,
+    observer: Observer | None = None,
+    *,
+    batch_frames: bool | None = None,
 ) -> Engine:
     """The engine the limits ask for: ``max_sessions`` slots, admission by load past one
-    (``admission_margin``) only when more than one conversation may run."""
+    (``admission_margin``) only when more than one conversation may run, and batched
+    frames as ``batch_frames`` says (``None``: on past one conversation,
+    :func:`realtime.limits.batching`)."""
     margin = limits.admission_margin if limits.max_sessions > 1 else 0.0
-    return Engine(loader, observer=observer, capacity=limits.max_sessions, admission_margin=margin)
+    return Engine(
+        loader,
+        observer=observer,
+        capacity=limits.max_sessions,
+        admission_margin=margin,
+        batch_frames=batching(batch_frames, limits.max_sessions),
+    )
 
 
 def start_engine(
     loader: Callable[[], RealtimeModel],
     observer: Observer | None = None,
     limits: Limits | None = None,
+    *,
+    batch_frames: bool | None = None,
 ) -> Engine:
     """Load the model on a new engine thread (serving ``limits.max_sessions``
     conversations); the engine once it is ready.
@@ -153,7 +182,7 @@ def start_engine(
     on the loading thread (ml-explore/mlx#3126). SIGTERM has no handler before
     serving, so its default action ends a loading process as it always has.
     """
-    engine = engine_for(loader, limits or Limits(), observer)
+    engine = engine_for(loader, limits or Limits(), observer, batch_frames=batch_frames)
     started = time.perf_counter()
     try:
         model = engine.start()
@@ -345,7 +374,8 @@ def _leaf(group: BaseExceptionGroup[OSError]) -> OSError:
 
 
 def serve_command(args: argparse.Namespace, limits: Limits) -> int:
-    loader = model_loader(args.model, args.quantize)  # a bad path exits 2 here
+    # A bad path exits 2 here.
+    loader = model_loader(args.model, args.quantize, demo_turns=args.demo_turns)
     config = hypercorn_config(args.host, args.port, limits)
     try:
         bind_now(config)  # a port in use exits 2 here, before the model loads
@@ -356,7 +386,9 @@ def serve_command(args: argparse.Namespace, limits: Limits) -> int:
     metrics = PrometheusObserver()
     observer = Observers((metrics, SessionLog()))
     try:
-        engine = start_engine(loader, observer, limits)
+        engine = start_engine(
+            loader, observer, limits, batch_frames=getattr(args, "batch_frames", None)
+        )
     except BaseException:
         _close_bound(config)
         raise

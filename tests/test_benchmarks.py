@@ -178,31 +178,43 @@ def test_table_of_skipped_rows() -> None:
 
 @pytest.mark.slow
 def test_sessions_sweep_runs(demo_cache_dir: Path, tmp_path: Path) -> None:
-    """``benchmarks.sessions`` on 1 and 2 concurrent conversations of 2 s each: every
-    figure is there and sane, and no conversation was refused or failed (not a timing
-    assert: whether they stayed real time is the benchmark's finding, not the test's)."""
+    """``benchmarks.sessions`` on 1 and 2 concurrent conversations of 1 s each under both
+    schedulers: every figure is there and sane, and no conversation was refused or failed
+    (not a timing assert: whether they stayed real time is the benchmark's finding, not
+    the test's)."""
     out = tmp_path / "sessions.json"
-    cmd = [sys.executable, "-m", "benchmarks.sessions", "--sessions", "1,2", "--seconds", "2"]
-    cmd += ["--json", str(out)]
+    cmd = [sys.executable, "-m", "benchmarks.sessions", "--sessions", "1,2", "--seconds", "1"]
+    cmd += ["--scheduler", "time-sliced,batched", "--json", str(out)]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(out.read_text())
-    assert result["counts"] == [1, 2] and result["server_options"][:2] == ["--max-sessions", "2"]
-    assert result["max_realtime_sessions"] in (0, 1, 2)
+    assert result["counts"] == [1, 2] and result["schedulers"] == ["time-sliced", "batched"]
     frames = result["frames_per_conversation"]
-    assert frames == 25
-    for n, row in zip((1, 2), result["by_sessions"], strict=True):
-        assert row["sessions"] == n and row["frames"] == n * frames
-        assert _summary_ok(row["latency_ms"], n * frames)
-        assert len(result["per_round"][0][n - 1]["conversations"]) == n
-        assert _positive(row["engine_busy"]) and _positive(row["engine_step_ms_mean"])
-        assert _positive(row["server_cpu_ms_per_frame"]) and _positive(row["wall_seconds"])
-        assert isinstance(row["lag_growth_ms_max"], float)
-        assert row["client_errors"] == [] and row["refused"] == {} and row["busy_retries"] == 0
-        # Every conversation ended the way the benchmark ends it, by a cancel.
-        assert row["session_outcomes"] == {"outcome=cancelled": n}
-        assert isinstance(row["realtime"], bool)
-    assert "largest N with every conversation real time" in done.stdout
+    assert frames == 12
+    for name, flag in (("time-sliced", "--no-batch-frames"), ("batched", "--batch-frames")):
+        one = result["by_scheduler"][name]
+        assert one["server_options"] == ["--max-sessions", "2", "--admission-margin", "0", flag]
+        assert one["max_realtime_sessions"] in (0, 1, 2)
+        assert result["max_realtime_sessions"][name] == one["max_realtime_sessions"]
+        for n, row in zip((1, 2), one["by_sessions"], strict=True):
+            assert row["sessions"] == n and row["frames"] == n * frames
+            assert _summary_ok(row["latency_ms"], n * frames)
+            assert len(one["per_round"][0][n - 1]["conversations"]) == n
+            assert _positive(row["engine_busy"]) and _positive(row["engine_step_ms_mean"])
+            assert _positive(row["step_ms_per_batch"]) and _positive(row["step_ms_per_frame"])
+            assert row["model_steps"] >= 1 and row["step_by_rows"]
+            if name == "time-sliced" or n == 1:
+                assert row["rows_per_step_mean"] == 1 and list(row["step_by_rows"]) == ["1"]
+            else:
+                assert 1 <= row["rows_per_step_mean"] <= 2
+            assert _positive(row["server_cpu_ms_per_frame"]) and _positive(row["wall_seconds"])
+            assert isinstance(row["lag_growth_ms_max"], float)
+            assert row["client_errors"] == [] and row["refused"] == {}
+            assert row["busy_retries"] == 0
+            # Every conversation ended the way the benchmark ends it, by a cancel.
+            assert row["session_outcomes"] == {"outcome=cancelled": n}
+            assert isinstance(row["realtime"], bool)
+    assert "largest N with every conversation real time: time-sliced" in done.stdout
 
 
 @pytest.mark.slow
@@ -252,7 +264,41 @@ def test_sessions_headline_and_counts() -> None:
     # Counting up: a pass after a failure (noise) does not raise the headline.
     assert sessions.headline([*rows, {"sessions": 4, "realtime": True}]) == 2
     assert sessions.session_counts("4,1,2,2") == (1, 2, 4)
+    assert sessions.scheduler_names("batched, time-sliced,batched") == ("batched", "time-sliced")
+    for bad_names in ("", "fast", "batched,fast"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            sessions.scheduler_names(bad_names)
     for bad in ("0,1", "a", ""):
         with pytest.raises(argparse.ArgumentTypeError):
             sessions.session_counts(bad)
     assert build_parser().parse_args(["--concurrent", "2,1"]).concurrent == (1, 2)
+
+
+def test_sessions_step_figures_per_batch_and_per_conversation_frame() -> None:
+    """From ``realtime_batch_step_seconds`` by rows: four 1-row steps of 30 ms and two
+    3-row steps of 40 ms are 6 steps of 10 frames, 33.3 ms a batch, 20 ms a frame."""
+    name = "realtime_batch_step_seconds"
+    before = {f"{name}_count{{rows=1}}": 1.0, f"{name}_sum{{rows=1}}": 0.03}
+    after = {
+        f"{name}_count{{rows=1}}": 5.0,
+        f"{name}_sum{{rows=1}}": 0.15,
+        f"{name}_count{{rows=3}}": 2.0,
+        f"{name}_sum{{rows=3}}": 0.08,
+    }
+    figures = sessions.step_figures(before, after)
+    assert figures["model_steps"] == 6 and figures["rows_per_step_mean"] == pytest.approx(10 / 6)
+    assert figures["step_ms_per_batch"] == pytest.approx(200 / 6)
+    assert figures["step_ms_per_frame"] == pytest.approx(20.0)
+    assert figures["step_by_rows"] == {
+        "1": {
+            "steps": 4.0,
+            "ms_per_batch": pytest.approx(30.0),
+            "ms_per_frame": pytest.approx(30.0),
+        },
+        "3": {
+            "steps": 2.0,
+            "ms_per_batch": pytest.approx(40.0),
+            "ms_per_frame": pytest.approx(40 / 3),
+        },
+    }
+    assert sessions.step_figures({}, {})["step_ms_per_batch"] is None

@@ -25,7 +25,14 @@ from realtime.engine import (
     Waker,
     watch_for_hung_calls,
 )
-from realtime.models.base import AudioDelta, Cancelled, Done, open_session
+from realtime.models.base import (
+    AudioDelta,
+    Cancelled,
+    Done,
+    InferenceError,
+    open_session,
+    step_one,
+)
 from realtime.models.fake import FakeModel, FakeOptions
 from realtime.observe import CommandKind, Observer
 from tests.helpers import running_engine
@@ -434,14 +441,18 @@ async def test_a_waker_abandoned_mid_wait_then_closed_ignores_late_results(
 
 
 def test_the_model_seam_steps_frames_of_several_sessions() -> None:
-    """``RealtimeModel.step``: one call, each session's events in order (the engine
-    sends one frame today; a batched step takes many, issue of batched frames)."""
+    """``RealtimeModel.step``: one call, each session's events in order, and a row that
+    fails is that row's result alone (the engine batches the frames that are due)."""
     model = FakeModel()
     a = open_session(model, system_prompt=None, seed=1, max_streaming_seconds=None)
     b = open_session(model, system_prompt=None, seed=2, max_streaming_seconds=None)
     frame = np.zeros(model.figures.frame_samples, np.float32)
     rate = model.figures.input_sample_rate
-    first, second = model.step([(a, frame, rate), (b, frame[:640], rate)])
-    assert any(isinstance(e, AudioDelta) for e in first)
+    first, second, third = model.step([(a, frame, rate), (b, frame[:640], rate), (a, frame, 8000)])
+    assert isinstance(first, list) and any(isinstance(e, AudioDelta) for e in first)
     assert second == []  # half a frame: nothing yet for that session
-    assert model.calls_named("push") == [1280, 640]
+    assert isinstance(third, InferenceError)  # a bad rate fails its row only
+    assert model.calls_named("push") == [1280, 640, 1280]
+    assert step_one(model, (b, frame[:640], rate))  # the second half: b's first frame
+    with pytest.raises(InferenceError):
+        step_one(model, (b, frame, 8000))

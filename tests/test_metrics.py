@@ -10,13 +10,15 @@ from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
+import numpy as np
 import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 from trio_websocket import ConnectionRejected, open_websocket_url
 
+from realtime.admission import MIN_SAMPLES
 from realtime.app import ServerState
-from realtime.engine import Engine
+from realtime.engine import Engine, Open, Push
 from realtime.limits import Limits
 from realtime.logs import JsonFormatter, SessionLog, TextFormatter, setup_logging
 from realtime.metrics import PrometheusObserver
@@ -24,6 +26,7 @@ from realtime.models.fake import FakeModel
 from realtime.observe import Observers, SessionReport
 from realtime.server import hypercorn_config, run_server
 from tests.helpers import ahttp, append_msg, connect, noise
+from tests.test_engine_batch import batching_engine
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -247,3 +250,31 @@ def test_formatters_keep_exceptions() -> None:
         record = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
     assert "ValueError: boom" in json.loads(JsonFormatter().format(record))["exception"]
     assert "ValueError: boom" in TextFormatter().format(record)
+
+
+def test_batch_sizes_and_step_costs_per_batch_size_are_exposed() -> None:
+    """``realtime_batch_size`` counts every model step by its rows, and the step time is
+    kept per batch size; the engine's per-size costs and the admission's prediction are
+    read at scrape time."""
+    m = PrometheusObserver(process_metrics=False)
+    m.model_stepped(1, 0.030)
+    m.model_stepped(3, 0.036)
+    m.model_stepped(3, 0.038)
+    text = m.exposition().decode()
+    assert value(text, "realtime_batch_size_count") == 3
+    assert value(text, "realtime_batch_size_bucket", le="1.0") == 1
+    assert value(text, "realtime_batch_size_bucket", le="3.0") == 3
+    assert value(text, "realtime_batch_step_seconds_count", rows="3") == 2
+    assert value(text, "realtime_batch_step_seconds_sum", rows="3") == pytest.approx(0.074)
+    assert value(text, "realtime_batch_frames") == 0  # no engine watched
+    with batching_engine(FakeModel(), capacity=2, observer=m) as engine:
+        m.watch(engine)
+        assert engine.try_reserve("a")
+        engine.submit(Open("a", None, 1, None)).result(10)
+        for _ in range(MIN_SAMPLES):
+            engine.submit(Push("a", np.zeros(1280, np.float32), 16000)).result(10)
+        text = m.exposition().decode()
+    assert value(text, "realtime_batch_frames") == 1
+    assert value(text, "realtime_batch_step_seconds_count", rows="1") == 1 + MIN_SAMPLES
+    assert value(text, "realtime_engine_step_cost_seconds", rows="1") >= 0
+    assert value(text, "realtime_engine_admission_cost_seconds") >= 0

@@ -8,8 +8,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from realtime.admission import MIN_SAMPLES, StepTimes, admits, sessions_within
-from realtime.scheduler import Scheduler
+from realtime.admission import (
+    MIN_SAMPLES,
+    StepTimes,
+    admits,
+    batched_cost,
+    fits,
+    frame_cost,
+    sessions_within,
+)
+from realtime.scheduler import Entry, Scheduler
 
 FRAME = 0.08
 
@@ -135,6 +143,85 @@ def test_any_mix_runs_everything_once_each_conversation_in_order(
     assert ran == sent
 
 
+# --- batches ---------------------------------------------------------------------------
+
+
+def is_frame(entry: Entry[str, str]) -> bool:
+    return entry.item.startswith("f-")
+
+
+def test_a_due_frame_takes_the_head_frame_of_every_other_conversation() -> None:
+    s: Scheduler[str, str] = Scheduler()
+    s.add_paced("a", "f-a1", 0.00, FRAME)  # due 0.08: the lead
+    s.add_paced("a", "f-a2", 0.00, FRAME)  # a's second frame: one per conversation
+    s.add_paced("b", "f-b1", 0.05, FRAME)  # due 0.13, taken early
+    s.add_paced("c", "f-c1", 5.00, FRAME)  # due in seconds: taken early all the same
+    s.add("d", "open", 0.01)  # a head that is not a frame stays
+    s.add_paced("d", "f-d1", 0.02, FRAME)  # behind d's open: not a head
+    batch = s.pop_batch(is_frame, limit=8)
+    assert [e.item for e in batch] == ["open"]  # d's open was due first: it runs alone
+    batch = s.pop_batch(is_frame, limit=8)
+    assert [e.item for e in batch] == ["f-a1", "f-d1", "f-b1", "f-c1"]  # most urgent first
+    assert len(s) == 1 and [e.item for e in s.pop_batch(is_frame, 8)] == ["f-a2"]
+    assert s.pop_batch(is_frame, 8) == [] and len(s) == 0
+
+
+def test_a_batch_is_bounded_and_a_lead_that_does_not_join_runs_alone() -> None:
+    s: Scheduler[str, str] = Scheduler()
+    for n, key in enumerate("abcde"):
+        s.add_paced(key, f"f-{key}", 0.01 * n, FRAME)
+    assert [e.item for e in s.pop_batch(is_frame, limit=3)] == ["f-a", "f-b", "f-c"]
+    assert [e.item for e in s.pop_batch(is_frame, limit=1)] == ["f-d"]  # 1: time-sliced
+    s.add("x", "flush", 0.0)
+    assert [e.item for e in s.pop_batch(is_frame, limit=8)] == ["flush"]
+    assert [e.item for e in s.pop_batch(is_frame, limit=8)] == ["f-e"]
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abcdef"), st.floats(0, 10), st.booleans()),
+        min_size=1,
+        max_size=60,
+    ),
+    st.integers(1, 8),
+)
+def test_batches_take_each_conversation_in_order_and_never_delay_the_due_command(
+    arrivals: list[tuple[str, float, bool]], limit: int
+) -> None:
+    """Any mix: the first entry of a batch is what ``pop`` takes; a batch holds at most
+    ``limit`` entries, one per conversation, every one a frame when the first is (else
+    the first alone); it leaves no other conversation's head frame behind unless it is
+    full; everything runs once, each conversation in order."""
+    s: Scheduler[str, str] = Scheduler()
+    sent: dict[str, list[str]] = {}
+    for n, (key, now, control) in enumerate(sorted(arrivals, key=lambda a: a[1])):
+        item = f"{'c' if control else 'f'}-{n}"
+        sent.setdefault(key, []).append(item)
+        if control:
+            s.add(key, item, now)
+        else:
+            s.add_paced(key, item, now, FRAME)
+    ran: dict[str, list[str]] = {}
+    while len(s):
+        size, due = len(s), s.peek()
+        batch = s.pop_batch(is_frame, limit)
+        lead = batch[0]
+        assert lead == due and 1 <= len(batch) <= limit and len(s) == size - len(batch)
+        assert len({e.key for e in batch}) == len(batch)
+        assert all(is_frame(e) for e in batch[1:])
+        if not is_frame(lead):
+            assert len(batch) == 1
+        elif len(batch) < limit:
+            heads: dict[str, Entry[str, str]] = {}
+            for entry in s:
+                heads.setdefault(entry.key, entry)
+            taken = {e.key for e in batch}
+            assert all(k in taken or not is_frame(h) for k, h in heads.items())
+        for entry in batch:
+            ran.setdefault(entry.key, []).append(entry.item)
+    assert ran == sent
+
+
 # --- admission by load ----------------------------------------------------------------
 
 
@@ -165,3 +252,45 @@ def test_step_times_give_a_p90_of_the_recent_window_once_enough_ran() -> None:
         times.add(0.001 * (i + 1))  # the window now holds 1..100 ms
     assert len(times) == 100
     assert times.quantile() == pytest.approx(0.091)
+
+
+def test_step_times_are_kept_per_batch_size() -> None:
+    times = StepTimes(window=32)
+    for _ in range(MIN_SAMPLES):
+        times.add(0.030, rows=1)
+        times.add(0.034, rows=2)
+    for _ in range(MIN_SAMPLES - 1):
+        times.add(0.050, rows=4)  # too few to count
+    assert times.costs() == pytest.approx({1: 0.030, 2: 0.034})
+    assert len(times) == 32  # the window over all sizes
+    with pytest.raises(ValueError):
+        times.add(0.01, rows=0)
+
+
+def test_the_batched_cost_is_measured_or_extrapolated_by_a_line() -> None:
+    costs = {1: 0.030, 2: 0.034, 4: 0.042}  # 26 ms + 4 ms a row
+    assert batched_cost(costs, 2) == 0.034  # measured
+    assert batched_cost(costs, 8) == pytest.approx(0.058)  # the least-squares line
+    assert batched_cost(costs, 3) == pytest.approx(0.038)  # between 2 and 4
+    assert batched_cost({}, 3) is None
+
+
+def test_the_batched_cost_never_falls_below_a_smaller_batch_or_above_a_larger() -> None:
+    assert batched_cost({1: 0.040, 2: 0.030}, 3) == pytest.approx(0.030)  # a falling line
+    assert batched_cost({1: 0.010, 4: 0.020, 5: 0.080}, 3) == pytest.approx(0.020)
+    # One size measured: proportional above it (the time-sliced rule), its cost below.
+    assert batched_cost({2: 0.030}, 3) == pytest.approx(0.045)
+    assert batched_cost({2: 0.030}, 1) == pytest.approx(0.030)
+
+
+def test_batched_admission_rises_with_the_cheap_rows_and_falls_back_under_load() -> None:
+    """30 ms a step and 4 ms a row; 0.75 x 80 ms = 60 ms of engine time a frame."""
+    costs = {1: 0.030, 2: 0.034}
+    sliced = [fits(n, frame_cost(n + 1, costs, batched=False), FRAME, 0.75) for n in range(4)]
+    assert sliced == [True, True, False, False]  # (open + 1) x 30 ms: two conversations
+    batched = [fits(n, frame_cost(n + 1, costs, batched=True), FRAME, 0.75) for n in range(10)]
+    assert batched == [True] * 8 + [False] * 2  # 26 + 4 x 9 = 62 ms for nine: eight
+    assert frame_cost(3, {2: 0.02}, batched=False) is None  # no single-row step measured
+    loaded = {1: 0.030, 2: 0.065}  # the machine got slower: the size running now says so
+    assert not fits(2, frame_cost(3, loaded, batched=True), FRAME, 0.75)
+    assert fits(2, None, FRAME, 0.75) and fits(0, 1.0, FRAME, 0.75) and fits(5, 1.0, FRAME, 0)

@@ -11,14 +11,18 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import pytest
 import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
 
 from realtime.admission import MIN_SAMPLES
+from realtime.cli import batch_frames_from_args, build_parser
 from realtime.close_codes import CLOSE_TRY_AGAIN
 from realtime.engine import Engine
-from realtime.limits import Limits
+from realtime.errors import UsageError
+from realtime.limits import BATCH_FRAMES_ENV, Limits, batch_frames_from_env, batching
 from realtime.models.fake import FakeModel, FakeOptions
+from realtime.server import engine_for
 from tests.helpers import Server, ahttp, append_msg, connect, noise, running_engine, running_server
 from tests.test_metrics import value
 
@@ -211,3 +215,86 @@ async def test_openai_sessions_side_by_side_each_keep_their_silence_clock() -> N
                     seconds=20,
                 )
             await wait_for(lambda: engine.reserved == 0)
+
+
+# --- batched frames: the switch and the wiring ------------------------------------------
+
+
+def test_batch_frames_is_on_past_one_conversation_unless_switched() -> None:
+    assert not batching(None, 1)  # the seed's one conversation steps alone
+    assert batching(None, 2) and batching(True, 1) and not batching(False, 4)
+    assert (
+        batch_frames_from_env({}) is None and batch_frames_from_env({BATCH_FRAMES_ENV: ""}) is None
+    )
+    assert batch_frames_from_env({BATCH_FRAMES_ENV: "ON"}) is True
+    assert batch_frames_from_env({BATCH_FRAMES_ENV: "0"}) is False
+    with pytest.raises(ValueError, match=f"^{BATCH_FRAMES_ENV} must be one of"):
+        batch_frames_from_env({BATCH_FRAMES_ENV: "sometimes"})
+    loader = FakeModel
+    assert not engine_for(loader, Limits()).batch_frames
+    assert engine_for(loader, Limits(max_sessions=3)).batch_frames
+    assert engine_for(loader, Limits(max_sessions=3)).max_batch == 3
+    assert not engine_for(loader, Limits(max_sessions=3), batch_frames=False).batch_frames
+
+
+def test_the_serve_flag_and_its_environment_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(BATCH_FRAMES_ENV, raising=False)
+    parse = build_parser().parse_args
+    assert batch_frames_from_args(parse(["serve"])) is None
+    assert batch_frames_from_args(parse(["serve", "--batch-frames"])) is True
+    assert batch_frames_from_args(parse(["serve", "--no-batch-frames"])) is False
+    monkeypatch.setenv(BATCH_FRAMES_ENV, "off")
+    assert batch_frames_from_args(parse(["serve"])) is False
+    assert batch_frames_from_args(parse(["serve", "--batch-frames"])) is True  # the flag wins
+    monkeypatch.setenv(BATCH_FRAMES_ENV, "maybe")
+    with pytest.raises(UsageError, match=BATCH_FRAMES_ENV):
+        batch_frames_from_args(parse(["serve"]))
+
+
+async def test_conversations_on_a_batched_server_share_model_steps() -> None:
+    """Three clients each append ten frames at once on a batched server: every frame
+    comes back to its own client, in fewer model steps than frames (rows that were due
+    together ran as one step), and /metrics counts the batch sizes."""
+    model = FakeModel(FakeOptions(frame_delay=0.02, batch_row_delay=0.0))
+    engine = Engine(lambda: model, capacity=3, batch_frames=True)
+    engine.start()
+    try:
+        async with running_server(engine, limits=Limits(max_sessions=3)) as server:
+
+            async def converse(seed: int) -> None:
+                async with connect(server.url) as client:
+                    await client.configure(seed=seed)
+                    await client.send(append_msg(noise(1280 * 10, seed)))
+                    indexes = []
+                    for _ in range(10):
+                        events = await client.recv_until("response.audio.delta")
+                        indexes.append(events[-1]["frame_index"])
+                    assert indexes == list(range(10))
+
+            async with trio.open_nursery() as nursery:
+                for seed in (1, 2, 3):
+                    nursery.start_soon(converse, seed)
+            assert sum(model.batches) == 30 and len(model.batches) < 30
+    finally:
+        engine.shutdown()
+
+
+def test_the_asgi_app_reads_its_environment_setting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("REALTIME_MODEL", raising=False)
+    import realtime.asgi
+
+    monkeypatch.setenv("REALTIME_MAX_SESSIONS", "3")
+    assert realtime.asgi.create_app_from_env().state.engine.batch_frames
+    monkeypatch.setenv(BATCH_FRAMES_ENV, "off")
+    assert not realtime.asgi.create_app_from_env().state.engine.batch_frames
+    monkeypatch.setenv(BATCH_FRAMES_ENV, "maybe")
+    with pytest.raises(SystemExit) as info:
+        realtime.asgi.create_app_from_env()
+    assert info.value.code == 2
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .startswith(f"realtime: error: {BATCH_FRAMES_ENV} must be one of")
+    )

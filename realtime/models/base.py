@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, runtime_checkable
 
 import attrs
 import numpy as np
@@ -259,6 +259,27 @@ class ModelSession(Protocol):
     def cancel(self) -> list[ModelEvent]: ...
 
 
+class ToolResultFeed(Protocol):
+    """A tool's output going into a session's timeline one model step at a time (the
+    engine runs other conversations' frames between the steps)."""
+
+    def advance(self) -> bool:
+        """Run the next step; True once the last has run. InferenceError when the
+        session cannot go on with it."""
+        ...
+
+
+@runtime_checkable
+class TakesToolResults(Protocol):
+    """A session whose model can be given a tool's result (VoiceChat: on its function
+    channel, as it was trained; docs/nemotron-voicechat.md). Sessions of models without
+    such an input do not have this method."""
+
+    def begin_tool_result(self, output: str) -> ToolResultFeed:
+        """Check ``output`` and start feeding it; InferenceError if it cannot go in."""
+        ...
+
+
 class Opening(Protocol):
     """A session being opened, one slice of work at a time, so the engine can run other
     conversations' frames between the slices: the first seeds and warms the voice up,
@@ -331,10 +352,13 @@ class RealtimeModel(Protocol):
         SessionInitializationError for bad options."""
         ...
 
-    def step(self, frames: Sequence[Frame]) -> list[list[ModelEvent]]:
-        """Run one frame of each of these sessions (at most one frame per session);
-        each session's events, in the same order. A model that can run them as one
-        batched step does; :func:`step_each` runs them one after another."""
+    def step(self, frames: Sequence[Frame]) -> list[RowResult]:
+        """Run one frame of each of these sessions (at most one frame per session) and
+        return one :data:`RowResult` per frame, in the same order: that session's events,
+        or the exception its row raised (the other rows' results stand, so one failing
+        conversation never costs the others their frame). A model that can run the rows
+        as one batched step does; :func:`step_each` runs them one after another. An
+        exception raised by the call itself fails every row."""
         ...
 
     def count_tokens(self, text: str) -> int:
@@ -351,7 +375,33 @@ Frame = tuple[ModelSession, Samples, int]
 their sample rate."""
 
 
-def step_each(frames: Sequence[Frame]) -> list[list[ModelEvent]]:
+RowResult = list[ModelEvent] | Exception
+"""One row of :meth:`RealtimeModel.step`: the session's events, or what its row raised
+(:class:`ContextLimitReached`, :class:`InferenceError`, anything else: the engine maps
+each as it maps a failed single frame). Only ``Exception``: a ``BaseException`` such as
+``SystemExit`` still ends the whole call."""
+
+
+def step_each(frames: Sequence[Frame]) -> list[RowResult]:
     """:meth:`RealtimeModel.step` for a model without a batched step: each session's
-    frame in turn, through its own streaming step."""
-    return [session.push_audio(samples, rate) for session, samples, rate in frames]
+    frame in turn, through its own streaming step, each row's failure caught as its
+    own result."""
+    results: list[RowResult] = []
+    for session, samples, rate in frames:
+        try:
+            results.append(session.push_audio(samples, rate))
+        except Exception as exc:
+            results.append(exc)
+    return results
+
+
+def step_one(model: RealtimeModel, frame: Frame) -> list[ModelEvent]:
+    """One session's frame through :meth:`RealtimeModel.step`, its failure raised: for
+    code that steps one conversation alone (the offline CLI)."""
+    results = model.step([frame])
+    if len(results) != 1:
+        raise RuntimeError(f"the model returned {len(results)} results for one frame")
+    (result,) = results
+    if isinstance(result, Exception):
+        raise result
+    return result

@@ -2,7 +2,9 @@
 
 :class:`FakeModel` buffers audio like the real adapter and emits scriptable
 per-frame text, transcript and function deltas, with injectable delays and
-failures and a record of every call (which thread made it). A :class:`Scene`
+failures and a record of every call (which thread made it); with
+``FakeOptions.batch_row_delay`` its :meth:`FakeModel.step` simulates a batched step
+(one cost for the batch, a little more per row; each row's output its solo output). A :class:`Scene`
 scripts a whole session frame by frame from what it hears; :func:`partner` is
 one: a conversation partner that transcribes voiced input and answers when the
 user goes quiet, speaking a tone (point an OpenAI client at a server with no
@@ -36,6 +38,7 @@ from realtime.models.base import (
     ModelEvent,
     ModelFigures,
     ModelSession,
+    RowResult,
     Samples,
     SessionInitializationError,
     UserTranscriptDelta,
@@ -92,6 +95,11 @@ class FakeOptions:
     nothing assumes VoiceChat's)."""
     frame_delay: float = 0.0
     """Seconds each input frame 'computes' (sleeps on the engine thread)."""
+    batch_row_delay: float | None = None
+    """A batched step: :meth:`FakeModel.step` of B rows sleeps once for
+    ``frame_delay + batch_row_delay x (B - 1)`` instead of ``frame_delay`` per row, the
+    shape of a step bound by per-step overhead (weights read once for every row). None:
+    no batched step, the rows run one after another (the cost of time slicing)."""
     audio_samples: int | None = None
     """Output samples per frame (None: ``figures.output_frame_samples``)."""
     fail_on_frame: int | None = None
@@ -108,6 +116,10 @@ class FakeOptions:
     hang_on_frame: int | None = None
     """Block on this frame until ``FakeModel.unhang`` is set (a model call that never
     returns)."""
+    hold_seeds: frozenset[int] = frozenset()
+    """Every frame of a session opened with one of these seeds waits, before it runs,
+    for a ``FakeModel.gate.release()`` (and releases ``FakeModel.held`` as it starts to
+    wait): a test holds the engine thread while it queues other commands."""
     max_frames: int | None = None
     """Frames before the context limit (InferenceError) is hit."""
     text_every: int = 1
@@ -121,6 +133,11 @@ class FakeOptions:
     audio: AudioScript | None = None
     """The output samples of each frame (None: ``audio_samples`` samples at a level
     that follows the input's)."""
+    tool_reply: Callable[[str], Reply] | None = None
+    """What a session says once given a tool's output (its cues play on the frames
+    after the output went in, before the scene's); None: it takes the output and says
+    nothing of it. A tool result takes one engine slice per word of the output, plus
+    one."""
 
 
 def tone(
@@ -163,8 +180,24 @@ class FakeSession:
         self.text = ""
         self.transcript = ""
         self.function = ""
+        self.answering: deque[Cue] = deque()
+        """A tool result's scripted follow-up, played before the scene."""
+        self.tool_results: list[str] = []
+
+    def begin_tool_result(self, output: str) -> FakeToolFeed:
+        """:class:`realtime.models.base.TakesToolResults`: ``output`` goes in over one
+        step per word plus one; ``FakeOptions.tool_reply`` says what follows."""
+        self.model.record("tool_result", output)
+        if self.closed:
+            raise InferenceError("the session is closed")
+        return FakeToolFeed(self, output)
 
     def _cue(self, i: int, frame: Samples) -> Cue:
+        if self.answering:
+            cue = self.answering.popleft()
+            if self.scene is not None:
+                self.scene(i, frame)  # the scene still hears the frame
+            return cue
         if self.scene is not None:
             return self.scene(i, frame)
         opts = self.model.options
@@ -185,18 +218,22 @@ class FakeSession:
             events.append(FunctionDelta(i, 200 + i, cue.function, self.function))
         return events
 
-    def _frame(self, frame: Samples) -> list[ModelEvent]:
+    def _frame(self, frame: Samples, *, delay: bool = True) -> list[ModelEvent]:
         opts = self.model.options
         if self.max_frames is not None and self.frame_index >= self.max_frames:
             raise ContextLimitReached(f"context limit of {self.max_frames} frames reached")
-        if opts.frame_delay:
+        if delay and opts.frame_delay:
             time.sleep(opts.frame_delay)
         if opts.fail_on_frame == self.frame_index:
             raise RuntimeError("fake model failure")
         if opts.die_on_frame == self.frame_index:
             raise SystemExit("fake engine death")
         if opts.hang_on_frame == self.frame_index:
+            self.model.hanging.set()
             self.model.unhang.wait()
+        if self.seed in opts.hold_seeds:
+            self.model.held.release()
+            self.model.gate.acquire()
         i = self.frame_index
         cue = self._cue(i, frame)
         events = self._deltas(i, cue)
@@ -216,6 +253,10 @@ class FakeSession:
         return events
 
     def push_audio(self, samples: Samples, sample_rate: int) -> list[ModelEvent]:
+        return self.push(samples, sample_rate, delay=True)
+
+    def push(self, samples: Samples, sample_rate: int, *, delay: bool) -> list[ModelEvent]:
+        """:meth:`push_audio`; ``delay`` False when a batched step slept for its rows."""
         self.model.record("push", int(samples.shape[0]))
         _check_input(self.closed, sample_rate, self.figures)
         self.pending = np.concatenate([self.pending, samples.astype(np.float32)])
@@ -223,7 +264,7 @@ class FakeSession:
         size = self.figures.frame_samples
         while self.pending.shape[0] >= size:
             frame, self.pending = self.pending[:size], self.pending[size:]
-            events.extend(self._frame(frame))
+            events.extend(self._frame(frame, delay=delay))
         return events
 
     def flush(self, pad_partial: bool) -> list[ModelEvent]:
@@ -249,6 +290,31 @@ class FakeSession:
             return []
         self.closed = True
         return [Cancelled(self.frame_index)]
+
+
+class FakeToolFeed:
+    """A fake tool result going in (:class:`realtime.models.base.ToolResultFeed`)."""
+
+    def __init__(self, session: FakeSession, output: str) -> None:
+        self._session = session
+        self._output = output
+        self._left = len(output.split()) + 1
+
+    def advance(self) -> bool:
+        session = self._session
+        if session.closed:
+            raise InferenceError("the session is closed")
+        session.model.record("tool_step", self._left)
+        if session.model.options.frame_delay:
+            time.sleep(session.model.options.frame_delay)
+        self._left -= 1
+        if self._left > 0:
+            return False
+        session.tool_results.append(self._output)
+        reply = session.model.options.tool_reply
+        if reply is not None:
+            session.answering.extend(reply(self._output).cues)
+        return True
 
 
 class FakeOpening:
@@ -292,6 +358,13 @@ class FakeModel:
         self.lock = threading.Lock()
         self.unhang = threading.Event()
         """Set it to let a frame blocked by ``hang_on_frame`` return."""
+        self.hanging = threading.Event()
+        """Set once a frame blocks on ``hang_on_frame`` (the engine thread is held)."""
+        self.gate = threading.Semaphore(0)
+        self.held = threading.Semaphore(0)
+        """``hold_seeds``: one permit per frame that started to wait on ``gate``."""
+        self.batches: list[int] = []
+        """The rows of every :meth:`step` call, in order."""
 
     @property
     def model_id(self) -> str:
@@ -334,8 +407,24 @@ class FakeModel:
 
         return FakeOpening(slices, opened)
 
-    def step(self, frames: Sequence[Frame]) -> list[list[ModelEvent]]:
-        return step_each(frames)
+    def step(self, frames: Sequence[Frame]) -> list[RowResult]:
+        """Each row's frame as its session would run it alone (so batched outputs equal
+        solo ones); with ``batch_row_delay`` set, one sleep for the whole batch."""
+        with self.lock:
+            self.batches.append(len(frames))
+        delay = self.options.batch_row_delay
+        if delay is None:
+            return step_each(frames)
+        time.sleep(max(0.0, self.options.frame_delay + delay * (len(frames) - 1)))
+        results: list[RowResult] = []
+        for session, samples, rate in frames:
+            try:
+                if not isinstance(session, FakeSession):
+                    raise TypeError(f"not a session of this model: {session!r}")
+                results.append(session.push(samples, rate, delay=False))
+            except Exception as exc:
+                results.append(exc)
+        return results
 
     def count_tokens(self, text: str) -> int:
         """One token per character (the real tokenizer needs fewer)."""
@@ -496,7 +585,7 @@ class NullModel:
     ) -> FakeOpening:
         return FakeOpening([], lambda: NullSession(self))
 
-    def step(self, frames: Sequence[Frame]) -> list[list[ModelEvent]]:
+    def step(self, frames: Sequence[Frame]) -> list[RowResult]:
         return step_each(frames)
 
     def count_tokens(self, text: str) -> int:
