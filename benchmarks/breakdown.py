@@ -4,10 +4,11 @@ Starts a server in a subprocess with an :class:`~realtime.observe.Observer` that
 records ``perf_counter`` at each hop (no private method is patched), streams
 frames one at a time (paced at the model's step, 80 ms for VoiceChat, unless
 ``--unpaced``), and lines the server's clock up with the client's (``perf_counter``
-is CLOCK_MONOTONIC, shared by every process on Linux). On a checkpoint the model
-step is timed around mlx-vlm's own ``VoiceChatStreamingSession.push_audio`` in both
-servers, so "total minus model step" is each server's own overhead, measured the same
-way; on the zero-cost model it is the engine's command time. Diagnostic only.
+is CLOCK_MONOTONIC, shared by every process on Linux). The model step is this server's
+engine command for the frame (its own frame step, realtime/models/voicechat_step.py;
+on the zero-cost model the same) and, in mlx-vlm's server, its
+``VoiceChatStreamingSession.push_audio``, so "total minus model step" is each server's
+own overhead. Diagnostic only.
 """
 
 from __future__ import annotations
@@ -145,15 +146,13 @@ def _serve_ours(out: Path, what: str) -> int:
     from realtime.testing import serve_engine
 
     logging.basicConfig(level=logging.WARNING)
-    null = what == "null"
-    hops = HopMarks(out, time_steps=null)
+    hops = HopMarks(out, time_steps=True)
     loader: Callable[[], RealtimeModel]
-    if null:
+    if what == "null":
         from realtime.models.fake import NullModel
 
         loader = NullModel
     else:
-        _time_mlx_vlm_step(hops.marks)
         loader = model_loader(what, None)
     engine = Engine(loader)
     engine.start()

@@ -46,6 +46,7 @@ from realtime.engine import Engine, EngineError, Step
 from realtime.engine import Flush as FlushCommand
 from realtime.engine import Open as OpenCommand
 from realtime.engine import Push as PushCommand
+from realtime.engine import ToolResult as ToolResultCommand
 from realtime.limits import Limits
 from realtime.models.base import ModelEvent, RealtimeModel
 from realtime.observe import Observer, SessionOutcome
@@ -54,6 +55,7 @@ from realtime.work import (
     Backlog,
     CancelModel,
     Failure,
+    FeedModel,
     FlushModel,
     LimitRefused,
     OpenModel,
@@ -100,6 +102,7 @@ class Rules(Protocol):
     def cancelled(
         self, result: list[ModelEvent] | Failure | None, now: float
     ) -> Sequence[Output]: ...
+    def fed(self, failure: Failure | None, now: float) -> Sequence[Output]: ...
 
     def sending(self, now: float) -> None: ...
     def sent(self, now: float) -> None: ...
@@ -150,7 +153,7 @@ class _Slice:
 class _Barrier:
     """Open, commit or cancel: runs once every earlier frame is out."""
 
-    work: OpenModel | FlushModel | CancelModel
+    work: OpenModel | FlushModel | CancelModel | FeedModel
     done: trio.Event
 
 
@@ -251,7 +254,7 @@ class Connection(SessionPlumbing):
                 self.observer.pending_audio(self.session_id, self._pending_seconds())
                 if not self._submit_now(out):
                     self._work_send.send_nowait(out)
-            elif isinstance(out, (OpenModel, FlushModel, CancelModel)):
+            elif isinstance(out, (OpenModel, FlushModel, CancelModel, FeedModel)):
                 self.backlog.accepted(out)
                 self._work_send.send_nowait(out)
             elif isinstance(out, StopModel):
@@ -401,9 +404,21 @@ class Connection(SessionPlumbing):
                 await self.send_or_queue(text)
         self._clock_moved()
 
-    async def _run_barrier(self, work: OpenModel | FlushModel | CancelModel) -> None:
+    async def _run_barrier(self, work: OpenModel | FlushModel | CancelModel | FeedModel) -> None:
         rules = self.rules
         sid = self.session_id
+        if isinstance(work, FeedModel):
+            failure: Failure | None = None
+            if rules.session_open:
+                try:
+                    await self.engine.run(ToolResultCommand(sid, work.output))
+                except EngineError as exc:
+                    failure = Failure.of(exc)
+            else:
+                failure = Failure("step_failed", "the model session is not open", "tool_result")
+            self.backlog.finished(trio.current_time())
+            await self._apply(rules.fed(failure, trio.current_time()))
+            return
         if isinstance(work, OpenModel):
             started = time.perf_counter()
             command = OpenCommand(

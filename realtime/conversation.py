@@ -361,6 +361,10 @@ class Conversation:
         out.append(self._close(CLOSE_NORMAL, "cancelled", "cancelled"))
         return out
 
+    def fed(self, failure: work.Failure | None, now: float) -> list[Output]:
+        """Never asked: the native protocol has no tool results (SPEC)."""
+        raise AssertionError("the native protocol feeds no tool results")  # pragma: no cover
+
     def _model_events(self, events: Sequence[ModelEvent]) -> list[protocol.Event]:
         """Wire events of model events, a frame's audio first; counts the frames."""
         out = []

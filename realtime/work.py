@@ -50,7 +50,15 @@ class CancelModel:
     """End the session without running more audio."""
 
 
-Work = OpenModel | RunAudio | FlushModel | CancelModel
+@attrs.frozen(slots=True)
+class FeedModel:
+    """Give the model a tool's result (``realtime.engine.ToolResult``); runs in order
+    with the audio around it."""
+
+    output: str
+
+
+Work = OpenModel | RunAudio | FlushModel | CancelModel | FeedModel
 """Work for the model, in arrival order."""
 
 

@@ -42,8 +42,17 @@ def test_engine_runs_real_model_on_one_thread(
 
         return wrapper
 
-    for name in ("__init__", "_step_audio_frame", "flush", "cancel"):
+    for name in ("__init__", "flush", "cancel"):
         monkeypatch.setattr(VoiceChatStreamingSession, name, recording(name))
+    from realtime.models import voicechat_step
+
+    step_frames = voicechat_step.step_frames
+
+    def stepping(*args: Any) -> Any:
+        threads.append(("step_frames", threading.get_ident()))
+        return step_frames(*args)
+
+    monkeypatch.setattr(voicechat_step, "step_frames", stepping)
 
     def loader() -> Any:
         threads.append(("load", threading.get_ident()))
@@ -67,7 +76,7 @@ def test_engine_runs_real_model_on_one_thread(
     assert [e.frame_index for e in events if isinstance(e, AudioDelta)] == [0, 1, 2]
     assert isinstance(events[-1], Done)
     names = [n for n, _ in threads]
-    assert names.count("_step_audio_frame") == 3 and "cancel" in names
+    assert names.count("step_frames") == 3 and "cancel" in names
     engine_thread = threads[0][1]  # the thread that loaded the model
     assert {t for _, t in threads} == {engine_thread}
     assert engine_thread != threading.get_ident()

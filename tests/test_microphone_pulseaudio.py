@@ -237,7 +237,10 @@ def test_spoken_question_through_a_virtual_microphone(
     client = Client(demo_server.url, pulse)
     with Microphone(pulse["REALTIME_TEST_FIFO"], spoken, client.listening) as mic:
         _wait_for(client, mic.spoken.is_set, 60)
-        time.sleep(0.3)
+        # The demo answers once the user has been quiet for about 0.6 s (its scripted
+        # turn, about 1.6 s long): silence keeps flowing (the microphone is open)
+        # until the answer is in the timeline, then Ctrl-C commits.
+        time.sleep(3.0)
         client.proc.send_signal(signal.SIGINT)  # Ctrl-C: commit
         code, err = client.finish(60)
     recorded = speaker.stop()
@@ -250,14 +253,12 @@ def test_spoken_question_through_a_virtual_microphone(
     sent, received = int(summary.group(1)), int(summary.group(2))
     assert sent == received and sent * 0.08 >= len(spoken) / 2 / INPUT_SAMPLE_RATE, err
     assert "round-trip latency median" in err
-    # The model's audio was played: the recorded sound spans its length (what the
-    # jitter buffer skipped to catch up, if anything, aside).
-    caught = re.search(r"caught up (\d+) ms", err)
-    skipped = int(caught.group(1)) / 1000 if caught else 0.0
+    # The demo's answer was played (its voice is the network's; outside the answer the
+    # demo is silent): a sound about as long as its scripted turn, within the call.
     sound = np.flatnonzero(np.abs(recorded.astype(np.int32)) > 0)
     assert sound.size, "nothing was played"
     span = (sound[-1] - sound[0] + 1) / OUTPUT_SAMPLE_RATE
-    assert abs(span - (received * 0.08 - skipped)) < 0.4, (span, received, skipped, err)
+    assert 0.5 < span < received * 0.08 + 0.4, (span, received, err)
 
 
 def test_stalled_microphone_ends_cleanly(

@@ -49,7 +49,7 @@ def test_generate_stream_writes_wav_and_prints(
 ) -> None:
     out = tmp_path / "out.wav"
     flags = ["--stream", "--seed", "3", "--system-prompt", "Be brief.", "--extra-seconds", "1"]
-    run = _generate(demo_cache_dir, input_wav, out, *flags, "--profile")
+    run = _generate(demo_cache_dir, input_wav, out, *flags, "--profile", "--no-demo-turns")
     assert run.returncode == 0, run.stderr
     pcm, rate = _read(out)
     assert rate == 22050

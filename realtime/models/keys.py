@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import threading
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
 _RUNNING: Final = threading.local()
-"""The key of the session now running on this thread (MLX work is per thread)."""
+"""The key of the session now running on this thread (MLX work is per thread), or the
+keys of the rows of a batched step, one per conversation in batch order."""
 
 _MARK: Final = "_realtime_session_keys"
 
@@ -63,13 +64,57 @@ def drawing_from(key: SessionKey) -> Iterator[None]:
         _RUNNING.key = previous
 
 
-def _keyed(draw: Callable[..., Any]) -> Callable[..., Any]:
+@contextmanager
+def drawing_rows(keys: Sequence[SessionKey]) -> Iterator[None]:
+    """Run the enclosed model calls over a batch of rows, one conversation each: a draw
+    whose first dimension is the batch gives each row what it alone would have drawn
+    with its own key (drawn row by row, then stacked), so a conversation's audio never
+    depends on who shares its batch."""
+    if len(keys) == 1:
+        with drawing_from(keys[0]):
+            yield
+        return
+    previous = getattr(_RUNNING, "key", None)
+    _RUNNING.key = tuple(keys)
+    try:
+        yield
+    finally:
+        _RUNNING.key = previous
+
+
+def _keyed(draw: Callable[..., Any], shape_at: int) -> Callable[..., Any]:
+    """``draw`` taking the running key(s); its shape is keyword ``shape`` or positional
+    argument ``shape_at`` (``uniform(low, high, shape)``, ``normal(shape)``)."""
+
     def keyed_draw(*args: Any, **kwargs: Any) -> Any:
-        key: SessionKey | None = getattr(_RUNNING, "key", None)
+        key: SessionKey | tuple[SessionKey, ...] | None = getattr(_RUNNING, "key", None)
         if key is None or kwargs.get("key") is not None:
             return draw(*args, **kwargs)
-        kwargs["key"] = key.next()
-        return draw(*args, **kwargs)
+        if isinstance(key, SessionKey):
+            kwargs["key"] = key.next()
+            return draw(*args, **kwargs)
+        import mlx.core as mx
+
+        args_list = list(args)
+        if "shape" in kwargs:
+            shape = tuple(kwargs["shape"])
+        elif len(args_list) > shape_at:
+            shape = tuple(args_list[shape_at])
+        else:
+            raise RuntimeError(f"a batched {draw.__name__} draw must give its shape")
+        if not shape or shape[0] != len(key):
+            raise RuntimeError(
+                f"a {draw.__name__} draw of shape {shape} in a batch of {len(key)} rows"
+            )
+        row_shape = (1, *shape[1:])
+        parts = []
+        for row_key in key:
+            if "shape" in kwargs:
+                kwargs["shape"] = row_shape
+            else:
+                args_list[shape_at] = row_shape
+            parts.append(draw(*args_list, **kwargs, key=row_key.next()))
+        return mx.concatenate(parts, axis=0)
 
     keyed_draw.__name__ = draw.__name__
     keyed_draw.__doc__ = draw.__doc__
@@ -95,7 +140,9 @@ def install(tts_module: types.ModuleType) -> None:
             "imports MLX, and per-session random keys need a new adaptation"
         )
     random = _namespace(
-        mx.random, uniform=_keyed(mx.random.uniform), normal=_keyed(mx.random.normal)
+        mx.random,
+        uniform=_keyed(mx.random.uniform, shape_at=2),
+        normal=_keyed(mx.random.normal, shape_at=0),
     )
     setattr(tts_module, "mx", _namespace(mx, random=random))  # noqa: B010
     setattr(tts_module, _MARK, True)

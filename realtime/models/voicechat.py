@@ -31,6 +31,7 @@ from realtime.models.base import (
     InferenceError,
     ModelEvent,
     ModelFigures,
+    RowResult,
     Samples,
     SessionInitializationError,
     UserTranscriptDelta,
@@ -168,31 +169,102 @@ class OfflineResult:
 class VoiceChatSession:
     """One streaming timeline over an mlx-vlm ``VoiceChatStreamingSession``.
 
+    The session object keeps the timeline's state (caches, token lists, the RNN-T's
+    and the detokenizers' state) as mlx-vlm builds it; its frames run through the
+    project's own frame step (:mod:`realtime.models.voicechat_step`), alone or batched
+    with other sessions' (:meth:`VoiceChatModel.step`), bit for bit what mlx-vlm's own
+    ``push_audio`` gives. A session opened with ``profile=True`` runs mlx-vlm's own
+    step instead (its per-stage timings are the reference measurement).
+
     Every method runs on the engine thread. After a failure (the context limit,
     a model error) ``push_audio`` keeps raising InferenceError, while ``flush``
     still ends the timeline with ``Done`` so a commit gets its ``response.done``.
     """
 
     def __init__(self, inner: Any, figures: ModelFigures, key: SessionKey) -> None:
+        from realtime.models.voicechat_step import check_state
+
         self._inner = inner
         self._figures = figures
         self._key = key
         self._failed: str | None = None
         self._at_limit = False
+        self._pending = np.zeros(0, dtype=np.float32)
+        self._reference = bool(getattr(inner, "_profiling", False))
+        if not self._reference:
+            check_state(inner)
 
     @property
     def frame_index(self) -> int:
         return int(self._inner.frame_index)
 
-    def push_audio(self, samples: Samples, sample_rate: int) -> list[ModelEvent]:
-        from mlx_vlm.models.nemotron_voicechat import VoiceChatContextLimitError
-
-        from realtime.models.keys import drawing_from
-
+    def _check_open(self) -> None:
         if self._failed is not None:
             raise (ContextLimitReached if self._at_limit else InferenceError)(self._failed)
         if self._inner.closed:
             raise InferenceError("the session is closed")
+
+    def take(self, samples: Samples, sample_rate: int) -> list[Samples]:
+        """Check and buffer ``samples``; the whole frames they complete, in order.
+        InferenceError (the session intact) for a wrong rate or shape."""
+        self._check_open()
+        chunk = np.asarray(samples, dtype=np.float32)
+        if chunk.ndim == 2 and 1 in chunk.shape:
+            chunk = chunk.reshape(-1)
+        if chunk.ndim != 1:
+            raise InferenceError(f"audio must be mono 1-D samples, got shape {chunk.shape}")
+        if sample_rate != self._figures.input_sample_rate:
+            raise InferenceError(
+                f"expected {self._figures.input_sample_rate} Hz PCM, received {sample_rate} Hz"
+            )
+        size = self._figures.frame_samples
+        pending = np.concatenate([self._pending, chunk]) if self._pending.size else chunk
+        whole = pending.shape[0] // size
+        frames = [pending[i * size : (i + 1) * size] for i in range(whole)]
+        self._pending = np.array(pending[whole * size :], dtype=np.float32)
+        return frames
+
+    def at_limit(self) -> bool:
+        """The next frame would pass ``max_streaming_seconds`` (recorded: every later
+        push raises ContextLimitReached)."""
+        inner = self._inner
+        if inner.max_frames is None or inner._frame_index < inner.max_frames:
+            return False
+        self._at_limit = True
+        self._failed = (
+            "the session's context limit (max_streaming_seconds) was reached; "
+            f"no more audio is accepted (stream exceeded the configured {inner.max_frames}-"
+            "frame context)"
+        )
+        return True
+
+    def failed(self, exc: BaseException) -> InferenceError:
+        """Record a model failure in this session's frame; the error to report."""
+        self._failed = f"model failure: {type(exc).__name__}: {one_line(str(exc))}"
+        return InferenceError(self._failed)
+
+    def row(self, frame: Samples) -> Any:
+        """This session's row in a batched frame step."""
+        import mlx.core as mx
+
+        from realtime.models.voicechat_step import StepRow
+
+        return StepRow(self._inner, self._key, mx.array(frame))
+
+    def push_audio(self, samples: Samples, sample_rate: int) -> list[ModelEvent]:
+        if self._reference:
+            return self._reference_push(samples, sample_rate)
+        result = run_rows([(self, samples, sample_rate)], self._figures)[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def _reference_push(self, samples: Samples, sample_rate: int) -> list[ModelEvent]:
+        from mlx_vlm.models.nemotron_voicechat import VoiceChatContextLimitError
+
+        from realtime.models.keys import drawing_from
+
+        self._check_open()
         chunk = np.asarray(samples, dtype=np.float32)
         if chunk.ndim != 1:
             raise InferenceError(f"audio must be mono 1-D samples, got shape {chunk.shape}")
@@ -200,18 +272,14 @@ class VoiceChatSession:
             with drawing_from(self._key):
                 events = self._inner.push_audio(chunk, sample_rate=sample_rate)
         except VoiceChatContextLimitError as exc:
-            self._at_limit = True
-            self._failed = (
-                "the session's context limit (max_streaming_seconds) was reached; "
-                f"no more audio is accepted ({one_line(str(exc))})"
-            )
+            self.at_limit()
+            assert self._failed is not None
             raise ContextLimitReached(self._failed) from exc
         except ValueError as exc:  # wrong sample rate or shape: the session is intact
             raise InferenceError(one_line(str(exc))) from exc
         except Exception as exc:
-            self._failed = f"model failure: {type(exc).__name__}: {one_line(str(exc))}"
             log.exception("VoiceChat frame failed")
-            raise InferenceError(self._failed) from exc
+            raise self.failed(exc) from exc
         converted = [_convert(e, self._figures) for e in events]
         return _mark_turn_ends(self._inner, converted, self._figures.eos_token_id)
 
@@ -220,30 +288,170 @@ class VoiceChatSession:
 
         if self._inner.closed:
             return []
+        if self._reference:
+            return self._reference_flush(pad_partial)
+        events: list[ModelEvent] = []
         # After a failure the pending partial frame is dropped, not run.
+        if pad_partial and self._failed is None and self._pending.size:
+            frame = np.zeros(self._figures.frame_samples, dtype=np.float32)
+            frame[: self._pending.size] = self._pending
+            self._pending = np.zeros(0, dtype=np.float32)
+            if not self.at_limit():
+                try:
+                    with drawing_from(self._key):
+                        events = _step_rows([self.row(frame)], self._figures)[0]
+                except Exception as exc:
+                    log.exception("VoiceChat flush failed")
+                    self.failed(exc)
+        self._pending = np.zeros(0, dtype=np.float32)
+        self._inner._closed = True
+        self._inner._codec_cache.clear()
+        events.append(Done(frame_index=self.frame_index))
+        return events
+
+    def _reference_flush(self, pad_partial: bool) -> list[ModelEvent]:
+        from realtime.models.keys import drawing_from
+
         pad = pad_partial and self._failed is None
         try:
             with drawing_from(self._key):
                 events = self._inner.flush(pad_partial=pad)
         except Exception as exc:
             log.exception("VoiceChat flush failed")
-            self._failed = f"model failure: {type(exc).__name__}: {one_line(str(exc))}"
+            self.failed(exc)
             if not self._inner.closed:
                 with drawing_from(self._key):
                     events = self._inner.flush(pad_partial=False)
                 return [_convert(e, self._figures) for e in events]
+            assert self._failed is not None
             raise InferenceError(self._failed) from exc
         return [_convert(e, self._figures) for e in events]
 
     def cancel(self) -> list[ModelEvent]:
+        self._pending = np.zeros(0, dtype=np.float32)
         return [_convert(e, self._figures) for e in self._inner.cancel()]
+
+    def begin_tool_result(self, output: str) -> VoiceChatToolResult:
+        """Start feeding a tool's ``output`` to the model (:class:`VoiceChatToolResult`).
+        InferenceError when the session cannot take it or it is too long."""
+        from realtime.models.voicechat_step import tool_response_text
+
+        self._check_open()
+        if self._reference:
+            raise InferenceError("a session opened with profile=True cannot take tool results")
+        ids = self._inner.tokenizer.encode(tool_response_text(output), add_special_tokens=False)
+        if len(ids) > MAX_TOOL_RESPONSE_TOKENS:
+            raise InferenceError(
+                f"the tool output is {len(ids)} tokens; at most {MAX_TOOL_RESPONSE_TOKENS} "
+                "reach the model (one model step each): send a shorter result"
+            )
+        return VoiceChatToolResult(self, [int(i) for i in ids])
 
     def profile_summary(self, drop_first: int = 1) -> dict[str, Any] | None:
         """Per-stage frame timings when the session was opened with ``profile=True``."""
-        if not getattr(self._inner, "_profiling", False):
+        if not self._reference:
             return None
         summary: dict[str, Any] = self._inner.profile.summary(drop_first=drop_first)
         return summary
+
+
+MAX_TOOL_RESPONSE_TOKENS: Final = 512
+"""The longest tool output (in tokens, tags included) fed to the model: each token is
+one model step taken from the conversation's time."""
+
+
+class VoiceChatToolResult:
+    """A tool's output going into a session's timeline one step at a time (the engine
+    runs other conversations' frames between the steps): the response tokens on the
+    function channel, then one step where the model closes the response itself
+    (:func:`realtime.models.voicechat_step.inserted_step`). Its answer follows in the
+    session's next frames."""
+
+    def __init__(self, session: VoiceChatSession, ids: list[int]) -> None:
+        self._session = session
+        self._ids = ids
+        self._next = 0
+        self.closed_with: int | None = None
+        """The function token the model predicted after the response (trained: 22)."""
+
+    @property
+    def steps(self) -> int:
+        return len(self._ids) + 1
+
+    def advance(self) -> bool:
+        """Run the next inserted step; True once the last has run."""
+        from realtime.models.voicechat_step import StepRow, inserted_step
+
+        session = self._session
+        session._check_open()
+        forced = self._ids[self._next] if self._next < len(self._ids) else None
+        try:
+            recorded = inserted_step(StepRow(session._inner, session._key, None), forced)
+        except Exception as exc:
+            log.exception("feeding a tool result failed")
+            raise session.failed(exc) from exc
+        self._next += 1
+        if self._next < self.steps:
+            return False
+        self.closed_with = recorded
+        return True
+
+
+def _step_rows(rows: Sequence[Any], figures: ModelFigures) -> list[list[ModelEvent]]:
+    from realtime.models.keys import drawing_rows
+    from realtime.models.voicechat_step import step_frames
+
+    with drawing_rows([row.key for row in rows]):
+        return step_frames(rows, figures)
+
+
+def run_rows(
+    frames: Sequence[tuple[VoiceChatSession, Samples, int]], figures: ModelFigures
+) -> list[RowResult]:
+    """Run each session's samples (any length: whole frames run, the rest waits for the
+    next push), the sessions with a frame to run batched together frame after frame.
+    One row's bad input or context limit is its own result; a failure of a batched
+    computation fails every session in that batch (their states may be half advanced)."""
+    results: list[RowResult] = [[] for _ in frames]
+    queued: list[list[Samples]] = []
+    for index, (session, samples, rate) in enumerate(frames):
+        try:
+            queued.append(session.take(samples, rate))
+        except InferenceError as exc:
+            results[index] = exc
+            queued.append([])
+    depth = 0
+    while True:
+        members = [
+            i
+            for i, frames_of in enumerate(queued)
+            if depth < len(frames_of) and not isinstance(results[i], Exception)
+        ]
+        if not members:
+            return results
+        rows = []
+        running = []
+        for i in members:
+            session = frames[i][0]
+            if session.at_limit():
+                assert session._failed is not None
+                results[i] = ContextLimitReached(session._failed)
+                continue
+            rows.append(session.row(queued[i][depth]))
+            running.append(i)
+        if rows:
+            try:
+                stepped = _step_rows(rows, figures)
+            except Exception as exc:
+                log.exception("VoiceChat frame failed (%d sessions in the batch)", len(rows))
+                for i in running:
+                    results[i] = frames[i][0].failed(exc)
+            else:
+                for i, events in zip(running, stepped, strict=True):
+                    current = results[i]
+                    assert not isinstance(current, Exception)
+                    current.extend(events)
+        depth += 1
 
 
 def _float_samples(samples: Any) -> Samples:
@@ -503,8 +711,14 @@ class VoiceChatModel:
             profile=profile,
         )
 
-    def step(self, frames: Sequence[Frame]) -> list[list[ModelEvent]]:
-        return step_each(frames)
+    def step(self, frames: Sequence[Frame]) -> list[RowResult]:
+        """The sessions' frames as one batched frame step (:func:`run_rows`); sessions
+        opened with ``profile=True`` (mlx-vlm's own step) one after another."""
+        sessions = [session for session, _, _ in frames]
+        if not all(isinstance(s, VoiceChatSession) and not s._reference for s in sessions):
+            return step_each(frames)
+        rows = [(cast("VoiceChatSession", s), samples, rate) for s, samples, rate in frames]
+        return run_rows(rows, self._figures)
 
     def count_tokens(self, text: str) -> int:
         """Prefill steps for ``text`` as the system prompt: its tokens plus BOS and EOS

@@ -1,0 +1,255 @@
+"""The project's own VoiceChat frame step (realtime/models/voicechat_step.py).
+
+Alone it gives what mlx-vlm's ``VoiceChatStreamingSession`` gives, bit for bit; batched,
+every conversation gives what it gives alone, whatever its age, prompt, chunking and
+company; one row's bad input or context limit stays that row's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from realtime.models import load_model
+from realtime.models.base import ContextLimitReached, InferenceError, ModelSession, open_session
+from realtime.models.keys import SessionKey, drawing_from, drawing_rows
+from realtime.models.voicechat import VoiceChatModel, VoiceChatSession
+from tests.models_fixtures import noise, push_all, speechlike
+from tests.test_sessions_isolation import LONG_PROMPT, Digest, digest, digest_mlx_vlm
+
+
+@pytest.fixture(scope="module")
+def medium_model(tmp_path_factory: pytest.TempPathFactory) -> VoiceChatModel:
+    """The medium demo checkpoint: real-shaped enough that the language model and the
+    TTS do real work (more heads, layers and a wider codebook search than tiny)."""
+    from realtime.demo_checkpoint import MEDIUM
+    from realtime.demo_checkpoint.files import write_demo_checkpoint
+
+    path = write_demo_checkpoint(tmp_path_factory.mktemp("medium") / "medium", size=MEDIUM)
+    model = load_model(path)
+    assert isinstance(model, VoiceChatModel)
+    return model
+
+
+def _models(request: pytest.FixtureRequest, name: str) -> VoiceChatModel:
+    model = request.getfixturevalue(name)
+    assert isinstance(model, VoiceChatModel)
+    return model
+
+
+MODELS = ["demo_model", pytest.param("medium_model", marks=pytest.mark.slow)]
+
+
+def _audio(seed: int, frames: int) -> np.ndarray:
+    """Noise and speech-like sound: the random weights answer noise with text."""
+    return np.concatenate([noise(frames - 4, seed=3 + seed % 2, level=0.5), speechlike(4)])
+
+
+def _mlx_vlm(model: VoiceChatModel, seed: int, prompt: str | None, x: Any, chunk: int) -> Digest:
+    from mlx_vlm.models.nemotron_voicechat.streaming import VoiceChatStreamingSession
+
+    from realtime.models.keys import install_voicechat
+
+    install_voicechat()
+    raw: list[Any] = []
+    with drawing_from(SessionKey(seed)):
+        theirs = VoiceChatStreamingSession(model.runtime, system_prompt=prompt, seed=seed)
+        for start in range(0, x.shape[0], chunk):
+            raw += theirs.push_audio(x[start : start + chunk], sample_rate=16000)
+        raw += theirs.flush(pad_partial=True)
+    return digest_mlx_vlm(raw)
+
+
+@pytest.mark.parametrize(
+    ("name", "seed", "prompt", "chunk"),
+    [
+        ("demo_model", 0, "", 1280),
+        ("demo_model", 3, None, 1000),
+        ("demo_model", 5, "Be brief.", 3000),
+        pytest.param("medium_model", 3, None, 1000, marks=pytest.mark.slow),
+    ],
+)
+def test_alone_it_is_mlx_vlms_step_bit_for_bit(
+    request: pytest.FixtureRequest, name: str, seed: int, prompt: str | None, chunk: int
+) -> None:
+    model = _models(request, name)
+    x = _audio(seed, 12)
+    session = open_session(model, system_prompt=prompt, seed=seed, max_streaming_seconds=None)
+    ours = digest(push_all(session, x, chunk))
+    assert ours == _mlx_vlm(model, seed, prompt, x, chunk)
+    assert sum(d[0] == "audio" for d in ours) == 12
+    if name == "demo_model" and prompt == "":  # tiny answers this noise with text
+        assert any(d[0] == "AssistantTextDelta" for d in ours)
+
+
+def _solo(model: VoiceChatModel, seed: int, prompt: str | None, x: Any) -> Digest:
+    session = open_session(model, system_prompt=prompt, seed=seed, max_streaming_seconds=None)
+    return digest(push_all(session, x, 1280))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_batched_each_conversation_is_what_it_is_alone(
+    request: pytest.FixtureRequest, name: str
+) -> None:
+    """Three conversations of different ages (one opened with no prompt joining late,
+    one with a long prompt), stepped as one batch whenever they have frames, one of them
+    sent two frames and a half at once: each equals its solo run."""
+    model = _models(request, name)
+    specs = [  # (seed, prompt, first frame, frames)
+        (1, None, 0, 11),
+        (2, LONG_PROMPT if name == "demo_model" else "Answer briefly.", 2, 8),
+        (4, "", 5, 6),
+    ]
+    audio = [_audio(seed, frames) for seed, _, _, frames in specs]
+    sessions: list[ModelSession | None] = [None] * len(specs)
+    got: list[list[Any]] = [[] for _ in specs]
+    sizes: list[int] = []
+    for t in range(max(start + frames for _, _, start, frames in specs) + 1):
+        batch = []
+        for k, (seed, prompt, start, frames) in enumerate(specs):
+            if t == start:
+                sessions[k] = open_session(
+                    model, system_prompt=prompt, seed=seed, max_streaming_seconds=None
+                )
+            session, f = sessions[k], t - start
+            if session is None or not 0 <= f < frames:
+                continue
+            piece = audio[k][f * 1280 : (f + 1) * 1280]
+            if k == 0 and f == 4:  # two and a half frames at once, nothing, the rest
+                piece = audio[k][4 * 1280 : 6 * 1280 + 640]
+            elif k == 0 and f == 5:
+                piece = audio[k][:0]
+            elif k == 0 and f == 6:
+                piece = audio[k][6 * 1280 + 640 : 7 * 1280]
+            batch.append((k, session, piece))
+        if batch:
+            sizes.append(len(batch))
+            results = model.step([(s, piece, 16000) for _, s, piece in batch])
+            for (k, _, _), result in zip(batch, results, strict=True):
+                assert not isinstance(result, Exception), result
+                got[k] += result
+    for k, session in enumerate(sessions):
+        assert session is not None
+        got[k] += session.flush(True)
+        seed, prompt, _, _ = specs[k]
+        assert digest(got[k]) == _solo(model, seed, prompt, audio[k]), f"conversation {k}"
+    assert max(sizes) == 3
+
+
+def test_a_row_at_its_limit_or_with_bad_input_is_its_own(demo_model: VoiceChatModel) -> None:
+    """The context limit and a wrong rate are the row's result; the other rows run."""
+    limited = open_session(demo_model, system_prompt="", seed=1, max_streaming_seconds=0.4)
+    other = open_session(demo_model, system_prompt="", seed=2, max_streaming_seconds=None)
+    alone = open_session(demo_model, system_prompt="", seed=2, max_streaming_seconds=None)
+    x = noise(8)
+    for f in range(8):
+        frame = x[f * 1280 : (f + 1) * 1280]
+        results = demo_model.step(
+            [(limited, frame, 16000), (other, frame, 16000), (other, frame, 8000)][: 2 + (f == 6)]
+        )
+        expected = digest(alone.push_audio(frame, 16000))
+        if f < 5:
+            assert not isinstance(results[0], Exception)
+        else:
+            assert isinstance(results[0], ContextLimitReached)
+        second = results[1]
+        assert not isinstance(second, Exception)
+        assert digest(second) == expected
+        if f == 6:
+            assert isinstance(results[2], InferenceError)
+            assert "Hz" in str(results[2])
+    with pytest.raises(ContextLimitReached):
+        limited.push_audio(x[:1280], 16000)
+
+
+def test_a_failing_batch_fails_its_rows_not_the_model(
+    demo_model: VoiceChatModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from realtime.models import voicechat_step
+
+    first = open_session(demo_model, system_prompt="", seed=1, max_streaming_seconds=None)
+    second = open_session(demo_model, system_prompt="", seed=2, max_streaming_seconds=None)
+    x = noise(2)
+
+    def broken(*_: Any) -> Any:
+        raise RuntimeError("injected")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(voicechat_step, "_codec", broken)
+        results = demo_model.step([(first, x[:1280], 16000), (second, x[:1280], 16000)])
+    assert all(isinstance(r, InferenceError) and "injected" in str(r) for r in results)
+    with pytest.raises(InferenceError):
+        first.push_audio(x[1280:], 16000)
+    fresh = open_session(demo_model, system_prompt="", seed=3, max_streaming_seconds=None)
+    assert not isinstance(demo_model.step([(fresh, x[:1280], 16000)])[0], Exception)
+
+
+def test_a_batched_draw_gives_each_row_its_own_keys_draw() -> None:
+    import types
+
+    import mlx.core as mx
+
+    from realtime.models.keys import install
+
+    module: Any = types.ModuleType("tts_like")
+    module.mx = mx
+    install(module)
+    keys = [SessionKey(11), SessionKey(12), SessionKey(13)]
+    alone = [SessionKey(11), SessionKey(12), SessionKey(13)]
+    with drawing_rows(keys):
+        uniform = module.mx.random.uniform(shape=(3, 1, 4))
+        normal = module.mx.random.normal((3, 1, 2))
+    for row, key in enumerate(alone):
+        with drawing_from(key):
+            assert mx.array_equal(module.mx.random.uniform(shape=(1, 1, 4)), uniform[row : row + 1])
+            assert mx.array_equal(module.mx.random.normal((1, 1, 2)), normal[row : row + 1])
+    with drawing_rows(keys), pytest.raises(RuntimeError, match="batch of 3"):
+        module.mx.random.normal((2, 1, 2))
+
+
+def test_the_step_checks_mlx_vlms_session_state() -> None:
+    from realtime.models.voicechat_step import check_state
+
+    with pytest.raises(RuntimeError, match="not supported"):
+        check_state(object())
+
+
+def test_a_tool_result_goes_in_as_inserted_function_channel_steps(
+    demo_model: VoiceChatModel,
+) -> None:
+    """NVIDIA's format: the result's tokens forced on the function channel one step
+    each, then one step the model closes; no audio frame is consumed or heard."""
+    from realtime.models.voicechat_step import tool_response_text
+
+    session = open_session(demo_model, system_prompt="", seed=1, max_streaming_seconds=None)
+    assert isinstance(session, VoiceChatSession)
+    x = noise(4)
+    session.push_audio(x[:2560], 16000)
+    inner = session._inner
+    before_frames, before_steps = session.frame_index, inner._timeline_index
+    output = '{"temperature": 21, "unit": "C"}'
+    assert (
+        tool_response_text(output)
+        == '<TOOL_RESPONSE>[{"temperature": 21, "unit": "C"}]</TOOL_RESPONSE>'
+    )
+    assert tool_response_text("sunny") == '<TOOL_RESPONSE>["sunny"]</TOOL_RESPONSE>'
+    ids = inner.tokenizer.encode(tool_response_text(output), add_special_tokens=False)
+    feed = session.begin_tool_result(output)
+    steps = 1
+    while not feed.advance():
+        steps += 1
+    assert steps == len(ids) + 1 == feed.steps
+    assert inner._timeline_index == before_steps + steps
+    assert session.frame_index == before_frames
+    assert inner._function_tokens[-steps:-1] == ids
+    assert inner._function_tokens[-1] == feed.closed_with
+    assert set(inner._text_tokens[-steps:]) == {demo_model.figures.pad_token_id}
+    events = session.push_audio(x[2560:3840], 16000)
+    assert [type(e).__name__ for e in events][-1] == "AudioDelta"
+    with pytest.raises(InferenceError, match="at most"):
+        session.begin_tool_result("x" * 5000)
+    session.flush(True)
+    with pytest.raises(InferenceError, match="closed"):
+        session.begin_tool_result(output)
