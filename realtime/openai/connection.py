@@ -20,10 +20,10 @@ from realtime.limits import Limits
 from realtime.models.base import ModelEvent, RealtimeModel
 from realtime.observe import SessionOutcome
 from realtime.openai import events as ev
-from realtime.openai.dialect import Dialect, OpenModel, RunFrame
+from realtime.openai.dialect import Dialect, FeedTool, OpenModel, RunFrame
 from realtime.openai.dialect import Output as DialectOutput
 from realtime.plumbing import Refusal
-from realtime.work import Backlog, Failure, RunAudio
+from realtime.work import Backlog, Failure, FeedModel, RunAudio
 from realtime.work import OpenModel as OpenWork
 
 
@@ -73,6 +73,8 @@ class OpenAIRules:
         for item in outputs:
             if isinstance(item, OpenModel):
                 out.append(OpenWork(item.system_prompt))
+            elif isinstance(item, FeedTool):
+                out.append(FeedModel(item.output))
             elif isinstance(item, RunFrame):
                 rate = self.dialect.figures.input_sample_rate
                 out.append(RunAudio(next(self._frames), item.samples, rate, now))
@@ -132,6 +134,12 @@ class OpenAIRules:
         self.session_open = failure is None
         message = None if failure is None else failure.message
         return self._outputs(self.dialect.opened(message, now), now)
+
+    def fed(self, failure: Failure | None, now: float) -> list[Output]:
+        if failure is not None and failure.lost:
+            return self._failed(failure, now)
+        message = None if failure is None else failure.message
+        return self._outputs(self.dialect.fed(message, now), now)
 
     def flushed(self, result: Ended, now: float) -> Sequence[Output]:
         raise AssertionError("the OpenAI dialect never flushes")  # pragma: no cover

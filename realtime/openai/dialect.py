@@ -6,8 +6,11 @@ typed client messages (:mod:`.messages`) and model frames come in, are routed to
 one handler each, and server events and work for the plumbing come out as lists.
 The rules it routes to live beside it, one concern a module:
 
-* :mod:`.session`: what ``session.update`` may change and the system prompt;
-* :mod:`.turns`: where model and user turns begin and end, from the channels;
+* :mod:`.session`: what ``session.update`` may change, the system prompt, and
+  who opens a response (``server_responds``) and whether speech cuts it
+  (``interrupts``), by ``turn_detection``;
+* :mod:`.turns`: where model and user turns begin and end, from the channels
+  (and the held turn, which no response carries yet);
 * :mod:`.responses` and :mod:`.render`: the active response and its events;
 * :mod:`.items`: the conversation's items, within bounds;
 * :mod:`.tools`: tools in the prompt, tool calls from the function channel;
@@ -45,10 +48,10 @@ from realtime.openai.items import (
     client_item,
     item_bytes,
 )
-from realtime.openai.responses import Responses
+from realtime.openai.responses import FrameOutput, Responses
 from realtime.openai.states import ModelState, Phase, Trigger, advance
 from realtime.openai.tools import CallReader, Markers
-from realtime.openai.turns import Channels, Turns, UserBeat, channels
+from realtime.openai.turns import Channels, SpeechStarted, Turns, TurnStep, UserBeat, channels
 
 # --- outputs ---------------------------------------------------------------------------
 
@@ -68,7 +71,15 @@ class RunFrame:
     silence: bool
 
 
-Output = ev.Event | OpenModel | RunFrame | Close
+@attrs.frozen(slots=True)
+class FeedTool:
+    """Give the model a tool's output (a ``function_call_output`` item), in order with
+    the frames around it."""
+
+    output: str
+
+
+Output = ev.Event | OpenModel | RunFrame | FeedTool | Close
 
 
 class Dialect:
@@ -228,9 +239,13 @@ class Dialect:
                 f"over the {MAX_ITEM_BYTES}-byte limit for one item; it was not added",
                 param="item",
             )
-        # The model hears audio only: a text message or a tool result is kept in
-        # the conversation (and acknowledged) but does not reach it yet.
-        return [self._log.added(stored, size=size), self._log.done(stored)]
+        out: list[Output] = [self._log.added(stored, size=size), self._log.done(stored)]
+        if stored["type"] == "function_call_output":
+            # The model takes a tool's result on its function channel (as trained); a
+            # text message is kept in the conversation but does not reach it.
+            out += self._ensure_open()
+            out.append(FeedTool(str(stored.get("output", ""))))
+        return out
 
     def _retrieve_item(self, message: msg.ItemRetrieve) -> list[Output]:
         item = self.items.get(message.item_id)
@@ -267,11 +282,16 @@ class Dialect:
                 f"conversation already has an active response {active.id}",
             )
         out = self._ensure_open()
-        out += self._responses.open(self._modalities, message.metadata)
+        # It counts from the model's next frame: what the client sent before it is
+        # still queued ahead, and turns the model takes while hearing it are not it.
+        out += self._responses.open(
+            self._modalities, message.metadata, after=self._frames.submitted
+        )
         if self._turns.speaking:
-            # The model is already speaking: this response carries the rest of it.
+            # The model is already speaking (a turn whose response ended): this one
+            # carries the rest of it.
             out += self._responses.open_message(self._modalities)
-        return out
+        return out + self._claim()
 
     def _cancel_response(self, message: msg.ResponseCancel) -> list[Output]:
         active = self._responses.active
@@ -280,8 +300,22 @@ class Dialect:
             return _refusal(
                 message, "response_cancel_not_active", "there is no active response to cancel"
             )
-        self._turns.mute()  # the model cannot be interrupted: the rest of its turn is dropped
-        return [*self._responses.finish("cancelled", self._modalities, reason="client_cancelled")]
+        return self._cut("client_cancelled")
+
+    def _cut(self, reason: str) -> list[Output]:
+        """End the active response cancelled. The model cannot be interrupted: the
+        rest of its turn is dropped."""
+        self._turns.mute()
+        self._responses.drop_held()
+        return [*self._responses.finish("cancelled", self._modalities, reason=reason)]
+
+    def _claim(self) -> list[Output]:
+        """A response waiting for a turn takes the held one, once the model has heard
+        everything sent before the response was asked for."""
+        if not (self._turns.held and self._responses.ready(self._frames.done)):
+            return []
+        self._turns.claim()
+        return [*self._responses.claim(self._modalities)]
 
     # --- the model's side -------------------------------------------------------------------
 
@@ -320,38 +354,71 @@ class Dialect:
 
     def frame_done(self, events: list[ModelEvent]) -> list[Output]:
         """One frame's events: the dialect's responses and user items for it."""
+        number = self._frames.done
         self._frames.done += 1
-        frame = channels(events, self._frames.done - 1)
-        step = self._turns.frame(frame, vad=sess.vad(self.session))
+        frame = channels(events, number)
+        vad = sess.vad(self.session)
+        responds = sess.server_responds(self.session)
+        # Where only the client opens responses, a turn that opens with none ready
+        # for it is held: unheard unless a response.create claims it.
+        hold = not responds and not self._responses.ready(number)
+        step = self._turns.frame(frame, vad=vad, hold=hold)
         modalities = self._modalities
         out = self._user_events(step.user)
-        if step.speak:
-            out += self._responses.speak(modalities)
-        out += self._model_audio(frame, modalities)
-        out += self._responses.said(frame.spoken, modalities)
-        for delta in frame.functions:
-            calls = self._calls.push(delta)
-            if calls:
-                out += self._responses.calls(calls, modalities)
-        if not step.active:
-            out += self._responses.waited(modalities)
+        started = any(isinstance(beat, SpeechStarted) for beat in step.user)
+        if started and sess.interrupts(self.session) and self._responses.counts(number):
+            # Speech the client sent before asking for the response does not cut it.
+            out += self._cut("turn_detected")
+        calls = [call for delta in frame.functions for call in self._calls.push(delta)]
+        made = FrameOutput(self._model_audio(frame), frame.spoken, tuple(calls))
+        out += self._model_output(step, made, responds=responds)
+        out += self._responses.waited(number, modalities)
         if step.ended and self._responses.speaking:
             out += self._responses.finish("completed", modalities)
+        return out + self._claim()
+
+    def _model_output(self, step: TurnStep, frame: FrameOutput, *, responds: bool) -> list[Output]:
+        """What the model made on one frame, for the client: into the active
+        response, kept with a held turn, or dropped. Only with ``responds`` does
+        output with no response open one."""
+        if self._turns.held:
+            if not self._responses.hold(frame):
+                self._turns.mute()  # too long to keep: it goes unheard to its end
+            return []
+        self._responses.drop_held()
+        out: list[Output] = []
+        modalities = self._modalities
+        if step.speak and self._turns.speaking and (responds or self._responses.active is not None):
+            out += self._responses.speak(modalities)
+        if self._responses.active is not None or (responds and frame.calls):
+            out += self._responses.frame(frame, modalities)
         return out
 
-    def _model_audio(self, frame: Channels, modalities: list[str]) -> list[Output]:
+    def _model_audio(self, frame: Channels) -> Samples | None:
         """Every frame of the model's audio is resampled (the stream never jumps);
         only an open message's reach the client."""
         if frame.audio is None:
-            return []
-        pcm = self._resampler.push(frame.audio.samples, frame.audio.sample_rate)
-        return [*self._responses.audio(pcm, modalities)]
+            return None
+        return self._resampler.push(frame.audio.samples, frame.audio.sample_rate)
 
     def _user_events(self, beats: Sequence[UserBeat]) -> list[Output]:
         out: list[Output] = []
         for beat in beats:
             out += render.user_beat(beat, self._log)
         return out
+
+    def fed(self, failure: str | None, now: float) -> list[Output]:
+        """The engine gave the model a tool's output (``failure``: why it could not)."""
+        if failure is None:
+            return []
+        return [
+            ev.error(
+                f"the tool output did not reach the model: {failure}",
+                code="invalid_value",
+                type_="invalid_request_error",
+                param="item.output",
+            )
+        ]
 
     def failed(self, message: str, *, lost: bool, now: float) -> list[Output]:
         """The engine failed a frame; a lost session ends the connection."""

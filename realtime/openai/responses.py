@@ -1,10 +1,15 @@
 """The one active response: what it holds, and every step of its life as events.
 
-A response opens on ``response.create``, on a model turn that finds none open, or
-on a tool call made outside speech (that one ends with its call). It holds at most
-one assistant message at a time (the model's speech) and the function calls made
-meanwhile; it ends completed when the turn ends, cancelled, failed with the
-engine, or empty when the model stays silent for ``CREATE_TIMEOUT_FRAMES``.
+A response opens on ``response.create``; with server VAD and ``create_response``
+also on a model turn that finds none open, or on a tool call made outside speech
+(that one ends with its call). It holds at most one assistant message at a time
+(the model's speech) and the function calls made meanwhile; it ends completed
+when the turn ends, cancelled, failed with the engine, or empty when the model
+stays silent for ``CREATE_TIMEOUT_FRAMES`` after it was asked.
+
+Where only the client opens responses, a turn that began before one was asked for
+is held here (as :class:`FrameOutput`, at most ``HELD_FRAMES`` of them), so that a
+response asked for while it is still under way carries it from its first frame.
 """
 
 from __future__ import annotations
@@ -22,8 +27,22 @@ from realtime.openai.items import ItemLog
 from realtime.openai.tools import Call
 
 CREATE_TIMEOUT_FRAMES: Final = 100
-"""A ``response.create`` the model leaves unanswered for 8 s ends empty, so client
-loops waiting for ``response.done`` never hang."""
+"""A ``response.create`` the model leaves unanswered for 8 s of its frames (counted
+once it has heard what the client sent before it) ends empty, so client loops
+waiting for ``response.done`` never hang."""
+HELD_FRAMES: Final = 125
+"""At most 10 s of a held turn are kept (about 1 MB of 24 kHz audio); a longer
+one is given up and runs unheard."""
+
+
+@attrs.frozen(slots=True, eq=False)
+class FrameOutput:
+    """What the model made on one frame for the client (kept as is in a held turn)."""
+
+    pcm: Samples | None
+    """The model's audio at 24 kHz (``None``: the frame had none)."""
+    spoken: str
+    calls: tuple[Call, ...]
 
 
 @attrs.define(slots=True)
@@ -39,9 +58,12 @@ class Response:
     output: list[ev.Item] = attrs.Factory(list)
     message: _Message | None = None
     waited: int = 0
-    """Frames run since it was created with nothing in it yet."""
+    """Frames run since ``after`` with no message in it yet."""
     for_call: bool = False
     """Opened by a tool call with no speech: it ends with the call."""
+    after: int = 0
+    """The first model frame that counts for it: the frames queued when the client
+    created it, so that the model has heard everything sent before."""
 
 
 class Responses:
@@ -53,16 +75,33 @@ class Responses:
         self._new_id = new_id
         self._log = log
         self.active: Response | None = None
+        self._held: list[FrameOutput] = []
 
     @property
     def speaking(self) -> bool:
         """The active response has a message open (the model's speech goes to it)."""
         return self.active is not None and self.active.message is not None
 
+    def counts(self, frame: int) -> bool:
+        """A response is active and model frame ``frame`` (its number) came after the
+        client asked for it."""
+        resp = self.active
+        return resp is not None and frame >= resp.after
+
+    def ready(self, frame: int) -> bool:
+        """A response waits for a turn, and ``frame`` counts for it."""
+        resp = self.active
+        return resp is not None and resp.message is None and frame >= resp.after
+
     def open(
-        self, modalities: list[str], metadata: Any = None, *, for_call: bool = False
+        self,
+        modalities: list[str],
+        metadata: Any = None,
+        *,
+        for_call: bool = False,
+        after: int = 0,
     ) -> list[ev.Event]:
-        self.active = Response(self._new_id("resp"), metadata, for_call=for_call)
+        self.active = Response(self._new_id("resp"), metadata, for_call=for_call, after=after)
         return [render.response_created(self.active.id, modalities, metadata)]
 
     def speak(self, modalities: list[str]) -> list[ev.Event]:
@@ -83,6 +122,36 @@ class Responses:
         item = ev.assistant_message(part.item_id, "in_progress", transcript=None)
         resp.output.append(item)
         return render.message_opened(part, item, self._log, text=_text(modalities))
+
+    def hold(self, frame: FrameOutput) -> bool:
+        """Keep one frame of the held turn; False (and nothing kept) once the turn
+        outgrows ``HELD_FRAMES``."""
+        self._held.append(frame)
+        if len(self._held) <= HELD_FRAMES:
+            return True
+        self._held.clear()
+        return False
+
+    def drop_held(self) -> None:
+        """The held turn ended (or was given up) unclaimed: it is never sent."""
+        self._held.clear()
+
+    def claim(self, modalities: list[str]) -> list[ev.Event]:
+        """The active response takes the held turn: a message, then every held frame
+        as it would have gone out."""
+        out = self.open_message(modalities)
+        held, self._held = self._held, []
+        for frame in held:
+            out += self.frame(frame, modalities)
+        return out
+
+    def frame(self, frame: FrameOutput, modalities: list[str]) -> list[ev.Event]:
+        """One frame's output for the active response (``calls`` may open one)."""
+        out = [] if frame.pcm is None else self.audio(frame.pcm, modalities)
+        out += self.said(frame.spoken, modalities)
+        if frame.calls:
+            out += self.calls(list(frame.calls), modalities)
+        return out
 
     def audio(self, pcm: Samples, modalities: list[str]) -> list[ev.Event]:
         """One frame of the model's audio (at 24 kHz), for an audio message."""
@@ -117,12 +186,14 @@ class Responses:
             out += self.finish("completed", modalities)
         return out
 
-    def waited(self, modalities: list[str]) -> list[ev.Event]:
-        """A frame passed with the model silent: a response still empty after
-        ``CREATE_TIMEOUT_FRAMES`` of them ends."""
-        resp = self.active
-        if resp is None or resp.message is not None:
+    def waited(self, frame: int, modalities: list[str]) -> list[ev.Event]:
+        """Model frame ``frame`` passed: a response with no message after
+        ``CREATE_TIMEOUT_FRAMES`` of them (from its ``after``) ends. A muted turn
+        still running counts too: it will never fill the response."""
+        if not self.ready(frame):
             return []
+        resp = self.active
+        assert resp is not None
         resp.waited += 1
         if resp.waited < CREATE_TIMEOUT_FRAMES:
             return []

@@ -36,10 +36,32 @@ FROZEN_KEYS: Final = ("instructions", "tools")
 """Part of the system prompt, which is prefilled once when the model opens."""
 
 
+_TURN_SWITCHES: Final = ("create_response", "interrupt_response")
+"""The ``turn_detection`` settings the dialect honours (both default to true);
+the VAD's thresholds describe nothing the model does and are only echoed."""
+
+
 def vad(session: Session) -> bool:
     """Whether the server draws the user's turns (``turn_detection`` not null)."""
     detection: object = session["audio"]["input"]["turn_detection"]
     return detection is not None
+
+
+def _switch(session: Session, name: str) -> bool:
+    detection: dict[str, Any] | None = session["audio"]["input"]["turn_detection"]
+    return detection is not None and detection.get(name, True) is not False
+
+
+def server_responds(session: Session) -> bool:
+    """Whether a model turn (or tool call) opens a response by itself: server VAD with
+    ``create_response``. Otherwise only ``response.create`` opens one."""
+    return _switch(session, "create_response")
+
+
+def interrupts(session: Session) -> bool:
+    """Whether the user starting to speak cancels the active response: server VAD
+    with ``interrupt_response``."""
+    return _switch(session, "interrupt_response")
 
 
 def modalities(session: Session) -> list[str]:
@@ -125,19 +147,32 @@ def _audio_setting(audio: Session, side: str, key: str, setting: object) -> ev.I
             )
         audio["format"] = dict(ev.PCM_FORMAT)
     elif key == "turn_detection" and side == "input":
-        if setting is not None and not (
-            isinstance(setting, dict) and setting.get("type") in ("server_vad", "semantic_vad")
-        ):
-            return _invalid(
-                "session.audio.input.turn_detection",
-                "turn_detection must be null, server_vad or semantic_vad",
-            )
-        audio["turn_detection"] = setting
+        detection = _turn_detection(setting)
+        if isinstance(detection, ev.Invalid):
+            return detection
+        audio["turn_detection"] = detection
     elif key in _AUDIO_KEYS[side]:
         audio[key] = setting
     # Other keys are ignored, as unknown session keys are: were they kept, each
     # update could add one more to the session and every session.updated.
     return None
+
+
+def _turn_detection(setting: object) -> Session | ev.Invalid | None:
+    """``turn_detection`` as the session keeps it: null, or a VAD with both switches
+    spelled out (as OpenAI echoes them, so a client reads what is in effect)."""
+    param = "session.audio.input.turn_detection"
+    if setting is None:
+        return None
+    if not isinstance(setting, dict) or setting.get("type") not in ("server_vad", "semantic_vad"):
+        return _invalid(param, "turn_detection must be null, server_vad or semantic_vad")
+    kept = dict(setting)
+    for name in _TURN_SWITCHES:
+        if kept.get(name) is None:  # absent or null: OpenAI's default
+            kept[name] = True
+        elif not isinstance(kept[name], bool):
+            return _invalid(f"{param}.{name}", f"{name} must be true or false")
+    return kept
 
 
 def _check(session: Session) -> ev.Invalid | None:

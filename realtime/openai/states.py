@@ -45,9 +45,13 @@ class TurnPhase(enum.Enum):
     TAIL = enum.auto()
     """The end token came: a few frames more ring out, unless text comes again."""
     MUTED = enum.auto()
-    """Its response was cancelled: the model cannot be interrupted, so the rest of
-    the turn runs unheard."""
+    """Its response was cancelled (or it outgrew the hold): the model cannot be
+    interrupted, so the rest of the turn runs unheard."""
     MUTED_TAIL = enum.auto()
+    HELD = enum.auto()
+    """It began with no response to carry it, in a session where only the client
+    opens responses: unheard, but kept for a ``response.create`` to claim."""
+    HELD_TAIL = enum.auto()
 
 
 class Trigger(enum.Enum):
@@ -67,7 +71,12 @@ class Trigger(enum.Enum):
     TURN_END = enum.auto()
     """The tail ran out, or the turn was quiet too long."""
     CANCEL = enum.auto()
-    """``response.cancel`` during the turn."""
+    """Its response was cancelled (``response.cancel``, or the user's speech with
+    ``interrupt_response``), or a held turn outgrew what is kept of it."""
+    HOLD = enum.auto()
+    """A turn opens with no response ready for it, and only the client opens them."""
+    CLAIM = enum.auto()
+    """A response the client created takes the held turn."""
 
 
 State = ModelState | Phase | TurnPhase
@@ -88,7 +97,7 @@ TRANSITIONS: Final[Mapping[State, Mapping[Trigger, State]]] = {
     Phase.SERVING: {Trigger.CLOSE: Phase.CLOSING},
     Phase.CLOSING: {Trigger.DROP: Phase.DROPPED},
     Phase.DROPPED: {},
-    TurnPhase.BETWEEN: {Trigger.TEXT: TurnPhase.SPEAKING},
+    TurnPhase.BETWEEN: {Trigger.TEXT: TurnPhase.SPEAKING, Trigger.HOLD: TurnPhase.HELD},
     TurnPhase.SPEAKING: {
         Trigger.TEXT: TurnPhase.SPEAKING,
         Trigger.END_TOKEN: TurnPhase.TAIL,
@@ -109,6 +118,19 @@ TRANSITIONS: Final[Mapping[State, Mapping[Trigger, State]]] = {
     TurnPhase.MUTED_TAIL: {
         Trigger.TEXT: TurnPhase.MUTED,
         Trigger.TURN_END: TurnPhase.BETWEEN,
+        Trigger.CANCEL: TurnPhase.MUTED_TAIL,
+    },
+    TurnPhase.HELD: {
+        Trigger.TEXT: TurnPhase.HELD,
+        Trigger.END_TOKEN: TurnPhase.HELD_TAIL,
+        Trigger.TURN_END: TurnPhase.BETWEEN,
+        Trigger.CLAIM: TurnPhase.SPEAKING,
+        Trigger.CANCEL: TurnPhase.MUTED,
+    },
+    TurnPhase.HELD_TAIL: {
+        Trigger.TEXT: TurnPhase.HELD,
+        Trigger.TURN_END: TurnPhase.BETWEEN,
+        Trigger.CLAIM: TurnPhase.TAIL,
         Trigger.CANCEL: TurnPhase.MUTED_TAIL,
     },
 }

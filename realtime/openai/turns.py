@@ -10,10 +10,13 @@ where the line is drawn, from the channels alone:
   ``END_TAIL_FRAMES`` more frames, so speech still ringing out of the TTS is
   included; text in the tail cancels the end. A model that never says end gets
   the turn closed after ``QUIET_FRAMES`` frames without text.
+* **A held turn** is one that opened with no response ready for it in a session
+  where only the client opens responses (``turn_detection: null``, or
+  ``create_response: false``): unheard, until a ``response.create`` claims it.
 * **The user's turn** starts at the first transcript token and stops after
-  ``USER_QUIET_FRAMES`` without one, or when the model answers (with server VAD;
-  otherwise only the client's commit ends it). Transcript that lags a commit
-  still settles into the committed turn.
+  ``USER_QUIET_FRAMES`` without one, or when the model takes the floor (with
+  server VAD; otherwise only the client's commit ends it). Transcript that lags a
+  commit still settles into the committed turn.
 
 Frames in, :class:`TurnStep` (and :data:`UserBeat` values) out; what responses
 and items they make is the dialect's business.
@@ -43,7 +46,9 @@ USER_QUIET_FRAMES: Final = 8
 """640 ms with no new user transcript ends the user's turn."""
 
 _MUTED: Final = frozenset({TurnPhase.MUTED, TurnPhase.MUTED_TAIL})
-_TAILS: Final = frozenset({TurnPhase.TAIL, TurnPhase.MUTED_TAIL})
+_HELD: Final = frozenset({TurnPhase.HELD, TurnPhase.HELD_TAIL})
+_HEARD: Final = frozenset({TurnPhase.SPEAKING, TurnPhase.TAIL})
+_TAILS: Final = frozenset({TurnPhase.TAIL, TurnPhase.MUTED_TAIL, TurnPhase.HELD_TAIL})
 
 
 @attrs.frozen(slots=True, eq=False)
@@ -127,7 +132,7 @@ class TurnStep:
 
     user: tuple[UserBeat, ...]
     speak: bool
-    """The model speaks to the client on this frame (text, and not muted)."""
+    """The model speaks to the client on this frame (text, neither muted nor held)."""
     active: bool
     """A model turn is under way (after this frame's text, before its end)."""
     ended: bool
@@ -171,7 +176,12 @@ class Turns:
     @property
     def speaking(self) -> bool:
         """A model turn the client hears is under way."""
-        return self.active and self.phase not in _MUTED
+        return self.phase in _HEARD
+
+    @property
+    def held(self) -> bool:
+        """A model turn no response carries yet is under way (see :class:`TurnPhase`)."""
+        return self.phase in _HELD
 
     @property
     def user_pending(self) -> bool:
@@ -179,24 +189,33 @@ class Turns:
         return self._user is not None
 
     def mute(self) -> None:
-        """The turn's response was cancelled: the rest of it goes unheard."""
+        """The turn's response was cancelled, or the held turn is given up: the rest
+        of it goes unheard."""
         if self.active:
             self.phase = advance(self.phase, Trigger.CANCEL)
+
+    def claim(self) -> None:
+        """A response takes the held turn: from now on the client hears it."""
+        self.phase = advance(self.phase, Trigger.CLAIM)
 
     def forget_user(self) -> None:
         """``input_audio_buffer.clear``: the uncommitted user turn is dropped."""
         self._user = None
 
-    def frame(self, frame: Channels, *, vad: bool) -> TurnStep:
+    def frame(self, frame: Channels, *, vad: bool, hold: bool = False) -> TurnStep:
+        """One frame; ``hold``: a turn that opens on it has no response ready for it
+        and none may open by itself (it is held)."""
         beats = self._hear(frame.heard, frame.index, vad=vad)
         speak = False
         if frame.text:
             self._quiet = 0
-            self.phase = advance(self.phase, Trigger.TEXT)
+            opens = hold and self.phase is TurnPhase.BETWEEN
+            self.phase = advance(self.phase, Trigger.HOLD if opens else Trigger.TEXT)
             speak = self.speaking
-            if speak and vad and self._user is not None and self._user.spoke:
-                # The model answering ends the user's turn: commit it first, as
-                # OpenAI does; late transcript still settles into it.
+            floor = self.phase not in _MUTED
+            if floor and vad and self._user is not None and self._user.spoke:
+                # The model taking the floor ends the user's turn (heard or held):
+                # commit it first, as OpenAI does; late transcript still settles into it.
                 beats += self.commit(vad=vad, frame_index=frame.index)
         elif self.active:
             self._quiet += 1

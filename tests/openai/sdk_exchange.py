@@ -97,7 +97,99 @@ def server_vad(ws_base: str) -> list[dict[str, Any]]:
     return log
 
 
-SCENARIOS = {"push_to_talk": push_to_talk, "server_vad": server_vad}
+def client_driven_vad(ws_base: str) -> list[dict[str, Any]]:
+    """Server VAD with ``create_response: false``: the VAD's events flow, and the
+    client asks for the answer itself, right after its audio."""
+    log: list[dict[str, Any]] = []
+    with _client(ws_base).realtime.connect(model="nemotron-voicechat") as conn:
+        assert _recv(conn, log)["type"] == "session.created"
+        detection = {"type": "server_vad", "create_response": False}
+        conn.session.update(
+            session={"type": "realtime", "audio": {"input": {"turn_detection": detection}}}
+        )
+        updated = _until(conn, log, "session.updated")
+        assert updated["session"]["audio"]["input"]["turn_detection"]["create_response"] is False
+        _send_audio(conn, voice(1.0))
+        conn.response.create()
+        _until(conn, log, "response.done")
+        _until(conn, log, "conversation.item.input_audio_transcription.completed")
+    return log
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+]
+
+
+def tool_round_trip(ws_base: str) -> list[dict[str, Any]]:
+    """Push-to-talk with a tool: the model calls it, the client returns its output as a
+    ``function_call_output`` item and asks for the follow-up with ``response.create``."""
+    log: list[dict[str, Any]] = []
+    with _client(ws_base).realtime.connect(model="nemotron-voicechat") as conn:
+        assert _recv(conn, log)["type"] == "session.created"
+        conn.session.update(
+            session={
+                "type": "realtime",
+                "tools": TOOLS,
+                "audio": {"input": {"turn_detection": None}},
+            }
+        )
+        _until(conn, log, "session.updated")
+        _send_audio(conn, voice(1.0))
+        conn.input_audio_buffer.commit()
+        conn.response.create()
+        first = _until(conn, log, "response.done")
+        calls = [o for o in first["response"]["output"] if o["type"] == "function_call"]
+        assert calls, first
+        conn.conversation.item.create(
+            item={
+                "type": "function_call_output",
+                "call_id": calls[0]["call_id"],
+                "output": '{"temperature": 21, "unit": "C"}',
+            }
+        )
+        conn.response.create()
+        while True:
+            done = _recv(conn, log)
+            if (
+                done["type"] == "response.done"
+                and done["response"]["id"] != first["response"]["id"]
+            ):
+                break
+    return log
+
+
+def tool_output_only(ws_base: str) -> list[dict[str, Any]]:
+    """A client that returns a tool's output (the model's call went unseen, or came
+    from elsewhere) and asks for the follow-up: manual turns, a second of silence."""
+    log: list[dict[str, Any]] = []
+    with _client(ws_base).realtime.connect(model="nemotron-voicechat") as conn:
+        assert _recv(conn, log)["type"] == "session.created"
+        conn.session.update(
+            session={"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+        )
+        _until(conn, log, "session.updated")
+        _send_audio(conn, bytes(2 * RATE))
+        conn.conversation.item.create(
+            item={"type": "function_call_output", "call_id": "call_1", "output": "sunny, 21 C"}
+        )
+        conn.response.create()
+        _until(conn, log, "response.done")
+    return log
+
+
+SCENARIOS = {
+    "tool_output_only": tool_output_only,
+    "tool_round_trip": tool_round_trip,
+    "push_to_talk": push_to_talk,
+    "server_vad": server_vad,
+    "client_driven_vad": client_driven_vad,
+}
 
 
 def main(argv: list[str]) -> None:

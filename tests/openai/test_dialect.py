@@ -473,6 +473,24 @@ _client_events = st.sampled_from(
     [
         {"type": "session.update", "session": {"instructions": "x"}},
         {"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}},
+        {
+            "type": "session.update",
+            "session": {
+                "audio": {
+                    "input": {"turn_detection": {"type": "server_vad", "create_response": False}}
+                }
+            },
+        },
+        {
+            "type": "session.update",
+            "session": {
+                "audio": {
+                    "input": {
+                        "turn_detection": {"type": "semantic_vad", "interrupt_response": False}
+                    }
+                }
+            },
+        },
         {"type": "session.update", "session": {"output_modalities": ["text"]}},
         {"type": "session.update", "session": {"audio": {"input": {"format": {"type": "x"}}}}},
         {"type": "session.update", "session": {"tools": [{"type": "function", "name": "f"}]}},

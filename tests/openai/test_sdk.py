@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,10 @@ import pytest
 import trio
 
 from realtime.engine import Engine
-from tests.helpers import REPO, running_server
+from realtime.models.fake import say
+from tests.helpers import REPO, running_engine, running_server
 from tests.openai import sdk_exchange
+from tests.openai.scripted import call_then_say, scripted, talking_over
 
 
 def ws_base(http: str) -> str:
@@ -31,6 +34,8 @@ def ws_base(http: str) -> str:
 def check_exchange(events: list[dict[str, Any]], *, vad: bool) -> None:
     types = [e["type"] for e in events]
     assert types[0] == "session.created"
+    assert "error" not in types, [e for e in events if e["type"] == "error"]
+    assert types.count("response.created") == 1  # the answer, and nothing the model said over it
     order = [
         "response.created",
         "response.output_item.added",
@@ -60,6 +65,13 @@ def check_exchange(events: list[dict[str, Any]], *, vad: bool) -> None:
     assert ("input_audio_buffer.speech_started" in types) is vad
     committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
     assert committed["item_id"] == user["item_id"]
+
+
+@pytest.fixture
+def talking_over_engine() -> Iterator[Engine]:
+    """The scripted answer, and the model talking over the user before it."""
+    with running_engine(talking_over(say("Mm"), say("Hi ", "there", None, "!"))) as eng:
+        yield eng
 
 
 async def in_process(engine: Engine, scenario: str) -> list[dict[str, Any]]:
@@ -107,6 +119,37 @@ def pipecat_accepts(events: list[dict[str, Any]], pipecat: Path, tmp_path: Path)
 async def test_latest_sdk(scripted_engine: Engine, scenario: str) -> None:
     events = await in_process(scripted_engine, scenario)
     check_exchange(events, vad=scenario == "server_vad")
+
+
+@pytest.mark.parametrize("scenario", ["push_to_talk", "client_driven_vad"])
+async def test_latest_sdk_gets_the_answer_it_asked_for(
+    talking_over_engine: Engine, scenario: str
+) -> None:
+    """Push-to-talk, and server VAD with ``create_response: false``: the model talks
+    over the user before it answers; that is not the response (before the fix it was,
+    and the client's ``response.create`` got ``conversation_already_has_active_response``)."""
+    events = await in_process(talking_over_engine, scenario)
+    check_exchange(events, vad=scenario == "client_driven_vad")
+    assert not any("Mm" in json.dumps(e) for e in events if e["type"].startswith("response."))
+
+
+async def test_a_tool_result_reaches_the_model_and_the_follow_up_answers() -> None:
+    """``function_call_output`` goes to the model (its function channel, one model step
+    per token; the fake counts words) and ``response.create`` gets the turn that follows."""
+    model = scripted(call_then_say("Let ", "me ", "check"))
+    model.options.tool_reply = lambda output: say("It ", "is ", "21")
+    with running_engine(model) as engine:
+        events = await in_process(engine, "tool_round_trip")
+    dones = [e for e in events if e["type"] == "response.done"]
+    assert len(dones) == 2
+    said = [
+        part.get("transcript", "")
+        for item in dones[1]["response"]["output"]
+        for part in item.get("content", [])
+    ]
+    assert "".join(said) == "It is 21"
+    assert model.calls_named("tool_result") == ['{"temperature": 21, "unit": "C"}']
+    assert not [e for e in events if e["type"] == "error"]
 
 
 @pytest.mark.slow

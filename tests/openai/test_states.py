@@ -76,6 +76,15 @@ def test_the_rules_the_table_spells() -> None:
     assert advance(TurnPhase.TAIL, Trigger.TEXT) is TurnPhase.SPEAKING
     assert advance(TurnPhase.MUTED_TAIL, Trigger.TEXT) is TurnPhase.MUTED
     assert advance(TurnPhase.MUTED, Trigger.TURN_END) is TurnPhase.BETWEEN
+    # A held turn is claimed as it stands (tail and all), or given up unheard.
+    assert advance(TurnPhase.BETWEEN, Trigger.HOLD) is TurnPhase.HELD
+    assert advance(TurnPhase.HELD, Trigger.CLAIM) is TurnPhase.SPEAKING
+    assert advance(TurnPhase.HELD_TAIL, Trigger.CLAIM) is TurnPhase.TAIL
+    assert advance(TurnPhase.HELD_TAIL, Trigger.CANCEL) is TurnPhase.MUTED_TAIL
+    # Only a turn that is opening can be held, and only a held one claimed.
+    for state in (TurnPhase.SPEAKING, TurnPhase.TAIL, TurnPhase.MUTED, TurnPhase.MUTED_TAIL):
+        assert Trigger.HOLD not in TRANSITIONS[state]
+        assert Trigger.CLAIM not in TRANSITIONS[state]
     # A failed opening may be retried; an open model is never reopened.
     assert advance(ModelState.OPENING, Trigger.OPEN_FAILED) is ModelState.CLOSED
     assert TRANSITIONS[ModelState.OPEN] == {}

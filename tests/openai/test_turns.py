@@ -88,6 +88,37 @@ def test_a_turn_without_an_end_token_ends_quiet_and_a_muted_one_is_not_heard() -
     assert phase(turns) is TurnPhase.BETWEEN
 
 
+def test_a_held_turn_is_unheard_until_claimed_and_its_end_is_heard_once_claimed() -> None:
+    turns = ids()
+    step = turns.frame(frame(0, text="hi"), vad=False, hold=True)
+    assert (step.speak, step.active, phase(turns)) == (False, True, TurnPhase.HELD)
+    assert turns.held and not turns.speaking
+    # Once held, the rest of the turn stays held whatever ``hold`` says.
+    assert not turns.frame(frame(1, text="ho", end=True), vad=False).speak
+    assert phase(turns) is TurnPhase.HELD_TAIL
+    turns.claim()
+    assert phase(turns) is TurnPhase.TAIL and turns.speaking
+    steps = [turns.frame(frame(2 + i), vad=False) for i in range(END_TAIL_FRAMES)]
+    assert steps[-1].ended
+
+
+def test_an_unclaimed_held_turn_ends_unheard_and_hold_only_applies_to_an_opening() -> None:
+    turns = ids()
+    turns.frame(frame(0, text="hi", end=True), vad=False, hold=True)
+    steps = [turns.frame(frame(1 + i), vad=False) for i in range(END_TAIL_FRAMES)]
+    assert not any(s.ended for s in steps) and phase(turns) is TurnPhase.BETWEEN
+    turns.frame(frame(9, text="x"), vad=False)
+    assert turns.frame(frame(10, text="y"), vad=False, hold=True).speak  # already speaking
+
+
+def test_a_held_turn_takes_the_floor_from_the_user() -> None:
+    turns = ids()
+    turns.frame(frame(0, heard="so"), vad=True)
+    step = turns.frame(frame(1, text="Right"), vad=True, hold=True)
+    assert step.user == (SpeechStopped("item_0", FRAME_MS), Committed("item_0"))
+    assert not step.speak
+
+
 def test_the_users_turn_is_drawn_from_its_transcript() -> None:
     turns = ids()
     step = turns.frame(frame(3, heard="hello"), vad=True)

@@ -1,0 +1,105 @@
+"""Exchanges held by the OpenAI Agents SDK's ``RealtimeRunner`` (``openai-agents``),
+as an app built on it holds them: a ``RealtimeAgent``, a session from
+``runner.run(model_config=...)``, audio in with ``send_audio``, the session's events out.
+
+Each scenario runs on its own asyncio loop (``asyncio.run``, in a worker thread of the
+trio test) against a server on 127.0.0.1 and returns what the session surfaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import attrs
+from agents.realtime import (
+    RealtimeAgent,
+    RealtimeModelConfig,
+    RealtimeRunner,
+    RealtimeSession,
+    RealtimeSessionModelSettings,
+)
+from agents.realtime.model_inputs import RealtimeModelSendRawMessage
+
+from tests.openai.sdk_exchange import API_KEY, RATE, voice
+
+STEP = 20.0
+"""Seconds any one exchange may take before the scenario gives up (a safety net: each
+takes about a second against the fake model)."""
+
+
+@attrs.define
+class Seen:
+    audio_bytes: int = 0
+    """PCM the session handed on as ``RealtimeAudio`` events."""
+    errors: list[str] = attrs.Factory(list)
+    """The session's ``error`` events, as text."""
+    server: list[dict[str, Any]] = attrs.Factory(list)
+    """Every raw server event, audio deltas without their audio."""
+
+    def done(self) -> list[dict[str, Any]]:
+        return [e["response"] for e in self.server if e["type"] == "response.done"]
+
+
+async def _send_voice(session: RealtimeSession, seconds: float, *, commit: bool = False) -> None:
+    pcm = voice(seconds)
+    step = RATE // 10 * 2
+    for i in range(0, len(pcm), step):
+        last = i + step >= len(pcm)
+        await session.send_audio(pcm[i : i + step], commit=commit and last)
+
+
+async def _until_done(session: RealtimeSession, seen: Seen, responses: int) -> None:
+    """Read the session's events until ``responses`` responses are done in all."""
+    async for event in session:
+        if event.type == "audio":
+            seen.audio_bytes += len(event.audio.data)
+        elif event.type == "error":
+            seen.errors.append(repr(event.error))
+        elif event.type == "raw_model_event" and event.data.type == "raw_server_event":
+            raw = dict(event.data.data)
+            if raw.get("type") == "response.output_audio.delta":
+                raw["delta"] = ""
+            seen.server.append(raw)
+            if len(seen.done()) >= responses:
+                return
+
+
+async def _session(ws_url: str, settings: RealtimeSessionModelSettings) -> RealtimeSession:
+    agent: RealtimeAgent[Any] = RealtimeAgent(name="assistant", instructions="Be brief.")
+    config: RealtimeModelConfig = {
+        "url": ws_url,
+        "api_key": API_KEY,
+        "initial_model_settings": settings,
+    }
+    return await RealtimeRunner(agent).run(model_config=config)
+
+
+async def server_vad(ws_url: str) -> Seen:
+    """The SDK's default session (semantic VAD, interrupt_response on): speak, and the
+    server answers by itself."""
+    seen = Seen()
+    async with await _session(ws_url, {}) as session:
+        await _send_voice(session, 1.0)
+        await asyncio.wait_for(_until_done(session, seen, 1), STEP)
+    return seen
+
+
+async def push_to_talk(ws_url: str) -> Seen:
+    """``turn_detection: None``: audio committed with the last chunk, then a
+    ``response.create`` sent raw (the SDK's own way for a push-to-talk app)."""
+    seen = Seen()
+    async with await _session(ws_url, {"turn_detection": None}) as session:
+        await _send_voice(session, 1.0, commit=True)
+        create = RealtimeModelSendRawMessage(message={"type": "response.create"})
+        await session.model.send_event(create)
+        await asyncio.wait_for(_until_done(session, seen, 1), STEP)
+    return seen
+
+
+SCENARIOS = {"push_to_talk": push_to_talk, "server_vad": server_vad}
+
+
+def run(scenario: str, ws_url: str) -> Seen:
+    """One scenario on a loop of its own."""
+    return asyncio.run(SCENARIOS[scenario](ws_url))
