@@ -58,9 +58,19 @@ def _slope(x: Sequence[float], y: Sequence[float]) -> float | None:
     return float(np.polyfit(np.asarray(x), np.asarray(y), 1)[0])
 
 
-def measure(path: Path, sessions: int, seconds: float, sample_seconds: float) -> dict[str, Any]:
+def measure(
+    path: Path,
+    sessions: int,
+    seconds: float,
+    sample_seconds: float,
+    *,
+    batched: bool = False,
+    stagger_seconds: float = 0.0,
+) -> dict[str, Any]:
     """Open ``sessions`` sessions on the checkpoint at ``path`` and push ``seconds`` of
-    audio to each in turn, reading MLX's memory as it goes."""
+    audio to each, reading MLX's memory as it goes: in turn, or (``batched``) every
+    started session's frame as one batched step; session k starts ``k x
+    stagger_seconds`` into the run, so their ages (and caches) differ."""
     import mlx.core as mx
 
     from realtime.models.voicechat import load_voicechat
@@ -90,15 +100,28 @@ def measure(path: Path, sessions: int, seconds: float, sample_seconds: float) ->
             }
         )
     every = max(1, round(sample_seconds * figures.frames_per_second))
+    stagger = round(stagger_seconds * figures.frames_per_second)
+    rounds = frames + stagger * (sessions - 1)
     samples = [{"audio_seconds": 0.0, **_memory(mx)}]
     steps: list[float] = []
-    for i in range(frames):
+    for i in range(rounds):
+        rows = []
         for k, session in enumerate(opened):
-            chunk = audio[k][i * size : (i + 1) * size]
+            f = i - k * stagger
+            if 0 <= f < frames:
+                rows.append((session, audio[k][f * size : (f + 1) * size], rate))
+        if batched:
             started = time.perf_counter()
-            session.push_audio(chunk, rate)
+            for result in model.step(rows):
+                if isinstance(result, Exception):
+                    raise result
             steps.append((time.perf_counter() - started) * 1e3)
-        if (i + 1) % every == 0 or i + 1 == frames:
+        else:
+            for session, chunk, _ in rows:
+                started = time.perf_counter()
+                session.push_audio(chunk, rate)
+                steps.append((time.perf_counter() - started) * 1e3)
+        if (i + 1) % every == 0 or i + 1 == rounds:
             samples.append({"audio_seconds": (i + 1) * figures.frame_seconds, **_memory(mx)})
             last = samples[-1]
             print(
@@ -124,6 +147,8 @@ def measure(path: Path, sessions: int, seconds: float, sample_seconds: float) ->
     return {
         "model": str(path),
         "sessions": sessions,
+        "batched": batched,
+        "stagger_seconds": stagger * figures.frame_seconds,
         "seconds": frames * figures.frame_seconds,
         "frames_per_session": frames,
         "loaded": loaded,
@@ -169,6 +194,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=5.0,
         help="read the memory every this much audio (default %(default)s)",
     )
+    parser.add_argument(
+        "--batched",
+        action="store_true",
+        help="step every started session's frame as one batched step (else in turn)",
+    )
+    parser.add_argument(
+        "--stagger-seconds",
+        type=float,
+        default=0.0,
+        help="session k starts k x this far into the run (unequal ages; default 0)",
+    )
     parser.add_argument("--json", type=Path, help="write every figure here")
     return parser
 
@@ -180,7 +216,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.sessions < 1 or args.seconds <= 0 or args.sample_seconds <= 0:
         raise SystemExit("--sessions must be >= 1, --seconds and --sample-seconds > 0")
     path = model_path(args)
-    result = measure(path, args.sessions, args.seconds, args.sample_seconds)
+    if args.stagger_seconds < 0:
+        raise SystemExit("--stagger-seconds must be >= 0")
+    result = measure(
+        path,
+        args.sessions,
+        args.seconds,
+        args.sample_seconds,
+        batched=args.batched,
+        stagger_seconds=args.stagger_seconds,
+    )
     result["command"] = "python -m benchmarks.memory " + " ".join(
         sys.argv[1:] if argv is None else argv
     )

@@ -30,7 +30,7 @@ from typing import Final, Literal, TypeVar, overload
 import attrs
 import trio
 
-from realtime import admission
+from realtime import admission, scheduler
 from realtime.admission import StepTimes
 from realtime.models import base as model
 from realtime.models.base import (
@@ -331,6 +331,8 @@ class Engine:
         self._frame_seconds = 0.08
         """One frame of the loaded model (``figures.frame_seconds``): a frame's deadline."""
         self._step_times = StepTimes()  # under _state_lock
+        self._last_frame: dict[str, float] = {}  # under _state_lock
+        """When each session's latest frame reached the engine (a batch's gathering)."""
         self.frames_late = 0
         """Frames whose step finished after their deadline (engine thread writes)."""
         self._thread = threading.Thread(target=self._run, name="realtime-engine", daemon=True)
@@ -535,6 +537,7 @@ class Engine:
                 now, queued = time.monotonic(), _Queued(command, future)
                 if isinstance(command, Push):
                     self._scheduler.add_paced(command.session_id, queued, now, self._frame_seconds)
+                    self._last_frame[command.session_id] = now
                 else:
                     self._scheduler.add(command.session_id, queued, now)
                 if isinstance(command, Close) and command.session_id in self._reserved:
@@ -604,8 +607,20 @@ class Engine:
         stopping = False
         try:
             while self._dead_reason is None:
+                wait: float | None = None
                 with self._state_lock:
-                    entries = self._scheduler.pop_batch(_joins_batch, self.max_batch)
+                    if not stopping:
+                        wait = self._gather_wait(time.monotonic())
+                    if wait is None:
+                        entries = self._scheduler.pop_batch(_joins_batch, self.max_batch)
+                if wait is not None:
+                    # A frame that will join this batch is on its way; any command
+                    # submitted meanwhile wakes the thread to look again.
+                    try:
+                        stopping = self._wake.get(timeout=wait) is _STOP or stopping
+                    except queue.Empty:
+                        pass
+                    continue
                 if not entries:
                     if stopping:
                         break
@@ -704,6 +719,28 @@ class Engine:
         log.error("%s failed for %s; dropping the session", kind, session_id, exc_info=exc)
         self._drop(session_id)
         return EngineError("session_lost", _describe(exc), during=kind)
+
+    def _gather_wait(self, now: float) -> float | None:
+        """Seconds to wait before the next batch runs (``None``: run it now): while the
+        next frame of a conversation streaming in real time (one in the last two frame
+        times, nothing queued now) should arrive before the batch's first frame is due
+        (:func:`realtime.scheduler.gather_until`). Under ``_state_lock``."""
+        if self.max_batch <= 1:
+            return None
+        head = self._scheduler.peek()
+        if head is None or not _joins_batch(head):
+            return None
+        queued = self._scheduler.keys()
+        if len(queued) >= self.max_batch:
+            return None
+        recent = now - 2 * self._frame_seconds
+        expected = [
+            last + self._frame_seconds
+            for key, last in self._last_frame.items()
+            if key not in queued and last >= recent
+        ]
+        until = scheduler.gather_until(head.due, now, expected)
+        return None if until is None else until - now
 
     def _step_frames(self, entries: list[Entry[str, _Queued]]) -> None:
         """Run these :class:`Push` entries (one per session) as one model step; each
@@ -885,6 +922,7 @@ class Engine:
                 self._drop(session_id)
                 with self._state_lock:
                     self._scheduler.forget(session_id)
+                    self._last_frame.pop(session_id, None)
                 self._release(session_id)
                 return None
         raise AssertionError(f"not dispatched here: {command!r}")

@@ -13,8 +13,13 @@ running.
 
 Batching (:meth:`Scheduler.pop_batch`): the command that runs next, when it is a
 frame, takes with it the head frame of every other conversation whose head is a
-frame, so the model steps them as one batch. Those frames only run early: nothing
-ever waits for a batch to fill, so a frame waits at most the one step running.
+frame, so the model steps them as one batch. Those frames only run early. A batch may
+also wait for the frames it expects (:func:`gather_until`): the next frame of each
+conversation streaming in real time, but only those that arrive before the batch's
+first frame is due, so no frame waits past its deadline for the batch it joins, and
+conversations whose frames arrive at different points of the 80 ms cycle still step
+together instead of each on its own (one step per conversation per frame is what
+overloads a busy engine).
 
 Times are plain floats passed in by the caller (the engine's monotonic clock; tests
 pass their own), so every rule here is tested without threads or a clock.
@@ -24,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 import attrs
@@ -42,6 +47,15 @@ class Entry(Generic[K, T]):
     due: float
     seq: int
     """Arrival order: ties in due time go to the one that came first."""
+
+
+def gather_until(lead_due: float, now: float, expected: Iterable[float]) -> float | None:
+    """When a batch whose first frame is due at ``lead_due`` should run, to take along
+    the frames ``expected`` (when each other conversation streaming in real time should
+    hand its next frame over): the latest of them still to come that arrives no later
+    than ``lead_due``. None: none is expected in time, run now."""
+    waits = [t for t in expected if now < t <= lead_due]
+    return max(waits) if waits else None
 
 
 @attrs.define(slots=True)
@@ -155,6 +169,10 @@ class Scheduler(Generic[K, T]):
         for _, key in joining[: limit - 1]:
             batch.append(self._take_head(key))
         return batch
+
+    def keys(self) -> set[K]:
+        """The conversations with something queued."""
+        return set(self._queues)
 
     def remove(self, key: K) -> list[Entry[K, T]]:
         """Take every queued command of ``key``, in order (its session is gone)."""

@@ -366,3 +366,26 @@ def test_admission_reads_the_step_time_of_each_batch_size() -> None:
             cost = engine.admission_cost()
             assert cost is not None and (cost <= 0.06) == batch_frames
             assert engine.try_reserve("c") == (refusal is None)
+
+
+def test_streams_out_of_phase_are_gathered_into_one_batch() -> None:
+    """Two conversations streaming in real time, their frames half a frame apart: the
+    engine waits for the second's frame (it is due before the first's deadline) and
+    steps them together, instead of one step each per frame."""
+    import time
+
+    model = FakeModel()
+    with batching_engine(model, capacity=2) as engine:
+        model.options.hold_seeds = frozenset()
+        open_all(engine, "a", "b")
+        futures = []
+        origin = time.monotonic()
+        for n in range(6):
+            for sid, offset in (("a", 0.0), ("b", 0.03)):
+                delay = origin + n * 0.08 + offset - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                futures.append(engine.submit(push(sid)))
+        rows = [s.rows for s in steps(futures)]
+    assert max(rows) == 2, rows
+    assert model.batches.count(2) >= 2, model.batches

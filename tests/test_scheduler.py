@@ -17,7 +17,7 @@ from realtime.admission import (
     frame_cost,
     sessions_within,
 )
-from realtime.scheduler import Entry, Scheduler
+from realtime.scheduler import Entry, Scheduler, gather_until
 
 FRAME = 0.08
 
@@ -294,3 +294,31 @@ def test_batched_admission_rises_with_the_cheap_rows_and_falls_back_under_load()
     loaded = {1: 0.030, 2: 0.065}  # the machine got slower: the size running now says so
     assert not fits(2, frame_cost(3, loaded, batched=True), FRAME, 0.75)
     assert fits(2, None, FRAME, 0.75) and fits(0, 1.0, FRAME, 0.75) and fits(5, 1.0, FRAME, 0)
+
+
+# --- gathering a batch ------------------------------------------------------------------
+
+
+def test_a_batch_waits_for_the_frames_due_before_its_first_is() -> None:
+    # The lead frame is due at 0.08; two others are expected at 0.03 and 0.07.
+    assert gather_until(0.08, 0.0, [0.03, 0.07]) == 0.07
+    # One expected after the lead is due is not waited for.
+    assert gather_until(0.08, 0.0, [0.03, 0.09]) == 0.03
+    # None to come (already late, or none streaming): run now.
+    assert gather_until(0.08, 0.05, [0.01, 0.04]) is None
+    assert gather_until(0.08, 0.0, []) is None
+    # Never past the lead's deadline, whatever is expected.
+    assert gather_until(0.08, 0.085, [0.09]) is None
+
+
+@given(
+    st.floats(0, 1),
+    st.floats(0, 1),
+    st.lists(st.floats(0, 2), max_size=8),
+)
+def test_a_batch_never_waits_past_its_first_frames_deadline(
+    due: float, now: float, expected: list[float]
+) -> None:
+    until = gather_until(due, now, expected)
+    if until is not None:
+        assert now < until <= due and until in expected
