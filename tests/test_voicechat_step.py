@@ -97,10 +97,11 @@ def test_batched_each_conversation_is_what_it_is_alone(
     one with a long prompt), stepped as one batch whenever they have frames, one of them
     sent two frames and a half at once: each equals its solo run."""
     model = _models(request, name)
+    tiny = name == "demo_model"
     specs = [  # (seed, prompt, first frame, frames)
-        (1, None, 0, 11),
-        (2, LONG_PROMPT if name == "demo_model" else "Answer briefly.", 2, 8),
-        (4, "", 5, 6),
+        (1, None, 0, 11 if tiny else 8),
+        (2, LONG_PROMPT if tiny else "Answer briefly.", 2, 8 if tiny else 5),
+        (4, "", 5 if tiny else 4, 6 if tiny else 4),
     ]
     audio = [_audio(seed, frames) for seed, _, _, frames in specs]
     sessions: list[ModelSession | None] = [None] * len(specs)

@@ -165,3 +165,28 @@ async def test_pipecat_parses_every_event(
 ) -> None:
     events = await in_process(scripted_engine, "server_vad")
     pipecat_accepts(events, pipecat, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["vad", "push_to_talk"])
+async def test_a_live_pipecat_pipeline_holds_an_exchange(
+    scripted_engine: Engine, pipecat: Path, mode: str
+) -> None:
+    """Pipecat's ``OpenAIRealtimeLLMService`` in a running pipeline (a subprocess with
+    Pipecat on its path): server VAD, and push-to-talk framed by Pipecat's own
+    user-started/stopped-speaking frames; the answer's audio and text come back."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pipecat), str(REPO)])}
+    async with running_server(scripted_engine) as server:
+        url = ws_base(server.http) + "/realtime"
+        done = await trio.run_process(
+            [sys.executable, "-m", "tests.openai.pipecat_exchange", mode, url],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env=env,
+            cwd=REPO,
+        )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    seen = json.loads(done.stdout.decode().splitlines()[-1])
+    assert seen["errors"] == [] and seen["responses"] >= 1, seen
+    assert seen["audio_frames"] > 0 and "Hi there!" in seen["text"], seen

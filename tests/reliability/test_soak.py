@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(
     not Path("/proc/self/fd").is_dir(), reason="reads the server's descriptors from /proc"
 )
 
-SESSIONS = 240
+SESSIONS = 180
 WARMUP = 12
 STALL_EVERY = 40
 """Stalled readers cost a couple of seconds each (send timeout, then the abort)."""
