@@ -1,4 +1,4 @@
-"""``python -m tests.openai.pipecat_exchange MODE WS_URL``: a live Pipecat pipeline.
+"""``python -m tests.openai.pipecat_exchange MODE WS_BASE_URL``: a live Pipecat pipeline.
 
 Run with Pipecat first on ``PYTHONPATH`` (installed without its dependencies, beside a
 few small ones it imports: see ``tests/openai/conftest.py``). A pipeline of Pipecat's
@@ -109,8 +109,8 @@ async def exchange(mode: str, url: str) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> None:
-    mode, url = argv
-    print(json.dumps(asyncio.run(exchange(mode, url))))
+    mode, ws_base = argv  # .../openai/v1: Pipecat takes the endpoint's whole address
+    print(json.dumps(asyncio.run(exchange(mode, ws_base + "/realtime"))))
 
 
 if __name__ == "__main__":

@@ -81,11 +81,13 @@ async def in_process(engine: Engine, scenario: str) -> list[dict[str, Any]]:
         )
 
 
-async def in_subprocess(engine: Engine, scenario: str, sdk: Path) -> list[dict[str, Any]]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(sdk), str(REPO)])}
+async def run_module(engine: Engine, first: Path, module: str, *args: str) -> list[str]:
+    """``python -m module ARGS... WS_BASE`` against a server on ``engine``, with ``first``
+    first on its path (another package version); its stdout lines."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(first), str(REPO)])}
     async with running_server(engine) as server:
         done = await trio.run_process(
-            [sys.executable, "-m", "tests.openai.sdk_exchange", scenario, ws_base(server.http)],
+            [sys.executable, "-m", module, *args, ws_base(server.http)],
             capture_stdout=True,
             capture_stderr=True,
             check=False,
@@ -93,7 +95,12 @@ async def in_subprocess(engine: Engine, scenario: str, sdk: Path) -> list[dict[s
             cwd=REPO,
         )
     assert done.returncode == 0, done.stderr.decode()[-3000:]
-    lines = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    return done.stdout.decode().splitlines()
+
+
+async def in_subprocess(engine: Engine, scenario: str, sdk: Path) -> list[dict[str, Any]]:
+    output = await run_module(engine, sdk, "tests.openai.sdk_exchange", scenario)
+    lines = [json.loads(line) for line in output]
     assert lines[0]["openai"] == "2.8.1"
     return lines[1:]
 
@@ -175,18 +182,7 @@ async def test_a_live_pipecat_pipeline_holds_an_exchange(
     """Pipecat's ``OpenAIRealtimeLLMService`` in a running pipeline (a subprocess with
     Pipecat on its path): server VAD, and push-to-talk framed by Pipecat's own
     user-started/stopped-speaking frames; the answer's audio and text come back."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pipecat), str(REPO)])}
-    async with running_server(scripted_engine) as server:
-        url = ws_base(server.http) + "/realtime"
-        done = await trio.run_process(
-            [sys.executable, "-m", "tests.openai.pipecat_exchange", mode, url],
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-            env=env,
-            cwd=REPO,
-        )
-    assert done.returncode == 0, done.stderr.decode()[-3000:]
-    seen = json.loads(done.stdout.decode().splitlines()[-1])
+    output = await run_module(scripted_engine, pipecat, "tests.openai.pipecat_exchange", mode)
+    seen = json.loads(output[-1])
     assert seen["errors"] == [] and seen["responses"] >= 1, seen
     assert seen["audio_frames"] > 0 and "Hi there!" in seen["text"], seen
