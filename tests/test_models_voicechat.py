@@ -242,13 +242,13 @@ def test_prefill_runs_one_step_per_token_and_stops_between_steps(
 def test_output_samples_are_a_read_only_view_of_a_float32_array_else_converted() -> None:
     import mlx.core as mx
 
-    from realtime.models.voicechat import _float_samples
+    from realtime.models.voicechat_step import float_samples
 
     codec = mx.array(np.linspace(-1, 1, 2 * 1764, dtype=np.float32).reshape(1, 2, 1764))
-    view = _float_samples(codec[0, 1])
+    view = float_samples(codec[0, 1])
     assert view.dtype == np.float32 and view.shape == (1764,) and not view.flags.owndata
     assert not view.flags.writeable
     np.testing.assert_array_equal(view, np.linspace(-1, 1, 2 * 1764, dtype=np.float32)[1764:])
-    half = _float_samples(mx.array([0.5, -0.25], dtype=mx.float16))
+    half = float_samples(mx.array([0.5, -0.25], dtype=mx.float16))
     assert half.dtype == np.float32 and half.tolist() == [0.5, -0.25] and half.flags.writeable
-    assert _float_samples([0.0, 1.0]).dtype == np.float32
+    assert float_samples([0.0, 1.0]).dtype == np.float32

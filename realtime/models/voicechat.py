@@ -454,24 +454,6 @@ def run_rows(
         depth += 1
 
 
-def _float_samples(samples: Any) -> Samples:
-    """The model's output samples as 1-D float32 numpy.
-
-    A float32 MLX array is viewed, not copied (read-only; the view keeps the MLX
-    buffer alive, and MLX never writes an array it has returned): the copy cost
-    ~100 µs a frame right after the model step, on every frame's way to the client
-    (a fresh buffer, filled by MLX moments before, copied cold). Anything else
-    (another dtype, a list) is converted.
-    """
-    import mlx.core as mx
-
-    if isinstance(samples, mx.array) and samples.dtype == mx.float32:
-        view: Samples = np.asarray(samples).reshape(-1)
-        view.flags.writeable = False
-        return view
-    return np.array(samples, dtype=np.float32).reshape(-1)
-
-
 _TOKEN_DELTAS: Final[dict[str, type[AssistantTextDelta] | type[FunctionDelta]]] = {
     "assistant_text_delta": AssistantTextDelta,
     "function_delta": FunctionDelta,
@@ -485,7 +467,9 @@ def _convert(event: Any, figures: ModelFigures) -> ModelEvent:
     kind = event.kind
     frame = int(event.frame_index or 0)
     if kind == "audio":
-        samples = _float_samples(event.samples)
+        from realtime.models.voicechat_step import float_samples
+
+        samples = float_samples(event.samples)
         codes = tuple(int(c) for c in np.asarray(event.audio_codes).reshape(-1).tolist())
         rate = int(event.sample_rate or figures.output_sample_rate)
         if (
