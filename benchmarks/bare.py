@@ -17,8 +17,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
-
 from benchmarks.stats import summarize
 from benchmarks.wire import Float32
 from realtime.models.base import ModelFigures, open_session
@@ -81,6 +79,7 @@ def _raw(
     path: Path, frames: list[Float32], warmup: list[Float32], figures: ModelFigures
 ) -> dict[str, Any]:
     """mlx-vlm's own streaming session, exactly as its server drives it."""
+    import mlx.core as mx
     from mlx_vlm.utils import load
 
     model, processor = load(str(path), lazy=True, strict=True, trust_remote_code=False)
@@ -114,6 +113,8 @@ def _adapter(path: Path, frames: list[Float32], warmup: list[Float32]) -> dict[s
 def _measure(
     path: Path, frames: list[Float32], warmup: list[Float32], figures: ModelFigures
 ) -> dict[str, Any]:
+    import mlx.core as mx  # here, not at import: --cpu-blas must come before MLX loads
+
     result = _raw(path, frames, warmup, figures)
     mx.clear_cache()
     result["adapter"] = _adapter(path, frames, warmup)

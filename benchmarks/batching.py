@@ -157,22 +157,38 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed frames (default 5)")
     parser.add_argument("--frames", type=int, default=20, help="timed frames (default 20)")
+    parser.add_argument(
+        "--cpu-blas",
+        metavar="bundled|openblas|PATH",
+        help="the CBLAS MLX's Linux CPU backend multiplies with, as realtime serve's "
+        "--cpu-blas (default bundled; one per process, so compare BLASes run by run)",
+    )
     parser.add_argument("--json", type=Path, help="write every figure here")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from benchmarks.sessions import model_path
+    from realtime.cpu_blas import install_from
+    from realtime.errors import UsageError
 
     args = build_parser().parse_args(argv)
     if args.rounds < 1 or args.frames < 1 or args.warmup < 0 or min(args.batch) < 1:
         raise SystemExit("--rounds, --frames and --batch must be >= 1, --warmup >= 0")
+    try:
+        blas = install_from(args.cpu_blas)
+    except UsageError as exc:
+        raise SystemExit(str(exc)) from None
     path = model_path(args)
     result = measure(path, args.batch, args.rounds, args.warmup, args.frames)
     result["command"] = "python -m benchmarks.batching " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
-    print(f"{path.name}, {args.rounds} alternating rounds, medians (spread over rounds):")
+    result["cpu_blas"] = blas.describe()
+    print(
+        f"{path.name}, CPU BLAS {blas.describe()}, {args.rounds} alternating rounds, "
+        "medians (spread over rounds):"
+    )
     for name, row in result["variants"].items():
         low, high = row["spread_ms"]
         print(

@@ -88,8 +88,14 @@ ended badly (the text log format ``realtime serve`` writes by default)."""
 
 Log = Callable[[str], None]
 
-SCHEDULERS: Final = {"time-sliced": "--no-batch-frames", "batched": "--batch-frames"}
-"""Each scheduler and the ``realtime serve`` flag that selects it."""
+SCHEDULERS: Final = {
+    "time-sliced": ("--no-batch-frames",),
+    "batched": ("--batch-frames",),
+    "batched-openblas": ("--batch-frames", "--cpu-blas", "openblas"),
+}
+"""Each scheduler and the ``realtime serve`` flags that select it. ``batched-openblas``
+is the batched scheduler with MLX's CPU matmuls on a system OpenBLAS
+(:mod:`realtime.cpu_blas`; Linux)."""
 
 
 def session_counts(text: str) -> tuple[int, ...]:
@@ -487,7 +493,7 @@ def sweep(
     ]
     warm = frame_messages(test_pcm(WARMUP_FRAMES * size, seed=AUDIO_SEED - 1), figures)
     base = ("--max-sessions", str(top), "--admission-margin", "0")
-    options = {name: (*base, SCHEDULERS[name]) for name in schedulers}
+    options = {name: (*base, *SCHEDULERS[name]) for name in schedulers}
     per_round: dict[str, list[dict[int, dict[str, Any]]]] = {name: [] for name in schedulers}
     problems: dict[str, list[str]] = {}
     with contextlib.ExitStack() as stack:
@@ -705,7 +711,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=scheduler_names,
         default=("time-sliced", "batched"),
         help="schedulers to compare, each on its own server: time-sliced (--no-batch-frames), "
-        "batched (--batch-frames) (default time-sliced,batched)",
+        "batched (--batch-frames), batched-openblas (--batch-frames --cpu-blas openblas) "
+        "(default time-sliced,batched)",
     )
     parser.add_argument(
         "--seconds",

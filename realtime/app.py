@@ -20,7 +20,7 @@ import trio
 from quart import Response, jsonify, request, send_file
 from quart_trio import QuartTrio
 
-from realtime import __version__, endpoints
+from realtime import __version__, cpu_blas, endpoints
 from realtime.connection import Connection
 from realtime.endpoints import NATIVE_PATH
 from realtime.engine import Engine
@@ -519,6 +519,7 @@ def create_http_app(state: ServerState) -> QuartTrio:
             "sessions_active": engine.reserved,
             "capacity": engine.capacity,
             "batch_frames": engine.batch_frames,
+            "cpu_blas": cpu_blas.active().name,
             "version": __version__,
         }
         if not alive:

@@ -8,7 +8,7 @@ checkpoint),
 ``REALTIME_<FIELD>`` per field of :class:`realtime.limits.Limits`, e.g.
 ``REALTIME_IDLE_TIMEOUT`` for ``--idle-timeout``, and ``REALTIME_BATCH_FRAMES``
 (``1``/``0``, ``on``/``off``; unset: batched when ``REALTIME_MAX_SESSIONS`` > 1) for
-``--batch-frames``. The model is loaded
+``--batch-frames``, and ``REALTIME_CPU_BLAS`` for ``--cpu-blas``. The model is loaded
 on the engine thread when Hypercorn starts serving, and the thread is joined
 when it stops.
 """
@@ -27,6 +27,7 @@ from typing import NoReturn
 import trio
 
 from realtime.app import RealtimeApp, ServerState, create_app
+from realtime.cpu_blas import from_env, install_from
 from realtime.engine import watch_for_hung_calls
 from realtime.errors import UsageError
 from realtime.limits import batch_frames_from_env, limits_from_env
@@ -81,6 +82,7 @@ def create_app_from_env() -> RealtimeApp:
                 f"REALTIME_LOG_FORMAT text|json, got {level!r} and {fmt!r}"
             )
         setup_logging(level, "json" if fmt == "json" else "text")
+        install_from(from_env(os.environ))
         limits = limits_from_env(os.environ)
         batch_frames = batch_frames_from_env(os.environ)
         loader = model_loader(

@@ -107,6 +107,22 @@ def _add_batch_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_cpu_blas_option(parser: argparse.ArgumentParser) -> None:
+    """``--cpu-blas``: which CBLAS MLX's Linux CPU backend multiplies with
+    (:mod:`realtime.cpu_blas`); installed in :func:`main` before MLX loads."""
+    from realtime.cpu_blas import CPU_BLAS_ENV, from_env
+
+    parser.add_argument(
+        "--cpu-blas",
+        metavar="bundled|openblas|PATH",
+        default=from_env(os.environ),
+        help="Linux, CPU backend: 'openblas' (a system OpenBLAS) or a CBLAS library's path "
+        "makes float32 matmuls, and batching, far cheaper than MLX's bundled reference "
+        "BLAS; a batched conversation's samples then differ from its solo run in the last "
+        f"bits (default: ${CPU_BLAS_ENV}, else bundled)",
+    )
+
+
 def batch_frames_from_args(args: argparse.Namespace) -> bool | None:
     """The flag, else ``REALTIME_BATCH_FRAMES`` (a bad value is a usage error), else
     ``None`` (the default: :func:`realtime.limits.batching`)."""
@@ -220,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo_turns_option(serve)
     _add_limit_options(serve)
     _add_batch_option(serve)
+    _add_cpu_blas_option(serve)
 
     gen = sub.add_parser("generate", help="run a WAV through the model offline")
     gen.add_argument("-m", "--model", metavar="PATH|REPO", help=_MODEL_HELP)
@@ -244,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --stream: print a per-stage frame timing summary",
     )
     _add_demo_turns_option(gen)
+    _add_cpu_blas_option(gen)
 
     demo = sub.add_parser("demo-model", help="write a random-weight demo checkpoint")
     demo.add_argument("dir", metavar="DIR")
@@ -303,6 +321,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _configure_logging(args.log_level, args.log_format)
     try:
+        if args.command in ("serve", "generate"):
+            from realtime.cpu_blas import install_from
+
+            install_from(args.cpu_blas)
         if args.command == "serve":
             from realtime.server import serve_command
 

@@ -38,7 +38,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from realtime import __version__
+from realtime import __version__, cpu_blas
 from realtime.engine import Engine
 from realtime.observe import (
     CommandKind,
@@ -387,6 +387,7 @@ class _ScrapeTime(Collector):
             "quantization": _quantization(model.path if model is not None else None),
             "mlx_version": _package_version("mlx"),
             "mlx_backend": _mlx_backend(),
+            "cpu_blas": cpu_blas.active().name,
             "python_version": platform.python_version(),
         }
         if model is not None:

@@ -49,12 +49,17 @@ class Entry(Generic[K, T]):
     """Arrival order: ties in due time go to the one that came first."""
 
 
-def gather_until(lead_due: float, now: float, expected: Iterable[float]) -> float | None:
+def gather_until(
+    lead_due: float, now: float, expected: Iterable[float], step: float = 0.0
+) -> float | None:
     """When a batch whose first frame is due at ``lead_due`` should run, to take along
     the frames ``expected`` (when each other conversation streaming in real time should
-    hand its next frame over): the latest of them still to come that arrives no later
-    than ``lead_due``. None: none is expected in time, run now."""
-    waits = [t for t in expected if now < t <= lead_due]
+    hand its next frame over): the latest of them still to come that arrives early
+    enough for the batch, a ``step`` long, to end by ``lead_due``. None: none is
+    expected in time, run now. So gathering never makes the first frame late by more
+    than the step's estimate is off."""
+    start_by = lead_due - max(0.0, step)
+    waits = [t for t in expected if now < t <= start_by]
     return max(waits) if waits else None
 
 

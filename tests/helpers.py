@@ -248,3 +248,28 @@ def start_hypercorn_cli(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def run_python_module(
+    module: str, *args: str, path: Sequence[Path] = (), timeout: float = 300
+) -> list[str]:
+    """``python -m module ARGS...`` in a process of its own, from the repository, with
+    ``path`` first on its import path (another package version, a dependency kept
+    apart); its stdout lines. Fails the test, with the end of its stderr, unless it
+    exits 0."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, path), str(REPO)])}
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.splitlines()

@@ -311,14 +311,23 @@ def test_a_batch_waits_for_the_frames_due_before_its_first_is() -> None:
     assert gather_until(0.08, 0.085, [0.09]) is None
 
 
+def test_a_batch_starts_in_time_to_end_by_its_first_frames_deadline() -> None:
+    # A 30 ms step: a frame expected at 0.07 would make the lead 20 ms late; 0.05 not.
+    assert gather_until(0.08, 0.0, [0.03, 0.07], step=0.03) == 0.03
+    assert gather_until(0.08, 0.0, [0.05, 0.07], step=0.03) == 0.05
+    # A step longer than the time left: run now.
+    assert gather_until(0.08, 0.0, [0.03], step=0.09) is None
+
+
 @given(
     st.floats(0, 1),
     st.floats(0, 1),
     st.lists(st.floats(0, 2), max_size=8),
+    st.floats(0, 0.2),
 )
 def test_a_batch_never_waits_past_its_first_frames_deadline(
-    due: float, now: float, expected: list[float]
+    due: float, now: float, expected: list[float], step: float
 ) -> None:
-    until = gather_until(due, now, expected)
+    until = gather_until(due, now, expected, step)
     if until is not None:
-        assert now < until <= due and until in expected
+        assert now < until <= due - step and until in expected

@@ -47,7 +47,10 @@ def _audio(seed: int, frames: int) -> np.ndarray:
     return np.concatenate([noise(frames - 4, seed=3 + seed % 2, level=0.5), speechlike(4)])
 
 
-def _mlx_vlm(model: VoiceChatModel, seed: int, prompt: str | None, x: Any, chunk: int) -> Digest:
+def mlx_vlm_digest(
+    model: VoiceChatModel, seed: int, prompt: str | None, x: Any, chunk: int
+) -> Digest:
+    """mlx-vlm's own streaming session on the same conversation, as a digest."""
     from mlx_vlm.models.nemotron_voicechat.streaming import VoiceChatStreamingSession
 
     from realtime.models.keys import install_voicechat
@@ -78,7 +81,7 @@ def test_alone_it_is_mlx_vlms_step_bit_for_bit(
     x = _audio(seed, 12)
     session = open_session(model, system_prompt=prompt, seed=seed, max_streaming_seconds=None)
     ours = digest(push_all(session, x, chunk))
-    assert ours == _mlx_vlm(model, seed, prompt, x, chunk)
+    assert ours == mlx_vlm_digest(model, seed, prompt, x, chunk)
     assert sum(d[0] == "audio" for d in ours) == 12
     if name == "demo_model" and prompt == "":  # tiny answers this noise with text
         assert any(d[0] == "AssistantTextDelta" for d in ours)

@@ -22,7 +22,7 @@ import trio
 
 from realtime.engine import Engine
 from realtime.models.fake import say
-from tests.helpers import REPO, running_engine, running_server
+from tests.helpers import REPO, run_python_module, running_engine, running_server
 from tests.openai import sdk_exchange
 from tests.openai.scripted import call_then_say, scripted, talking_over
 
@@ -108,18 +108,7 @@ async def in_subprocess(engine: Engine, scenario: str, sdk: Path) -> list[dict[s
 def pipecat_accepts(events: list[dict[str, Any]], pipecat: Path, tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     path.write_text("".join(json.dumps(e) + "\n" for e in events), encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pipecat), str(REPO)])}
-    import subprocess
-
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.openai.pipecat_check", str(path)],
-        capture_output=True,
-        env=env,
-        cwd=REPO,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    run_python_module("tests.openai.pipecat_check", str(path), path=[pipecat], timeout=120)
 
 
 @pytest.mark.parametrize("scenario", ["push_to_talk", "server_vad"])
