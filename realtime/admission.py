@@ -121,6 +121,50 @@ def batched_cost(costs: Mapping[int, float], rows: int) -> float | None:
     return max(0.0, estimate)
 
 
+def gather_cost(costs: Mapping[int, float], rows: int) -> float:
+    """The step a batch of ``rows`` rows is expected to take, for how long it may wait
+    for frames on their way (:func:`realtime.scheduler.gather_until`): measured at
+    ``rows``, else the line over two or more sizes (:func:`batched_cost`), else the
+    largest measured size under ``rows`` (0 when nothing is measured).
+
+    Optimistic where admission is conservative: with one size measured, admission's
+    proportional rule would predict 2 rows at twice 1 row, so no second frame would
+    ever seem to arrive in time, no batch of 2 would run and its cost would never be
+    measured. A bigger batch is tried at the cost of a smaller one, then measured.
+    """
+    if rows in costs or len(costs) >= 2:
+        return batched_cost(costs, rows) or 0.0
+    below = [cost for size, cost in costs.items() if size <= rows]
+    return max(below, default=0.0)
+
+
+GATHER_MARGIN = 0.75
+"""Below this share of a frame, one step per conversation would keep up: no batch then
+makes a frame wait past the time its own step needs (:func:`gather_reserve`)."""
+
+
+def gather_reserve(
+    streaming: int, costs: Mapping[int, float], frame_seconds: float, rows: int
+) -> float:
+    """How much of its first frame's slot a batch of ``rows`` keeps for its own step
+    while it waits for the frames of the ``streaming`` conversations on their way.
+
+    With room to step every streaming conversation on its own within the frame
+    (``streaming x one-row step <= GATHER_MARGIN x frame``), a batch must still end by
+    its first frame's deadline: it starts that step early (:func:`gather_cost`), and
+    waits only for frames that arrive before then. Without that room, time-slicing would
+    fall behind: the batch keeps nothing back, takes along every frame due before its
+    first one is (the largest batch, so the fewest steps), and its first frame may end
+    up to one step late (two frame times at most, the real-time bound, while the step
+    fits in a frame). Depends only on the load and the measured costs, not on how the
+    batches came out, so it does not flip with its own effect.
+    """
+    one = costs.get(1)
+    if one is None or streaming * one > GATHER_MARGIN * frame_seconds:
+        return 0.0
+    return gather_cost(costs, rows)
+
+
 def frame_cost(sessions: int, costs: Mapping[int, float], *, batched: bool) -> float | None:
     """Engine time of one frame of each of ``sessions`` conversations, predicted from
     the measured ``costs`` (batch size -> step seconds; ``None``: not measured yet).

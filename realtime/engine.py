@@ -723,9 +723,10 @@ class Engine:
     def _gather_wait(self, now: float) -> float | None:
         """Seconds to wait before the next batch runs (``None``: run it now): while the
         next frame of a conversation streaming in real time (one in the last two frame
-        times, nothing queued now) should arrive early enough for the batch, stepped
-        at its predicted cost, to end by its first frame's deadline
-        (:func:`realtime.scheduler.gather_until`). Under ``_state_lock``."""
+        times, nothing queued now) should arrive before the batch's first frame is due,
+        less the step the batch keeps back for itself when the load leaves room
+        (:func:`realtime.admission.gather_reserve`,
+        :func:`realtime.scheduler.gather_until`). Under ``_state_lock``."""
         if self.max_batch <= 1:
             return None
         head = self._scheduler.peek()
@@ -740,11 +741,11 @@ class Engine:
             for key, last in self._last_frame.items()
             if key not in queued and last >= recent
         ]
-        # The batch must be done by its first frame's deadline, so it starts no later
-        # than that less the step it will be (measured at its size, or fitted): a frame
-        # never waits past its own slot for company.
-        step = admission.batched_cost(self._step_times.costs(), len(queued) + len(expected))
-        until = scheduler.gather_until(head.due, now, expected, step or 0.0)
+        rows = len(queued) + len(expected)
+        reserve = admission.gather_reserve(
+            rows, self._step_times.costs(), self._frame_seconds, rows
+        )
+        until = scheduler.gather_until(head.due, now, expected, reserve)
         return None if until is None else until - now
 
     def _step_frames(self, entries: list[Entry[str, _Queued]]) -> None:

@@ -15,6 +15,8 @@ from realtime.admission import (
     batched_cost,
     fits,
     frame_cost,
+    gather_cost,
+    gather_reserve,
     sessions_within,
 )
 from realtime.scheduler import Entry, Scheduler, gather_until
@@ -273,6 +275,31 @@ def test_the_batched_cost_is_measured_or_extrapolated_by_a_line() -> None:
     assert batched_cost(costs, 8) == pytest.approx(0.058)  # the least-squares line
     assert batched_cost(costs, 3) == pytest.approx(0.038)  # between 2 and 4
     assert batched_cost({}, 3) is None
+
+
+def test_a_batch_gathers_at_the_cost_measured_or_else_of_a_smaller_batch() -> None:
+    # Nothing measured: no step to leave room for.
+    assert gather_cost({}, 2) == 0.0
+    # One size measured: a bigger batch is tried at its cost (admission's proportional
+    # rule would say 2 x 30 ms and no batch of 2 would ever gather, or be measured).
+    assert gather_cost({1: 0.030}, 2) == 0.030
+    assert batched_cost({1: 0.030}, 2) == pytest.approx(0.060)
+    assert gather_cost({2: 0.040}, 1) == 0.0
+    # Measured, or two sizes to fit a line through: the batched cost.
+    assert gather_cost({1: 0.030, 2: 0.034}, 2) == 0.034
+    assert gather_cost({1: 0.030, 2: 0.034}, 4) == pytest.approx(
+        batched_cost({1: 0.030, 2: 0.034}, 4)
+    )
+
+
+def test_a_batch_keeps_its_step_back_only_while_each_could_have_its_own() -> None:
+    costs = {1: 0.025, 2: 0.032}
+    # Two conversations at 25 ms a step fit in 0.75 x 80 ms: end by the first deadline.
+    assert gather_reserve(2, costs, FRAME, 2) == 0.032
+    # Three do not (75 ms): gather every frame due before the first one is.
+    assert gather_reserve(3, costs, FRAME, 3) == 0.0
+    # No one-row step measured yet: gather (the cost is unknown).
+    assert gather_reserve(2, {2: 0.032}, FRAME, 2) == 0.0
 
 
 def test_the_batched_cost_never_falls_below_a_smaller_batch_or_above_a_larger() -> None:

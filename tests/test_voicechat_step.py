@@ -7,6 +7,7 @@ company; one row's bad input or context limit stays that row's.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -140,6 +141,51 @@ def test_batched_each_conversation_is_what_it_is_alone(
         seed, prompt, _, _ = specs[k]
         assert digest(got[k]) == _solo(model, seed, prompt, audio[k]), f"conversation {k}"
     assert max(sizes) == 3
+
+
+def test_batched_rows_past_the_tts_window_are_what_they_are_alone(
+    demo_path: Path, tmp_path: Path
+) -> None:
+    """The TTS's sliding-window layers keep 7500 frames (10 min) in a rotating cache; with
+    the window cut to 6 frames, two conversations of different ages both run past it
+    (their caches full and rotating, one joining while the other's already rotates) and
+    each is still bit for bit its solo run and mlx-vlm's."""
+    import json
+    import shutil
+
+    path = tmp_path / "window6"
+    shutil.copytree(demo_path, path)
+    config = json.loads((path / "config.json").read_text())
+    assert config["tts_config"]["sliding_window"] == 7500
+    config["tts_config"]["sliding_window"] = 6
+    (path / "config.json").write_text(json.dumps(config))
+    model = load_model(path)
+    assert isinstance(model, VoiceChatModel)
+    specs = [(1, 0, 16), (2, 4, 11)]  # (seed, first frame, frames)
+    audio = [_audio(seed, frames) for seed, _, frames in specs]
+    sessions: list[ModelSession | None] = [None, None]
+    got: list[list[Any]] = [[], []]
+    for t in range(16):
+        batch = []
+        for k, (seed, start, frames) in enumerate(specs):
+            if t == start:
+                sessions[k] = open_session(
+                    model, system_prompt=None, seed=seed, max_streaming_seconds=None
+                )
+            session = sessions[k]
+            if session is not None and 0 <= t - start < frames:
+                f = t - start
+                batch.append((k, session, audio[k][f * 1280 : (f + 1) * 1280]))
+        results = model.step([(s, piece, 16000) for _, s, piece in batch])
+        for (k, _, _), result in zip(batch, results, strict=True):
+            assert not isinstance(result, Exception), result
+            got[k] += result
+    for k, (seed, _, _) in enumerate(specs):
+        session = sessions[k]
+        assert session is not None
+        got[k] += session.flush(True)
+        assert digest(got[k]) == _solo(model, seed, None, audio[k]), f"conversation {k}"
+        assert digest(got[k]) == mlx_vlm_digest(model, seed, None, audio[k], 1280)
 
 
 def test_a_row_at_its_limit_or_with_bad_input_is_its_own(demo_model: VoiceChatModel) -> None:
