@@ -143,14 +143,13 @@ GATHER_MARGIN = 0.75
 makes a frame wait past the time its own step needs (:func:`gather_reserve`)."""
 
 
-def gather_reserve(
-    streaming: int, costs: Mapping[int, float], frame_seconds: float, rows: int
-) -> float:
-    """How much of its first frame's slot a batch of ``rows`` keeps for its own step
-    while it waits for the frames of the ``streaming`` conversations on their way.
+def gather_reserve(rows: int, costs: Mapping[int, float], frame_seconds: float) -> float:
+    """How much of its first frame's slot a batch keeps for its own step while it waits
+    for the frames on their way: ``rows``, the conversations streaming (those queued
+    and those expected), each a row if it comes in time.
 
     With room to step every streaming conversation on its own within the frame
-    (``streaming x one-row step <= GATHER_MARGIN x frame``), a batch must still end by
+    (``rows x one-row step <= GATHER_MARGIN x frame``), a batch must still end by
     its first frame's deadline: it starts that step early (:func:`gather_cost`), and
     waits only for frames that arrive before then. Without that room, time-slicing would
     fall behind: the batch keeps nothing back, takes along every frame due before its
@@ -160,7 +159,7 @@ def gather_reserve(
     batches came out, so it does not flip with its own effect.
     """
     one = costs.get(1)
-    if one is None or streaming * one > GATHER_MARGIN * frame_seconds:
+    if one is None or rows * one > GATHER_MARGIN * frame_seconds:
         return 0.0
     return gather_cost(costs, rows)
 

@@ -742,9 +742,7 @@ class Engine:
             if key not in queued and last >= recent
         ]
         rows = len(queued) + len(expected)
-        reserve = admission.gather_reserve(
-            rows, self._step_times.costs(), self._frame_seconds, rows
-        )
+        reserve = admission.gather_reserve(rows, self._step_times.costs(), self._frame_seconds)
         until = scheduler.gather_until(head.due, now, expected, reserve)
         return None if until is None else until - now
 

@@ -55,9 +55,9 @@ def gather_until(
     """When a batch whose first frame is due at ``lead_due`` should run, to take along
     the frames ``expected`` (when each other conversation streaming in real time should
     hand its next frame over): the latest of them still to come that arrives early
-    enough for the batch, a ``step`` long, to end by ``lead_due``. None: none is
-    expected in time, run now. So gathering never makes the first frame late by more
-    than the step's estimate is off."""
+    enough for the batch, a ``step`` long, to end by ``lead_due`` (``step`` 0: to start
+    by then). None: none is expected in time, run now. The engine chooses ``step``
+    (:func:`realtime.admission.gather_reserve`)."""
     start_by = lead_due - max(0.0, step)
     waits = [t for t in expected if now < t <= start_by]
     return max(waits) if waits else None

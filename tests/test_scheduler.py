@@ -295,11 +295,11 @@ def test_a_batch_gathers_at_the_cost_measured_or_else_of_a_smaller_batch() -> No
 def test_a_batch_keeps_its_step_back_only_while_each_could_have_its_own() -> None:
     costs = {1: 0.025, 2: 0.032}
     # Two conversations at 25 ms a step fit in 0.75 x 80 ms: end by the first deadline.
-    assert gather_reserve(2, costs, FRAME, 2) == 0.032
+    assert gather_reserve(2, costs, FRAME) == 0.032
     # Three do not (75 ms): gather every frame due before the first one is.
-    assert gather_reserve(3, costs, FRAME, 3) == 0.0
+    assert gather_reserve(3, costs, FRAME) == 0.0
     # No one-row step measured yet: gather (the cost is unknown).
-    assert gather_reserve(2, {2: 0.032}, FRAME, 2) == 0.0
+    assert gather_reserve(2, {2: 0.032}, FRAME) == 0.0
 
 
 def test_the_batched_cost_never_falls_below_a_smaller_batch_or_above_a_larger() -> None:
