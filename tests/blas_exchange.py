@@ -29,7 +29,7 @@ def main(checkpoint: str) -> dict[str, Any]:
 
     model = load_model(checkpoint)
     assert isinstance(model, VoiceChatModel)
-    frames = 30
+    frames = 16
     audio = [
         np.concatenate([noise(frames - 8, seed=3 + k, level=0.5), speechlike(8)]) for k in range(3)
     ]
