@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.sessions import AUDIO_SEED
-from benchmarks.stats import machine
+from benchmarks.stats import command_line, machine
 from benchmarks.wire import pcm_to_float, test_pcm
 from realtime.models.base import ModelSession, open_session
 
@@ -181,9 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(str(exc)) from None
     path = model_path(args)
     result = measure(path, args.batch, args.rounds, args.warmup, args.frames)
-    result["command"] = "python -m benchmarks.batching " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
+    result["command"] = command_line("benchmarks.batching", argv)
     result["cpu_blas"] = blas.describe()
     print(
         f"{path.name}, CPU BLAS {blas.describe()}, {args.rounds} alternating rounds, "

@@ -27,6 +27,7 @@ import numpy as np
 import trio
 
 from benchmarks.servers import ours, rss_bytes
+from benchmarks.stats import command_line
 from benchmarks.wire import BenchError, connect, figures_for, frame_messages, test_pcm
 from realtime.models.base import ModelFigures, open_session
 
@@ -223,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bounds: list[float | None] = [] if args.no_unbounded else [None]
     bounds += args.bound if args.bound else [60.0]
     results: dict[str, Any] = {
-        "command": "python -m benchmarks.long " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command_line("benchmarks.long", argv),
         "model": str(path),
         "runs": [],
     }

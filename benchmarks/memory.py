@@ -31,7 +31,7 @@ import numpy as np
 
 from benchmarks.servers import rss_bytes
 from benchmarks.sessions import AUDIO_SEED
-from benchmarks.stats import summarize
+from benchmarks.stats import command_line, summarize
 from benchmarks.wire import pcm_to_float, test_pcm
 from realtime.models.base import open_session
 
@@ -215,9 +215,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.sessions < 1 or args.seconds <= 0 or args.sample_seconds <= 0:
         raise SystemExit("--sessions must be >= 1, --seconds and --sample-seconds > 0")
-    path = model_path(args)
     if args.stagger_seconds < 0:
         raise SystemExit("--stagger-seconds must be >= 0")
+    path = model_path(args)
     result = measure(
         path,
         args.sessions,
@@ -226,9 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         batched=args.batched,
         stagger_seconds=args.stagger_seconds,
     )
-    result["command"] = "python -m benchmarks.memory " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
+    result["command"] = command_line("benchmarks.memory", argv)
 
     def f(value: float | None, digits: int = 3) -> str:
         return "-" if value is None else f"{value:.{digits}f}"

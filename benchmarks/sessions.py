@@ -39,7 +39,6 @@ import functools
 import json
 import os
 import re
-import shlex
 import statistics
 import sys
 import time
@@ -53,7 +52,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks import servers, streams
 from benchmarks.bare import WARMUP_FRAMES
-from benchmarks.stats import machine, median_of, summarize
+from benchmarks.stats import command_line, machine, median_of, summarize
 from benchmarks.streams import PacedTimes
 from benchmarks.wire import (
     BenchError,
@@ -756,8 +755,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = model_path(args)
     started = time.perf_counter()
     results: dict[str, Any] = {
-        "command": "python -m benchmarks.sessions "
-        + shlex.join(sys.argv[1:] if argv is None else argv),
+        "command": command_line("benchmarks.sessions", argv),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "model": str(path),

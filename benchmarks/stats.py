@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
 import statistics
+import sys
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
@@ -65,6 +67,12 @@ def median_of(suites: list[dict[str, Any]]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+def command_line(module: str, argv: Sequence[str] | None) -> str:
+    """How this run was asked for, to keep beside its figures: ``python -m MODULE ARGS``
+    (``argv`` None: the process's own arguments), quoted so it can be pasted back."""
+    return shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
 
 
 def machine() -> dict[str, Any]:
