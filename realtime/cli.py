@@ -268,16 +268,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--quantize", type=int, choices=[4, 8], default=None)
     demo.add_argument(
         "--size",
-        choices=["tiny", "medium"],
+        choices=["tiny", "medium", "full"],
         default="tiny",
         help="tiny: the served demo (about 3 MB); medium: for benchmarks, shaped so a "
-        "frame step is mostly native compute (about 91 MB) (default %(default)s)",
+        "frame step is mostly native compute (about 91 MB); full: the real model's "
+        "dimensions, 11 B parameters, for accelerators (about 9 GB with --quantize 4) "
+        "(default %(default)s)",
     )
     return parser
 
 
 def demo_model_command(args: argparse.Namespace) -> int:
-    """``realtime demo-model DIR [--quantize 4|8] [--size tiny|medium]``: write a demo
+    """``realtime demo-model DIR [--quantize 4|8] [--size tiny|medium|full]``: write a demo
     checkpoint, print its path.
 
     DIR may be new, empty or an earlier demo checkpoint; it is replaced atomically.

@@ -175,3 +175,141 @@ def test_install_atomically_replaces_or_leaves_the_target(tmp_path: Path) -> Non
         install_atomically(target, fail)
     assert sorted(p.name for p in target.iterdir()) == ["file.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]
+
+
+def test_full_preset_has_the_real_models_dimensions() -> None:
+    """``--size full`` is the real 11 B model's shape: the VoiceChat thinker config
+    (Nemotron Nano 9B v2) and mlx-vlm's and mlx-audio's defaults, which are the real
+    model's. Read lazily: no weight is computed."""
+    from mlx_audio.codec.models.nemotron_voicechat import NemotronVoiceChatCodecConfig
+    from mlx_audio.stt.models.nemotron_asr.config import ConformerArgs, JointArgs, PredictArgs
+    from mlx_vlm.models.nemotron_voicechat.config import (
+        CharacterEncoderConfig,
+        MoGConfig,
+        TTSConfig,
+    )
+
+    from realtime.demo_checkpoint import FULL
+    from realtime.demo_checkpoint.config import demo_config
+    from realtime.demo_checkpoint.weights import parameter_templates
+
+    config = demo_config(4, FULL)
+    text = config["text_config"]
+    assert (text["hidden_size"], text["num_hidden_layers"], text["vocab_size"]) == (
+        4480,
+        56,
+        131072,
+    )
+    pattern = text["hybrid_override_pattern"]
+    assert (pattern.count("M"), pattern.count("-"), pattern.count("*")) == (27, 25, 4)
+    assert (text["mamba_num_heads"], text["mamba_head_dim"], text["n_groups"]) == (128, 80, 8)
+    encoder, conformer = config["audio_config"]["encoder"], ConformerArgs()
+    for key in ("n_layers", "d_model", "n_heads", "ff_expansion_factor"):
+        assert encoder[key] == getattr(conformer, key), key
+    assert encoder["subsampling_conv_channels"] == conformer.subsampling_conv_channels
+    assert config["audio_config"]["decoder"]["pred_hidden"] == PredictArgs().pred_hidden
+    assert config["audio_config"]["joint"]["joint_hidden"] == JointArgs().joint_hidden
+    for section, defaults in (
+        (config["tts_config"], TTSConfig()),
+        (config["tts_config"]["character_encoder"], CharacterEncoderConfig()),
+        (config["tts_config"]["mog_head"], MoGConfig()),
+        (config["codec_config"], NemotronVoiceChatCodecConfig()),
+    ):
+        for key, value in section.items():
+            if isinstance(value, (int, float, str, list)) and hasattr(defaults, key):
+                expected = getattr(defaults, key)
+                assert value == (list(expected) if isinstance(expected, tuple) else expected), key
+    templates = parameter_templates(config)
+    parameters = sum(int(np.prod(t.shape)) for t in templates.values())
+    assert 11.0e9 < parameters < 11.2e9  # the real checkpoints: 11.1 B
+
+
+def test_a_preset_stores_bfloat16_weights_and_extra_vocabulary_rows(tmp_path: Path) -> None:
+    """What ``full`` changes beside its dimensions, on tiny dimensions: the unquantized
+    tensors in bfloat16 (as the real uploads), vocabulary rows past the tokenizer's that
+    are never chosen, grouped Mamba, more codec blocks, a larger codebook, a joint
+    narrower than the encoder. It loads through mlx-vlm and runs, 4-bit too."""
+    import attrs
+    from mlx.nn.layers.quantized import QuantizedLinear
+
+    from realtime.demo_checkpoint import SMALL
+
+    size = attrs.evolve(
+        SMALL,
+        name="shape-check",
+        weight_dtype="bfloat16",
+        vocab=1024,
+        mamba_heads=4,
+        mamba_groups=2,
+        codec_blocks=2,
+        codebook=256,
+        mog_predictions=32,
+        tts_layers=3,
+        tts_window_pattern=3,
+        joint_hidden=24,  # narrower than the encoder, as the real joint (640 < 1024)
+    )
+    for bits in (None, 4):
+        path = write_demo_checkpoint(tmp_path / f"q{bits}", quantize=bits, size=size)
+        assert demo_checkpoint_is_complete(path, bits, size)
+        model = load_model(path)
+        assert isinstance(model, VoiceChatModel)
+        stt = model.runtime.model.stt_model
+        assert stt.perception.proj.weight.dtype.size == 2  # bfloat16, as stored
+        assert isinstance(stt.lm_head, QuantizedLinear) == (bits == 4)
+        session = open_session(model, system_prompt=None, seed=0, max_streaming_seconds=None)
+        events = push_all(session, speechlike(40))
+        assert sum(1 for e in events if type(e).__name__ == "AudioDelta") == 40
+        chosen = [e.token_id for e in events if isinstance(e, (AssistantTextDelta, FunctionDelta))]
+        assert chosen and max(chosen) < 512  # the tokenizer's tokens only
+
+
+def test_shards_are_cut_at_their_size_limit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, demo_path: Path
+) -> None:
+    """A checkpoint is written a shard at a time, each cut before it would pass the
+    limit; the same tensors, indexed, load as before."""
+    from safetensors import safe_open
+
+    from realtime.demo_checkpoint import files
+
+    monkeypatch.setattr(files, "SHARD_BYTES", 256 * 1024)
+    path = write_demo_checkpoint(tmp_path / "sharded")
+    shards = sorted(path.glob("model-*.safetensors"))
+    assert len(shards) > 4
+    assert all(s.name.endswith(f"-of-{len(shards):05d}.safetensors") for s in shards)
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    tensors: dict[str, Any] = {}
+    for shard in shards:
+        with safe_open(str(shard), framework="numpy") as file:
+            names = list(file.keys())
+            if len(names) > 1:
+                assert shard.stat().st_size <= 256 * 1024 + 64 * 1024  # header and one tensor
+            tensors.update({name: file.get_tensor(name) for name in names})
+            assert {index["weight_map"][name] for name in names} == {shard.name}
+    reference: dict[str, Any] = {}
+    for shard in sorted(demo_path.glob("model-*.safetensors")):
+        with safe_open(str(shard), framework="numpy") as file:
+            reference.update({name: file.get_tensor(name) for name in file.keys()})  # noqa: SIM118
+    assert sorted(tensors) == sorted(reference)
+    assert all(np.array_equal(tensors[name], reference[name]) for name in reference)
+    assert isinstance(load_model(path), VoiceChatModel)
+
+
+def test_bfloat16_rounds_to_nearest_even_as_mlx_does() -> None:
+    import mlx.core as mx
+
+    from realtime.demo_checkpoint.files import _bfloat16_bits
+
+    gen = np.random.default_rng(0)
+    values = np.concatenate(
+        [
+            gen.standard_normal(10000).astype(np.float32),
+            # exactly halfway between two bfloat16 values, both parities
+            np.array([1.0 + 2**-8, 1.0 + 3 * 2**-8, -(1.0 + 2**-8), 0.0, -0.0], np.float32),
+        ]
+    )
+    ours = _bfloat16_bits(values)
+    theirs = np.array(mx.array(values).astype(mx.bfloat16).view(mx.uint16))
+    assert np.array_equal(ours, theirs)
+    scalar = _bfloat16_bits(np.array(1.5, np.float32))  # a 0-d tensor stays one
+    assert isinstance(scalar, np.ndarray) and scalar.shape == () and int(scalar) == 0x3FC0

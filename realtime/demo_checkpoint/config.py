@@ -1,8 +1,9 @@
 """The demo checkpoint's ``config.json``: the real schema with tiny dimensions.
 
 The dimensions are one value, :class:`DemoSize`, so another preset is one more
-constant. Vocabulary sizes and token ids are not part of it: the tokenizer and
-the calming biases are built around them.
+constant. The tokenizer's size and the token ids are not part of it: the tokenizer
+and the calming biases are built around them (a preset may give the language model
+more vocabulary rows than the tokenizer has tokens, as the real one has).
 """
 
 from __future__ import annotations
@@ -67,6 +68,19 @@ class DemoSize:
     mog_layers: int = 1
     codec_channels: int = 8
     codec_multipliers: tuple[int, ...] = (1, 2, 4)
+    codec_blocks: int = 1
+    vocab: int = VOCAB_SIZE
+    """Rows of the language model's vocabulary matrices. The tokenizer has
+    :data:`VOCAB_SIZE` tokens; rows past them are zero and the heads never choose them
+    (:mod:`realtime.demo_checkpoint.weights`), so a larger value only adds their cost."""
+    mamba_groups: int = 1
+    codebook: int = CODEBOOK
+    mog_predictions: int = 16
+    tts_window_pattern: int = 2
+    """Every n-th TTS layer is global, the rest slide (the real model: 6 of 28)."""
+    weight_dtype: str = "float32"
+    """How the tensors that are not quantized are stored: ``float32``, or ``bfloat16``
+    as in the real uploads (the network computes in float32 either way)."""
     name: str = "tiny"
     """The preset's name (``--size``); every preset but ``tiny`` adds it to the folder name."""
 
@@ -115,7 +129,59 @@ frame step takes roughly 60-100 ms on a 2-core CPU and is mostly MLX evaluation 
 matrix-vector products that release the GIL), like a real checkpoint's step and unlike
 the tiny one's, which is mostly Python graph building."""
 
-SIZES: Final = {size.name: size for size in (SMALL, MEDIUM)}
+NANO_9B_V2_PATTERN: Final = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"
+"""Nemotron Nano 9B v2's 56 layers: 27 Mamba-2, 25 MLP, 4 attention."""
+
+FULL = attrs.evolve(
+    SMALL,
+    name="full",
+    llm_hidden=4480,
+    llm_intermediate=15680,
+    llm_pattern=NANO_9B_V2_PATTERN,
+    llm_heads=40,
+    llm_kv_heads=8,
+    llm_head_dim=128,
+    mamba_heads=128,
+    mamba_head_dim=80,
+    mamba_groups=8,
+    ssm_state=128,
+    vocab=131072,
+    encoder_layers=24,
+    encoder_width=1024,
+    encoder_heads=8,
+    encoder_ff_factor=4,
+    subsampling_channels=256,
+    predictor_hidden=640,
+    joint_hidden=640,
+    tts_hidden=1152,
+    tts_intermediate=4608,
+    tts_layers=28,
+    tts_heads=16,
+    tts_kv_heads=16,
+    tts_head_dim=72,
+    tts_window_pattern=6,
+    latent=512,
+    codebook=1024,
+    char_intermediate=4608,
+    char_layers=1,
+    char_heads=16,
+    char_kv_heads=16,
+    char_head_dim=72,
+    mog_intermediate=4608,
+    mog_low_rank=64,
+    mog_layers=3,
+    mog_predictions=1024,
+    codec_channels=384,
+    codec_blocks=3,
+    weight_dtype="bfloat16",
+)
+"""``full``: the real checkpoints' dimensions (11.1 B parameters) with random weights,
+for accelerator benchmarks: the language model is Nemotron Nano 9B v2's (the VoiceChat
+thinker config), the rest mlx-vlm's and mlx-audio's defaults, which are the real
+model's. Build it 4-bit (about 9 GB, as the real 4-bit upload); float32 activations
+over bfloat16 weights, as the real uploads store them. Not for a 2-core CPU."""
+
+SIZES: Final = {size.name: size for size in (SMALL, MEDIUM, FULL)}
 """The presets by name, as ``realtime demo-model --size`` and ``--size`` of the
 benchmarks spell them."""
 
@@ -173,7 +239,7 @@ def demo_config(quantize: int | None, size: DemoSize = SMALL) -> dict[str, Any]:
         "architectures": ["NemotronVoiceChatForConditionalGeneration"],
         "text_config": {
             "model_type": "nemotron_h",
-            "vocab_size": VOCAB_SIZE,
+            "vocab_size": size.vocab,
             "hidden_size": size.llm_hidden,
             "intermediate_size": size.llm_intermediate,
             "num_hidden_layers": len(size.llm_pattern),
@@ -187,7 +253,7 @@ def demo_config(quantize: int | None, size: DemoSize = SMALL) -> dict[str, Any]:
             "mamba_proj_bias": False,
             "ssm_state_size": size.ssm_state,
             "conv_kernel": 4,
-            "n_groups": 1,
+            "n_groups": size.mamba_groups,
             "mlp_bias": False,
             "layer_norm_epsilon": 1e-5,
             "use_bias": False,
@@ -242,10 +308,10 @@ def demo_config(quantize: int | None, size: DemoSize = SMALL) -> dict[str, Any]:
             "num_key_value_heads": size.tts_kv_heads,
             "head_dim": size.tts_head_dim,
             "sliding_window": 7500,
-            "sliding_window_pattern": 2,
+            "sliding_window_pattern": size.tts_window_pattern,
             "latent_size": size.latent,
             "num_quantizers": 31,
-            "codebook_size": CODEBOOK,
+            "codebook_size": size.codebook,
             "character_encoder": {
                 "hidden_size": size.tts_hidden,
                 "intermediate_size": size.char_intermediate,
@@ -259,7 +325,7 @@ def demo_config(quantize: int | None, size: DemoSize = SMALL) -> dict[str, Any]:
                 "intermediate_size": size.mog_intermediate,
                 "low_rank": size.mog_low_rank,
                 "num_layers": size.mog_layers,
-                "num_predictions": 16,
+                "num_predictions": size.mog_predictions,
             },
         },
         "codec_config": {
@@ -267,13 +333,13 @@ def demo_config(quantize: int | None, size: DemoSize = SMALL) -> dict[str, Any]:
             "base_channels": size.codec_channels,
             "channel_multipliers": list(size.codec_multipliers),
             "downsample_rates": [7, 7, 9],
-            "blocks_per_stage": 1,
+            "blocks_per_stage": size.codec_blocks,
             "block_kernel_size": 7,
             "latent_dim": size.latent,
             "n_fft": 16,
             "hop_length": 4,
             "num_quantizers": 31,
-            "codebook_size": CODEBOOK,
+            "codebook_size": size.codebook,
         },
         "bos_token_id": BOS,
         "eos_token_id": EOS,

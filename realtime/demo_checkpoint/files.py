@@ -7,27 +7,36 @@ is stale or was cut short is noticed and rebuilt.
 
 from __future__ import annotations
 
+import collections
 import hashlib
+import itertools
 import json
 import logging
+import os
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, TypeVar
 
 import attrs
+import numpy as np
 
 from realtime.demo_checkpoint.config import SMALL, DemoSize, demo_config
-from realtime.demo_checkpoint.layout import contiguous, to_checkpoint_layout
-from realtime.demo_checkpoint.quantize import quantize as quantize_weights
+from realtime.demo_checkpoint.layout import checkpoint_tensors, contiguous, front_end_buffers
+from realtime.demo_checkpoint.quantize import quantizable, quantized
 from realtime.demo_checkpoint.tokenizer import (
     SPECIAL_TOKENS_MAP,
+    Vocab,
     tokenizer_config,
     tokenizer_json,
     tokenizer_tables,
 )
-from realtime.demo_checkpoint.weights import Array, mlx_weights
+from realtime.demo_checkpoint.weights import Array, DemoWeights
 
 log = logging.getLogger("realtime.demo_checkpoint")
+
+T = TypeVar("T")
 
 # Bump whenever the bytes this package writes change: cached copies are rebuilt.
 BUILDER_VERSION = 1
@@ -39,33 +48,141 @@ def _json_text(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
 
 
-def _write_shards(directory: Path, tensors: dict[str, Array]) -> list[str]:
-    """Two shards (speech-to-text, then the rest) and their index, as the real uploads."""
-    from safetensors.numpy import save_file
+SHARD_BYTES: Final = 4 * 1024**3
+"""A shard closes before it would pass this many bytes (the real uploads' shards are
+about 5 GB); one tensor larger than that gets a shard of its own."""
 
-    groups = {
-        1: {k: v for k, v in tensors.items() if k.startswith("stt_model.")},
-        2: {k: v for k, v in tensors.items() if not k.startswith("stt_model.")},
-    }
-    count = len(groups)
-    weight_map: dict[str, str] = {}
-    total = 0
-    names: list[str] = []
-    for number, group in groups.items():
-        shard = f"model-{number:05d}-of-{count:05d}.safetensors"
-        ordered = {k: contiguous(group[k]) for k in sorted(group)}
-        save_file(ordered, str(directory / shard), metadata={"format": "pt"})
-        for key, value in ordered.items():
-            weight_map[key] = shard
-            total += int(value.nbytes)
-        names.append(shard)
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (directory / INDEX_FILE).write_text(_json_text(index), encoding="utf-8")
-    return names
+
+def _bfloat16_bits(value: Array) -> Array:
+    """float32 values rounded to bfloat16 (to nearest, ties to even), as their 16 bits."""
+    bits = np.asarray(value).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16
+    return np.asarray(rounded, dtype=np.uint16)  # a 0-d array stays an array
+
+
+Stored = tuple[str, str, Array]
+"""A tensor as a shard stores it: its name, safetensors dtype and C-ordered data."""
+
+
+def _stored(name: str, value: Array, bfloat16: bool) -> Stored:
+    if bfloat16 and value.dtype == np.float32:
+        return name, "bfloat16", _bfloat16_bits(value)
+    return name, value.dtype.name, contiguous(value)
+
+
+class _Shards:
+    """Safetensors shards written as the tensors come, so a checkpoint of any size
+    holds about one shard in memory: speech-to-text tensors first, then the rest, as
+    the real uploads, each group cut at :data:`SHARD_BYTES`. Shards are named
+    ``model-0000i-of-0000n`` and indexed once the count is known (:meth:`close`)."""
+
+    def __init__(self, directory: Path) -> None:
+        self._directory = directory
+        self._group: str | None = None
+        self._pending: dict[str, tuple[str, Array]] = {}
+        self._pending_bytes = 0
+        self._parts: list[tuple[Path, list[tuple[str, int]]]] = []
+
+    def add(self, tensor: Stored) -> None:
+        name, dtype, value = tensor
+        group = "stt" if name.startswith("stt_model.") else "rest"
+        if self._pending and (
+            group != self._group or self._pending_bytes + value.nbytes > SHARD_BYTES
+        ):
+            self._flush()
+        self._group = group
+        self._pending[name] = (dtype, value)
+        self._pending_bytes += int(value.nbytes)
+
+    def _flush(self) -> None:
+        from safetensors import TensorSpec, serialize_file
+
+        path = self._directory / f".part-{len(self._parts):05d}"
+        specs = {
+            name: TensorSpec(
+                dtype=dtype, shape=value.shape, data_ptr=value.ctypes.data, data_len=value.nbytes
+            )
+            for name, (dtype, value) in sorted(self._pending.items())
+        }
+        serialize_file(specs, str(path), metadata={"format": "pt"})
+        sizes = [(name, int(value.nbytes)) for name, (_, value) in sorted(self._pending.items())]
+        self._parts.append((path, sizes))
+        self._pending, self._pending_bytes = {}, 0
+
+    def close(self) -> list[str]:
+        """Write what is pending, name the shards, write the index; the shards' names."""
+        if self._pending:
+            self._flush()
+        count = len(self._parts)
+        weight_map: dict[str, str] = {}
+        total = 0
+        names: list[str] = []
+        for number, (part, sizes) in enumerate(self._parts, start=1):
+            shard = f"model-{number:05d}-of-{count:05d}.safetensors"
+            part.replace(self._directory / shard)
+            for name, nbytes in sizes:
+                weight_map[name] = shard
+                total += nbytes
+            names.append(shard)
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (self._directory / INDEX_FILE).write_text(_json_text(index), encoding="utf-8")
+        return names
+
+
+def _in_order(
+    pool: Executor, work: Callable[[str], T], items: list[str], ahead: int
+) -> Iterator[T]:
+    """``work`` over ``items`` on ``pool``, results in order, at most ``ahead`` of them
+    computed and not yet taken (so memory holds a few tensors, not the model)."""
+    queued: collections.deque[Future[T]] = collections.deque()
+    rest = iter(items)
+    for item in itertools.islice(rest, ahead):
+        queued.append(pool.submit(work, item))
+    while queued:
+        result = queued.popleft().result()
+        for item in itertools.islice(rest, 1):
+            queued.append(pool.submit(work, item))
+        yield result
+
+
+def _checkpoint(
+    config: dict[str, Any], vocab: Vocab, quantize: int | None, bfloat16: bool
+) -> Iterator[Stored]:
+    """Every tensor of the checkpoint, as stored, in the order of their parameters.
+
+    The random draws and layouts (numpy, which lets go of the GIL while it fills an
+    array) run on a few worker threads, bounded and in order, because the ``full``
+    preset draws 11 B numbers; quantizing (MLX) stays on the calling thread.
+    """
+    weights = DemoWeights(config, vocab)
+
+    def prepare(parameter: str) -> list[tuple[str, Array, bool]]:
+        value = weights.tensor(parameter)
+        return [
+            (name, part, quantize is not None and quantizable(name, part))
+            for name, part in checkpoint_tensors(parameter, value, config)
+        ]
+
+    for name, value in front_end_buffers():
+        yield _stored(name, value, bfloat16)
+    workers = max(1, min(8, os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="demo-weights") as pool:
+        for parts in _in_order(pool, prepare, weights.names(), ahead=2 * workers):
+            for name, value, quantized_here in parts:
+                if not quantized_here:
+                    yield _stored(name, value, bfloat16)
+                    continue
+                assert quantize is not None
+                for stored, piece in quantized(name, value, quantize):
+                    yield _stored(stored, piece, bfloat16)
 
 
 def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def write_demo_checkpoint(
@@ -74,19 +191,21 @@ def write_demo_checkpoint(
     """Write the demo checkpoint into ``directory`` (created if needed) and return it.
 
     Runs a little MLX (to read parameter shapes and to quantize), on the calling thread.
+    Tensors are made, laid out, quantized and written one at a time.
     """
     if quantize not in (None, 4, 8):
         raise ValueError(f"quantize must be None, 4 or 8, got {quantize!r}")
+    if size.weight_dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"weight_dtype must be float32 or bfloat16, got {size.weight_dtype!r}")
     started = time.perf_counter()
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     config = demo_config(quantize, size)
     vocab, merges = tokenizer_tables()
-    tensors = to_checkpoint_layout(mlx_weights(config, vocab), config)
-    if quantize is not None:
-        tensors = quantize_weights(tensors, quantize)
-
-    files = _write_shards(path, tensors)
+    shards = _Shards(path)
+    for tensor in _checkpoint(config, vocab, quantize, bfloat16=size.weight_dtype == "bfloat16"):
+        shards.add(tensor)
+    files = shards.close()
     texts = {
         "config.json": _json_text(config),
         "tokenizer.json": tokenizer_json(vocab, merges),
@@ -116,7 +235,7 @@ def write_demo_checkpoint(
         "wrote the %s demo checkpoint %s (%s) in %.2f s",
         size.name,
         path,
-        "float32" if quantize is None else f"{quantize}-bit LLM",
+        size.weight_dtype if quantize is None else f"{quantize}-bit LLM",
         time.perf_counter() - started,
     )
     return path

@@ -8,7 +8,8 @@ from realtime.demo_checkpoint.weights import Array
 _VOCABULARY_MATRICES = ("stt_model.embed_tokens", "stt_model.lm_head", "stt_model.function_head")
 
 
-def _quantizable(name: str, value: Array) -> bool:
+def quantizable(name: str, value: Array) -> bool:
+    """Whether the real uploads store this checkpoint tensor quantized."""
     module = name.removesuffix(".weight")
     return (
         name.endswith(".weight")
@@ -18,22 +19,19 @@ def _quantizable(name: str, value: Array) -> bool:
     )
 
 
-def quantize(weights: dict[str, Array], bits: int) -> dict[str, Array]:
-    """Packed weights plus ``scales`` and ``biases``, made by MLX's own ``mx.quantize``."""
+def quantized(name: str, value: Array, bits: int) -> list[tuple[str, Array]]:
+    """One checkpoint tensor as the real uploads store it at ``bits``: packed, with its
+    ``scales`` and ``biases`` (MLX's own ``mx.quantize``), or as it is."""
     import mlx.core as mx
     import numpy as np
 
-    out: dict[str, Array] = {}
-    for name, value in weights.items():
-        if not _quantizable(name, value):
-            out[name] = value
-            continue
-        module = name.removesuffix(".weight")
-        packed, scales, biases = mx.quantize(
-            mx.array(value), group_size=QUANT_GROUP_SIZE, bits=bits
-        )
-        mx.eval(packed, scales, biases)
-        out[name] = np.array(packed)
-        out[f"{module}.scales"] = np.array(scales)
-        out[f"{module}.biases"] = np.array(biases)
-    return out
+    if not quantizable(name, value):
+        return [(name, value)]
+    module = name.removesuffix(".weight")
+    packed, scales, biases = mx.quantize(mx.array(value), group_size=QUANT_GROUP_SIZE, bits=bits)
+    mx.eval(packed, scales, biases)
+    return [
+        (name, np.array(packed)),
+        (f"{module}.scales", np.array(scales)),
+        (f"{module}.biases", np.array(biases)),
+    ]

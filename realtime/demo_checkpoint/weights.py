@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import zlib
-from typing import Any, cast
+from typing import Any, Final, cast
 
+import attrs
 import numpy as np
 import numpy.typing as npt
 
-from realtime.demo_checkpoint.config import BOS, CODEBOOK, EOS, NUM_SPECIALS, PAD, RNNT_BLANK
+from realtime.demo_checkpoint.config import BOS, EOS, NUM_SPECIALS, PAD, RNNT_BLANK
 from realtime.demo_checkpoint.tokenizer import Vocab, byte_alphabet, readable_token_ids
 
 Array = npt.NDArray[Any]
@@ -38,111 +39,197 @@ def rng(name: str) -> np.random.Generator:
     )
 
 
-def _random_tensor(name: str, template: Array) -> Array:
-    """A value for one parameter in MLX layout, from its template's shape and init."""
-    if template.dtype != np.float32:
-        return template.copy()
-    flat = template.reshape(-1)
-    constant = flat.size > 0 and bool(np.all(flat == flat[0]))
-    if template.ndim <= 1 and (constant or name.endswith("A_log")):
-        return template.copy()  # norms, offsets, scalars, deterministic A_log
-    gen = rng(name)
-    if template.ndim <= 1:
-        return (gen.standard_normal(template.shape, dtype=np.float32) * np.float32(0.02)).astype(
-            np.float32
-        )
-    fan_in = int(np.prod(template.shape[1:]))
-    std = np.float32(1.0 / np.sqrt(max(fan_in, 1)))
-    return (gen.standard_normal(template.shape, dtype=np.float32) * std).astype(np.float32)
-
-
 def _isometry(rows: int, cols: int, name: str) -> Array:
-    """A ``rows x cols`` matrix with orthonormal columns: it keeps vector norms."""
+    """A ``rows x cols`` matrix with orthonormal columns: it keeps vector norms (with
+    fewer rows than columns, orthonormal rows: a projection, the nearest it can be)."""
+    if rows < cols:
+        return _isometry(cols, rows, name).T.copy()
     q, r = np.linalg.qr(rng(name).standard_normal((rows, cols)))
     q = q * np.sign(np.diag(r))[None, :]  # make the factorisation unique
     return q.astype(np.float32)
 
 
-def _template_parameters(config: dict[str, Any]) -> dict[str, Array]:
-    """Parameter names, shapes and constant inits of mlx-vlm's model for ``config``."""
+@attrs.frozen(slots=True)
+class Template:
+    """One parameter of mlx-vlm's model: its shape and dtype, and its initial value
+    where the demo keeps it (1-D and integer parameters: norms, offsets, tables); a
+    random matrix's initial value is never computed, so a large preset costs no memory
+    here."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    value: Array | None
+
+
+def _kept(shape: tuple[int, ...], dtype: str) -> bool:
+    return dtype != "float32" or len(shape) <= 1
+
+
+def parameter_templates(config: dict[str, Any]) -> dict[str, Template]:
+    """Parameter names, shapes and kept initial values of mlx-vlm's model for ``config``
+    (MLX builds the model lazily: only the kept values are evaluated)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_vlm.models.nemotron_voicechat import Model, ModelConfig
 
     model = Model(ModelConfig.from_dict(json.loads(json.dumps(config))))
-    params: dict[str, Array] = {}
+    templates: dict[str, Template] = {}
     flat = cast("list[tuple[str, Any]]", tree_flatten(model.parameters()))
     for name, value in flat:
-        mx.eval(value)
-        params[name] = np.array(value)
-    return params
+        shape = tuple(int(n) for n in value.shape)
+        dtype = np.dtype(str(value.dtype).removeprefix("mlx.core.")).name
+        kept = None
+        if _kept(shape, dtype):
+            mx.eval(value)
+            kept = np.array(value)
+        templates[name] = Template(shape, dtype, kept)
+    return templates
 
 
-def mlx_weights(config: dict[str, Any], vocab: Vocab) -> dict[str, Array]:
-    """Random weights in mlx-vlm's own layout, with the demo's calming biases."""
-    templates = _template_parameters(config)
-    weights = {name: _random_tensor(name, t) for name, t in sorted(templates.items())}
-    biases = rng("biases")
+def _random_tensor(name: str, template: Template, rows: int | None = None) -> Array:
+    """A value for one parameter in MLX layout, from its template's shape and init;
+    with ``rows``, only the first ``rows`` rows are drawn and the rest are zero."""
+    if template.value is not None:
+        value = template.value
+        if value.dtype != np.float32:
+            return value.copy()
+        flat = value.reshape(-1)
+        constant = flat.size > 0 and bool(np.all(flat == flat[0]))
+        if constant or name.endswith("A_log"):
+            return value.copy()  # norms, offsets, scalars, deterministic A_log
+        gen = rng(name)
+        return (gen.standard_normal(value.shape, dtype=np.float32) * np.float32(0.02)).astype(
+            np.float32
+        )
+    shape = template.shape
+    gen = rng(name)
+    fan_in = int(np.prod(shape[1:]))
+    std = np.float32(1.0 / np.sqrt(max(fan_in, 1)))
+    if rows is None or rows >= shape[0]:
+        out = gen.standard_normal(shape, dtype=np.float32)
+    else:
+        out = np.zeros(shape, dtype=np.float32)
+        gen.standard_normal(dtype=np.float32, out=out[:rows])
+    out *= std
+    return out
 
-    # Dimension 0 of the language model's hidden state is a constant "bias channel":
-    # every input carries it, no layer writes into it, and the heads read pad from it.
-    # The audio projection is an isometry (the encoder output is layer-normed), and the
-    # layers write weakly, so the hidden state's norm, and with it how often a head
-    # beats pad, hardly depends on how loud or what kind the input is.
-    embed = weights["stt_model.embed_tokens.weight"]
-    embed[:, 1:] *= np.float32(0.1)  # weak token feedback: channels follow the audio
-    embed[:, 0] = _BIAS_CHANNEL / 3.0
-    proj = weights["stt_model.perception.proj.weight"]
-    proj[0, :] = 0.0
-    proj[1:, :] = _isometry(proj.shape[0] - 1, proj.shape[1], "perception.proj")
-    proj_bias = weights["stt_model.perception.proj.bias"]
-    proj_bias[:] = 0.0
-    proj_bias[0] = _BIAS_CHANNEL
-    for name, value in weights.items():
-        if name.startswith("stt_model.llm.") and name.endswith(
+
+_VOCABULARY: Final = (
+    "stt_model.embed_tokens.weight",
+    "stt_model.lm_head.weight",
+    "stt_model.function_head.weight",
+)
+"""The language model's vocabulary matrices: only the tokenizer's rows are drawn."""
+
+
+class DemoWeights:
+    """The demo's random weights in mlx-vlm's own layout, with its calming biases,
+    made one tensor at a time (:meth:`tensor`), so that writing a checkpoint holds one
+    tensor, not the model, in memory."""
+
+    def __init__(self, config: dict[str, Any], vocab: Vocab) -> None:
+        self._config = config
+        self._vocab = vocab
+        self._templates = parameter_templates(config)
+        self._tokens = len(vocab)
+        rows = self._templates["stt_model.lm_head.weight"].shape[0]
+        readable = np.zeros(rows, dtype=np.bool_)
+        readable[: self._tokens] = readable_token_ids(vocab)
+        self._readable = readable
+
+    def names(self) -> list[str]:
+        """Every parameter's name, sorted."""
+        return sorted(self._templates)
+
+    def tensor(self, name: str) -> Array:
+        """One parameter's value."""
+        if name == "stt_model.lm_head.weight":
+            return _pad_row(self._text_head(), _TEXT_PAD_GAIN)
+        if name == "stt_model.function_head.weight":
+            return self._function_head()
+        value = self._random(name)
+        self._calm(name, value)
+        return self._buffer(name, value)
+
+    def _random(self, name: str) -> Array:
+        rows = self._tokens if name in _VOCABULARY else None
+        return _random_tensor(name, self._templates[name], rows)
+
+    def _text_head(self) -> Array:
+        head = self._random("stt_model.lm_head.weight")
+        head *= np.float32(4.0)
+        head[:, 0] = np.where(self._readable, 0.0, _UNREADABLE_PENALTY).astype(np.float32)
+        return head
+
+    def _function_head(self) -> Array:
+        # The function head holds the text head's rows for other tokens: it fires on the
+        # frames where the text head is most confident (a higher bar), with its own words.
+        text_head = self._text_head()
+        head = text_head.copy()
+        ids = np.flatnonzero(self._readable)
+        head[ids] = text_head[rng("function_head.permutation").permutation(ids)]
+        return _pad_row(head, _FUNCTION_PAD_GAIN)
+
+    def _calm(self, name: str, value: Array) -> None:
+        """The calming biases, in place.
+
+        Dimension 0 of the language model's hidden state is a constant "bias channel":
+        every input carries it, no layer writes into it, and the heads read pad from
+        it. The audio projection is an isometry (the encoder output is layer-normed),
+        and the layers write weakly, so the hidden state's norm, and with it how often
+        a head beats pad, hardly depends on how loud or what kind the input is.
+        """
+        if name == "stt_model.embed_tokens.weight":
+            value[:, 1:] *= np.float32(0.1)  # weak token feedback: channels follow the audio
+            value[:, 0] = _BIAS_CHANNEL / 3.0
+        elif name == "stt_model.perception.proj.weight":
+            value[0, :] = 0.0
+            value[1:, :] = _isometry(value.shape[0] - 1, value.shape[1], "perception.proj")
+        elif name == "stt_model.perception.proj.bias":
+            value[:] = 0.0
+            value[0] = _BIAS_CHANNEL
+        elif name.startswith("stt_model.llm.") and name.endswith(
             ("out_proj.weight", "o_proj.weight", "down_proj.weight")
         ):
             value *= np.float32(0.1)
             value[0, :] = 0.0
+        elif name == "stt_model.rnnt_joint.enc.weight":
+            value[:] = _isometry(value.shape[0], value.shape[1], "rnnt_joint.enc") * 0.5
+        elif name == "stt_model.rnnt_joint.enc.bias":
+            value[:] = 0.0
+        elif name == "stt_model.rnnt_joint.joint_net.2.bias":
+            value[RNNT_BLANK] = _RNNT_BLANK_BIAS
+            value[0] = _RNNT_UNK_BIAS
 
-    readable = readable_token_ids(vocab)
-    text_head = weights["stt_model.lm_head.weight"]
-    text_head *= np.float32(4.0)
-    text_head[:, 0] = np.where(readable, 0.0, _UNREADABLE_PENALTY).astype(np.float32)
-    # The function head holds the text head's rows for other tokens: it fires on the
-    # frames where the text head is most confident (a higher bar), with its own words.
-    function_head = text_head.copy()
-    ids = np.flatnonzero(readable)
-    function_head[ids] = text_head[rng("function_head.permutation").permutation(ids)]
-    for head, gain in ((text_head, _TEXT_PAD_GAIN), (function_head, _FUNCTION_PAD_GAIN)):
-        head[PAD, :] = 0.0
-        head[PAD, 0] = gain
-    weights["stt_model.function_head.weight"] = function_head
+    def _buffer(self, name: str, value: Array) -> Array:
+        """Buffers the real checkpoint fills from its tokenizer and codec."""
+        prefix = "tts_model.tts_model.embed_subword."
+        codebook = int(self._config["tts_config"]["codebook_size"])
+        if name == prefix + "subword_flag_emb.is_continuation":
+            space = byte_alphabet()[ord(" ")]
+            for token, index in self._vocab.items():
+                if index >= NUM_SPECIALS and not token.startswith(space):
+                    value[index] = 1
+        elif name == prefix + "bos_eos_emb.special_flags":
+            value[BOS] = 1
+            value[EOS] = 2
+        elif name == "tts_model.control_codes":
+            return np.array([codebook + 1, codebook + 2, codebook + 3], dtype=np.int32)
+        elif name == "tts_model.codec_silence_tokens":
+            return rng("biases").integers(0, codebook, size=value.shape, dtype=np.int32)
+        elif name.endswith(".variance"):
+            return np.full(value.shape, 0.5, dtype=np.float32)
+        return value
 
-    joint_enc = weights["stt_model.rnnt_joint.enc.weight"]
-    joint_enc[:] = _isometry(joint_enc.shape[0], joint_enc.shape[1], "rnnt_joint.enc") * 0.5
-    weights["stt_model.rnnt_joint.enc.bias"][:] = 0.0
-    joint_bias = weights["stt_model.rnnt_joint.joint_net.2.bias"]
-    joint_bias[RNNT_BLANK] = _RNNT_BLANK_BIAS
-    joint_bias[0] = _RNNT_UNK_BIAS
 
-    # Buffers the real checkpoint fills from its tokenizer and codec.
-    prefix = "tts_model.tts_model.embed_subword."
-    continuation = weights[prefix + "subword_flag_emb.is_continuation"]
-    space = byte_alphabet()[ord(" ")]
-    for token, index in vocab.items():
-        if index >= NUM_SPECIALS and not token.startswith(space):
-            continuation[index] = 1
-    flags = weights[prefix + "bos_eos_emb.special_flags"]
-    flags[BOS] = 1
-    flags[EOS] = 2
-    weights["tts_model.control_codes"] = np.array(
-        [CODEBOOK + 1, CODEBOOK + 2, CODEBOOK + 3], dtype=np.int32
-    )
-    weights["tts_model.codec_silence_tokens"] = biases.integers(
-        0, CODEBOOK, size=weights["tts_model.codec_silence_tokens"].shape, dtype=np.int32
-    )
-    for name, value in weights.items():
-        if name.endswith(".variance"):
-            weights[name] = np.full(value.shape, 0.5, dtype=np.float32)
-    return weights
+def _pad_row(head: Array, gain: float) -> Array:
+    head[PAD, :] = 0.0
+    head[PAD, 0] = gain
+    return head
+
+
+def mlx_weights(config: dict[str, Any], vocab: Vocab) -> dict[str, Array]:
+    """Every random weight at once, in mlx-vlm's own layout (small presets; the
+    checkpoint writer takes them one at a time from :class:`DemoWeights`)."""
+    weights = DemoWeights(config, vocab)
+    return {name: weights.tensor(name) for name in weights.names()}
