@@ -305,3 +305,50 @@ def test_sessions_step_figures_per_batch_and_per_conversation_frame() -> None:
         },
     }
     assert sessions.step_figures({}, {})["step_ms_per_batch"] is None
+
+
+def test_accelerator_parts_join_back_only_when_all_are_there(tmp_path: Path) -> None:
+    """benchmarks/accelerator.sh: wheels packed into parts (each device call carries at
+    most 64 MiB), stashed call by call, joined and checked; a missing or stale part is a
+    clear error, exit 2 or a failed digest, never a half-installed machine."""
+    repo = tmp_path / "repo"
+    (repo / "benchmarks").mkdir(parents=True)
+    script = repo / "benchmarks" / "accelerator.sh"
+    script.write_bytes((REPO / "benchmarks" / "accelerator.sh").read_bytes())
+    wheels = repo / ".accelerator" / "wheels"
+    wheels.mkdir(parents=True)
+    payload = bytes(range(256)) * 40
+    (wheels / "a-1.0-py3-none-any.whl").write_bytes(payload)
+    (wheels / "b-2.0-py3-none-any.whl").write_bytes(payload[::-1])
+    stash = tmp_path / "stash"
+    env = {"PATH": "/usr/bin:/bin", "ACCELERATOR_STASH": str(stash)}
+
+    def call(verb: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(script), verb],
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    assert call("pack", ACCELERATOR_PART_BYTES="8k").returncode == 0
+    parts = sorted(p for p in (repo / ".accelerator").iterdir() if p.is_dir())
+    assert len(parts) >= 3 and all((p / "part").stat().st_size <= 8192 for p in parts)
+    # The device gets one part a call; the others are not there.
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for part in parts[1:]:
+        part.rename(aside / part.name)
+    assert call("stash").returncode == 0
+    missing = call("join")
+    assert missing.returncode == 2 and "part 2 of" in missing.stderr
+    for part in parts[1:]:
+        (aside / part.name).rename(part)
+    assert call("join").returncode == 0, call("join").stderr
+    assert (stash / "wheels" / "a-1.0-py3-none-any.whl").read_bytes() == payload
+    # A part from another prepare fails its digest.
+    (parts[0] / "part").write_bytes(b"x" + (parts[0] / "part").read_bytes()[1:])
+    assert call("join").returncode != 0
+    usage = call("nonsense")
+    assert usage.returncode == 2 and "usage" in usage.stderr

@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# The accelerator run of issue 20 (batched frames), prepared so that it fits a short
+# loan of an NVIDIA machine with no network (docs/performance.md, "On an accelerator").
+#
+#   benchmarks/accelerator.sh prepare
+#       Here, with the package index reachable: the wheels the machine lacks (MLX's
+#       CUDA backend, mlx-vlm, mlx-audio, the server's own dependencies; the versions
+#       this checkout's .venv holds) for Python 3.12 on x86-64 Linux, packed into parts
+#       of at most 60 MiB under .accelerator/1, .accelerator/2, ... (git-ignored): one
+#       device call carries 64 MiB at most.
+#   benchmarks/accelerator.sh pack           (prepare's second half: .accelerator/wheels
+#       packed into the parts)
+#   benchmarks/accelerator.sh stash          (on the device, carrying .accelerator/N)
+#       Keeps part N in /tmp/accelerator; the machine keeps /tmp while it stays warm,
+#       so the calls must follow each other at once.
+#   benchmarks/accelerator.sh join           (the first step of run, on its own)
+#       Joins the stashed parts, checks them against prepare's digest, unpacks them.
+#   benchmarks/accelerator.sh run [SECONDS]  (on the device, carrying the last part)
+#       Joins and checks the parts, installs the wheels into /tmp/site, builds the
+#       ``full`` checkpoint (the real model's dimensions, 4-bit), then measures the
+#       frame step per batch size against mlx-vlm's and the conversations one server
+#       keeps in real time. Everything lands in $OUT (at most 8 files come back).
+#       SECONDS (default 20) is each conversation count's run in the sessions sweep.
+set -euo pipefail
+shopt -s nullglob
+cd "$(dirname "$0")/.."
+HERE=.accelerator
+STASH=${ACCELERATOR_STASH:-/tmp/accelerator}
+PART_BYTES=${ACCELERATOR_PART_BYTES:-56m}
+PYTHON_VERSION=3.12
+PLATFORMS=(manylinux_2_35_x86_64 manylinux_2_34_x86_64 manylinux_2_28_x86_64
+    manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64)
+# What the device image lacks (KINDS.md lists what it has: numpy, transformers,
+# tokenizers, safetensors, huggingface-hub, attrs, prometheus-client, jinja2, click,
+# werkzeug, sentencepiece, scipy, h11, ... and CUDA 13's libraries). Each is pinned to
+# the version this checkout's .venv holds, so the device runs what the tests ran.
+CARRY=(mlx mlx-vlm mlx-audio trio trio-websocket outcome sniffio quart quart-trio
+    hypercorn h2 hpack hyperframe priority wsproto blinker itsdangerous flask
+    soundfile cffi pycparser soxr platformdirs miniaudio)
+
+prepare() {
+    local venv=.venv/bin/python pins=() name version
+    for name in "${CARRY[@]}"; do
+        version=$("$venv" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$name")
+        pins+=("$name==$version")
+    done
+    version=$("$venv" -c "import importlib.metadata as m; print(m.version('mlx'))")
+    pins+=("mlx-cuda-13==$version")
+    rm -rf "$HERE"
+    mkdir -p "$HERE/wheels"
+    local flags=(--no-deps --only-binary=:all: --python-version "$PYTHON_VERSION"
+        --implementation cp --abi "cp${PYTHON_VERSION/./}" --abi abi3 --abi none)
+    for platform in "${PLATFORMS[@]}"; do flags+=(--platform "$platform"); done
+    "$venv" -m pip download -q "${flags[@]}" -d "$HERE/wheels" "${pins[@]}"
+    pack
+}
+
+pack() {
+    # $HERE/wheels as one tar, its digest, and parts of PART_BYTES, each in a folder.
+    rm -rf "$HERE"/[0-9]*/
+    tar -cf "$HERE/wheels.tar" -C "$HERE" wheels
+    (cd "$HERE" && sha256sum wheels.tar > wheels.sha256 && split -b "$PART_BYTES" -d -a 1 wheels.tar part-)
+    local count number=0 part
+    count=$(ls "$HERE"/part-* | wc -l)
+    for part in "$HERE"/part-*; do
+        number=$((number + 1))
+        mkdir -p "$HERE/$number"
+        mv "$part" "$HERE/$number/part"
+        cp "$HERE/wheels.sha256" "$HERE/$number/"
+        echo "$number" > "$HERE/$number/number"
+        echo "$count" > "$HERE/$number/count"
+    done
+    rm -rf "$HERE/wheels" "$HERE/wheels.tar"
+    echo "$count parts:"
+    du -sh "$HERE"/*/
+    echo "then, on the device, one call per part, back to back:"
+    for ((part = 1; part < count; part++)); do
+        echo "  carry [\"$HERE/$part\"]: bash benchmarks/accelerator.sh stash"
+    done
+    echo "  carry [\"$HERE/$count\"]: bash benchmarks/accelerator.sh run"
+}
+
+stash() {
+    # Every part this call carried (and any an earlier call left in the checkout).
+    local dir found=0
+    mkdir -p "$STASH"
+    for dir in "$HERE"/[0-9]*/; do
+        [[ -f "$dir/part" ]] || continue
+        found=1
+        cp "$dir/part" "$STASH/part-$(cat "$dir/number")"
+        cp "$dir/wheels.sha256" "$dir/count" "$STASH/"
+    done
+    [[ $found == 1 || -f "$STASH/count" ]] || {
+        echo "no part here: carry one of .accelerator/N (benchmarks/accelerator.sh prepare makes them)" >&2
+        exit 2
+    }
+    ls -la "$STASH"
+}
+
+join() {
+    # Every part stashed, joined, checked against the digest prepare wrote, unpacked.
+    stash > /dev/null
+    local count number
+    count=$(cat "$STASH/count")
+    for ((number = 1; number <= count; number++)); do
+        [[ -f "$STASH/part-$number" ]] || {
+            echo "part $number of $count is missing: carry .accelerator/$number in a stash call first" >&2
+            exit 2
+        }
+    done
+    (cd "$STASH" && for ((number = 1; number <= count; number++)); do cat "part-$number"; done \
+        > wheels.tar && sha256sum -c wheels.sha256)
+    rm -rf "$STASH/wheels"
+    tar -xf "$STASH/wheels.tar" -C "$STASH"
+}
+
+run() {
+    local seconds=${1:-20} out=${OUT:-/tmp/accelerator-out}
+    mkdir -p "$out"
+    join
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site "$STASH"/wheels/*.whl
+    export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+    {
+        date -u
+        nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+        python3 -c "import platform, mlx.core as mx, importlib.metadata as m; \
+print(platform.python_version(), mx.default_device(), \
+{n: m.version(n) for n in ('mlx', 'mlx-cuda-13', 'mlx-vlm', 'mlx-audio', 'numpy')})"
+        lscpu | grep -E 'Model name|^CPU\(s\)'
+    } 2>&1 | tee "$out/machine.txt"
+    local model=/tmp/full-4bit
+    /usr/bin/time -v python3 -m realtime demo-model "$model" --size full --quantize 4 \
+        > "$out/build.log" 2>&1 || { tail -n 30 "$out/build.log"; exit 1; }
+    grep -E 'Elapsed|Maximum resident' "$out/build.log"
+    du -sh "$model"
+    # The step alone: mlx-vlm's and ours at B = 1, ours per batch size.
+    python3 -m benchmarks.batching --model "$model" --batch 1,2,4,8,16,32 --rounds 2 \
+        --warmup 3 --frames 10 --json "$out/batching.json" 2>&1 | tee "$out/batching.log" || true
+    # Conversations through the server: the largest N in real time, batched.
+    python3 -m benchmarks.sessions --model "$model" --sessions 1,8,16,24,32,48 \
+        --scheduler batched --seconds "$seconds" --rounds 1 --json "$out/sessions.json" \
+        2>&1 | tee "$out/sessions.log" || true
+}
+
+case "${1:-}" in
+    prepare) prepare ;;
+    pack) pack ;;
+    stash) stash ;;
+    join) join ;;
+    run) shift; run "$@" ;;
+    *) echo "usage: benchmarks/accelerator.sh prepare | pack | stash | join | run [SECONDS]" >&2; exit 2 ;;
+esac
