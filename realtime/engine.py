@@ -333,8 +333,6 @@ class Engine:
         self._step_times = StepTimes()  # under _state_lock
         self._last_frame: dict[str, float] = {}  # under _state_lock
         """When each session's latest frame reached the engine (a batch's gathering)."""
-        self.frames_late = 0
-        """Frames whose step finished after their deadline (engine thread writes)."""
         self._thread = threading.Thread(target=self._run, name="realtime-engine", daemon=True)
         self._loaded: concurrent.futures.Future[RealtimeModel] = concurrent.futures.Future()
         self._state_lock = threading.Lock()
@@ -504,10 +502,6 @@ class Engine:
     def reserved(self) -> int:
         """How many slots are held now."""
         return len(self._reserved)
-
-    def is_full(self) -> bool:
-        """Whether every slot is held (a new conversation would be refused)."""
-        return len(self._reserved) >= self.capacity
 
     def _release(self, session_id: str) -> None:
         with self._state_lock:
@@ -792,10 +786,7 @@ class Engine:
         now, queued = time.monotonic(), len(self._scheduler)
         for entry, step, _ in outcomes:
             if step is not None:
-                lateness = now - entry.due
-                if lateness > 0:
-                    self.frames_late += 1
-                self._observer.frame_deadline(lateness, queued)
+                self._observer.frame_deadline(now - entry.due, queued)
             self._observer.command_finished("push", time.perf_counter() - began)
         for entry, step, error in outcomes:
             _settle(entry.item.future, result=step, exception=error)

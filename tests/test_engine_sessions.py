@@ -17,6 +17,7 @@ import pytest
 from realtime.admission import MIN_SAMPLES
 from realtime.engine import Cancel, Close, Engine, EngineError, Flush, Open, Push
 from realtime.models.fake import FakeModel, FakeOptions
+from realtime.observe import Observer
 from tests.helpers import running_engine
 
 FRAME = np.zeros(1280, dtype=np.float32)
@@ -119,7 +120,7 @@ def test_capacity_counts_sessions_and_refuses_the_next_as_busy() -> None:
         for sid in "abc":
             assert engine.refusal() is None
             assert engine.try_reserve(sid)
-        assert engine.reserved == 3 and engine.is_full()
+        assert engine.reserved == engine.capacity == 3
         assert engine.refusal() == "busy" and not engine.try_reserve("d")
         engine.submit(Close("b")).result(2)
         assert engine.try_reserve("d")
@@ -151,11 +152,24 @@ def test_late_frames_are_counted_against_their_deadline() -> None:
     """Four sessions at 50 ms a step: a round of their frames takes 200 ms, so frames
     due 80 ms after they arrived finish late."""
     model = FakeModel(FakeOptions(frame_delay=0.05))
-    with running_engine(model, capacity=4) as engine:
+    deadlines = _Deadlines()
+    with running_engine(model, capacity=4, observer=deadlines) as engine:
         open_all(engine, "a", "b", "c", "d")
         futures = [engine.submit(push(sid)) for sid in "abcd"]
         concurrent.futures.wait(futures, 10)
-        assert engine.frames_late >= 2
+    assert len(deadlines.lateness) == 4
+    assert sum(1 for late in deadlines.lateness if late > 0) >= 2
+
+
+class _Deadlines(Observer):
+    """Each frame's lateness against its deadline, as the engine reports it (the
+    ``realtime_engine_frames_late`` metric counts the positive ones)."""
+
+    def __init__(self) -> None:
+        self.lateness: list[float] = []
+
+    def frame_deadline(self, lateness: float, queued: int) -> None:
+        self.lateness.append(lateness)
 
 
 def test_a_model_failure_drops_that_session_only() -> None:
