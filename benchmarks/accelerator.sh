@@ -120,19 +120,27 @@ run() {
     join
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site "$STASH"/wheels/*.whl
-    export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+    # libmlx.so finds CUDA's libraries through RPATH $ORIGIN/../../nvidia/*/lib, i.e. in
+    # its own site-packages: point that at the image's (PyTorch's cu13 wheels), and put
+    # them on the loader's path too.
+    local nvidia
+    nvidia=$(python3 -c "import nvidia; print(list(nvidia.__path__)[0])")
+    [[ -e /tmp/site/nvidia ]] || ln -s "$nvidia" /tmp/site/nvidia
+    LD_LIBRARY_PATH=$(find "$nvidia" -maxdepth 3 -type d -name lib | tr '\n' ':')${LD_LIBRARY_PATH:-}
+    export LD_LIBRARY_PATH PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
     {
         date -u
         nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
         python3 -c "import platform, mlx.core as mx, importlib.metadata as m; \
 print(platform.python_version(), mx.default_device(), \
-{n: m.version(n) for n in ('mlx', 'mlx-cuda-13', 'mlx-vlm', 'mlx-audio', 'numpy')})"
-        lscpu | grep -E 'Model name|^CPU\(s\)'
+{n: m.version(n) for n in ('mlx', 'mlx-cuda-13', 'mlx-vlm', 'mlx-audio', 'numpy')}); \
+a = mx.ones((1024, 1024)); mx.eval(a @ a); print('a matmul ran on', mx.default_device())"
+        lscpu | grep -E 'Model name|^CPU\(s\)' || true
     } 2>&1 | tee "$out/machine.txt"
     local model=/tmp/full-4bit
-    /usr/bin/time -v python3 -m realtime demo-model "$model" --size full --quantize 4 \
+    python3 -m realtime --log-level info demo-model "$model" --size full --quantize 4 \
         > "$out/build.log" 2>&1 || { tail -n 30 "$out/build.log"; exit 1; }
-    grep -E 'Elapsed|Maximum resident' "$out/build.log"
+    tail -n 2 "$out/build.log"
     du -sh "$model"
     # The step alone: mlx-vlm's and ours at B = 1, ours per batch size.
     python3 -m benchmarks.batching --model "$model" --batch 1,2,4,8,16,32 --rounds 2 \
