@@ -27,7 +27,12 @@ cd "$(dirname "$0")/.."
 HERE=.accelerator
 STASH=${ACCELERATOR_STASH:-/tmp/accelerator}
 PART_BYTES=${ACCELERATOR_PART_BYTES:-56m}
-PYTHON_VERSION=3.12
+PYTHON_VERSION=${ACCELERATOR_PYTHON:-3.12}
+# MLX's backend wheel, and the preset the run builds. A dry run on a CPU machine sets
+# ACCELERATOR_PYTHON to its python3's version, ACCELERATOR_MLX_BACKEND=mlx-cpu and
+# ACCELERATOR_SIZE=tiny (docs/performance.md).
+MLX_BACKEND=${ACCELERATOR_MLX_BACKEND:-mlx-cuda-13}
+SIZE=${ACCELERATOR_SIZE:-full}
 PLATFORMS=(manylinux_2_35_x86_64 manylinux_2_34_x86_64 manylinux_2_28_x86_64
     manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64)
 # What the device image lacks (KINDS.md lists what it has: numpy, transformers,
@@ -45,7 +50,7 @@ prepare() {
         pins+=("$name==$version")
     done
     version=$("$venv" -c "import importlib.metadata as m; print(m.version('mlx'))")
-    pins+=("mlx-cuda-13==$version")
+    pins+=("$MLX_BACKEND==$version")
     rm -rf "$HERE"
     mkdir -p "$HERE/wheels"
     local flags=(--no-deps --only-binary=:all: --python-version "$PYTHON_VERSION"
@@ -124,21 +129,23 @@ run() {
     # its own site-packages: point that at the image's (PyTorch's cu13 wheels), and put
     # them on the loader's path too.
     local nvidia
-    nvidia=$(python3 -c "import nvidia; print(list(nvidia.__path__)[0])")
-    [[ -e /tmp/site/nvidia ]] || ln -s "$nvidia" /tmp/site/nvidia
-    LD_LIBRARY_PATH=$(find "$nvidia" -maxdepth 3 -type d -name lib | tr '\n' ':')${LD_LIBRARY_PATH:-}
-    export LD_LIBRARY_PATH PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+    if nvidia=$(python3 -c "import nvidia; print(list(nvidia.__path__)[0])" 2>/dev/null); then
+        [[ -e /tmp/site/nvidia ]] || ln -s "$nvidia" /tmp/site/nvidia
+        LD_LIBRARY_PATH=$(find "$nvidia" -maxdepth 3 -type d -name lib | tr '\n' ':')${LD_LIBRARY_PATH:-}
+        export LD_LIBRARY_PATH
+    fi
+    export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
     {
         date -u
-        nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+        nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
         python3 -c "import platform, mlx.core as mx, importlib.metadata as m; \
 print(platform.python_version(), mx.default_device(), \
-{n: m.version(n) for n in ('mlx', 'mlx-cuda-13', 'mlx-vlm', 'mlx-audio', 'numpy')}); \
+{n: m.version(n) for n in ('mlx', '$MLX_BACKEND', 'mlx-vlm', 'mlx-audio', 'numpy')}); \
 a = mx.ones((1024, 1024)); mx.eval(a @ a); print('a matmul ran on', mx.default_device())"
         lscpu | grep -E 'Model name|^CPU\(s\)' || true
     } 2>&1 | tee "$out/machine.txt"
-    local model=/tmp/full-4bit
-    python3 -m realtime --log-level info demo-model "$model" --size full --quantize 4 \
+    local model=/tmp/accelerator-$SIZE-4bit
+    python3 -m realtime --log-level info demo-model "$model" --size "$SIZE" --quantize 4 \
         > "$out/build.log" 2>&1 || { tail -n 30 "$out/build.log"; exit 1; }
     tail -n 2 "$out/build.log"
     du -sh "$model"
