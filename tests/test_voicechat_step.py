@@ -303,3 +303,59 @@ def test_a_tool_result_goes_in_as_inserted_function_channel_steps(
     session.flush(True)
     with pytest.raises(InferenceError, match="closed"):
         session.begin_tool_result(output)
+
+
+def test_batched_transcript_steps_are_each_rows_own(demo_model: VoiceChatModel) -> None:
+    """The user transcript's greedy RNN-T, batched over rows (``_transcribe``): every
+    row's tokens, text, last symbol and predictor state are bit for bit what mlx-vlm's
+    own ``_RNNTState.step`` makes of the same encoder frames, also in frames where the
+    rows emit different numbers of symbols and where a row without predictor state yet
+    joins rows that have one."""
+    import copy
+
+    import mlx.core as mx
+
+    from realtime.models.voicechat_step import StepRow, _transcribe
+
+    rows = 4
+    sessions = [
+        open_session(demo_model, system_prompt=None, seed=k, max_streaming_seconds=None)
+        for k in range(rows)
+    ]
+    ours = [StepRow(s._inner, s._key, None) for s in sessions]  # type: ignore[attr-defined]
+    theirs = [copy.copy(row.inner._rnnt) for row in ours]
+    for state in theirs:
+        state.tokens = list(state.tokens)
+    width = demo_model.runtime.model.config.audio_config.encoder.d_model
+    gen = np.random.default_rng(7)
+    counts_seen: set[tuple[int, ...]] = set()
+    mixed = False
+    for frame in range(40):
+        scale = 0.0 if frame < 3 else 3.0  # blank first: the predictors start at different times
+        encoded = [
+            mx.array(gen.standard_normal((1, 1, width)).astype(np.float32) * scale * (k % 2 + 1))
+            if frame >= 3 + 2 * k
+            else mx.zeros((1, 1, width))
+            for k in range(rows)
+        ]
+        mixed |= len({row.inner._rnnt.hidden is None for row in ours}) == 2
+        before = [len(row.inner._rnnt.tokens) for row in ours]
+        got = _transcribe(ours, encoded)
+        want = [state.step(frame_k) for state, frame_k in zip(theirs, encoded, strict=True)]
+        assert got == want, frame
+        counts_seen.add(
+            tuple(len(r.inner._rnnt.tokens) - b for r, b in zip(ours, before, strict=True))
+        )
+        for row, state in zip(ours, theirs, strict=True):
+            mine = row.inner._rnnt
+            assert (mine.tokens, mine.text, mine.last_token) == (
+                state.tokens,
+                state.text,
+                state.last_token,
+            )
+            assert (mine.hidden is None) == (state.hidden is None)
+            if mine.hidden is not None:
+                for a, b in zip(mine.hidden, state.hidden, strict=True):
+                    assert np.array_equal(np.array(a), np.array(b))
+    assert mixed
+    assert any(len(set(counts)) > 1 for counts in counts_seen)

@@ -14,9 +14,11 @@ computes.
 Rows are combined only where the result stays bit for bit what each row gets alone
 (tests/test_voicechat_step.py checks every stage against mlx-vlm's own session):
 
-* perception and the RNN-T loop run per row: the conformer's attention caches differ
-  in length until a conversation is 70 encoder frames old and its streaming block
-  has no key-padding mask; the RNN-T emits a different number of symbols per row;
+* perception runs per row until a conversation is 70 encoder frames old: the
+  conformer's attention caches differ in length until then and its streaming block
+  has no key-padding mask;
+* the RNN-T runs one batch per round of symbols over the rows still emitting (each
+  emits its own number), its predictor's LSTM layers called batch-first;
 * the language model runs as one batch: its Mamba states are stacked for the step
   and split back after it, its attention layers read each row's own KV cache through
   :class:`_RowsKV` (left-padded to the longest, masked);
@@ -75,6 +77,10 @@ REQUIRED_STATE: Final = (
 when a session opens, so an mlx-vlm that renames one fails there, clearly)."""
 
 
+RNNT_STATE: Final = ("last_token", "hidden", "tokens", "text")
+"""The attributes of mlx-vlm's RNN-T state (``_RNNTState``) :func:`_transcribe` advances."""
+
+
 class StepRow:
     """One conversation's place in a batched frame: mlx-vlm's streaming session (its
     state), its random key and the frame to run."""
@@ -91,6 +97,10 @@ def check_state(inner: Any) -> None:
     """Raise RuntimeError if ``inner`` lacks what :func:`step_frames` advances (an
     mlx-vlm this step was not written for, or a session opened without caches)."""
     missing = [name for name in REQUIRED_STATE if not hasattr(inner, name)]
+    rnnt = getattr(inner, "_rnnt", None)
+    missing += [
+        f"_rnnt.{name}" for name in RNNT_STATE if rnnt is not None and not hasattr(rnnt, name)
+    ]
     if missing or inner._language_cache is None or inner._conformer_stream is None:
         raise RuntimeError(
             "mlx-vlm's streaming session lacks the state the frame step advances "
@@ -416,6 +426,110 @@ def _perceive(rows: Sequence[StepRow]) -> tuple[list[Any], list[Any]]:
     ]
 
 
+def _predict(lstm: Any, inputs: Any, hidden: tuple[Any, Any] | None) -> tuple[Any, Any]:
+    """The RNN-T prediction network's LSTM layers over ``inputs`` (rows, 1, width), each
+    row one step on its own state: mlx-audio's wrapper hands MLX's ``nn.LSTM`` its
+    input time-major, which MLX reads as (batch, time), so it steps one row only (for
+    one row the two layouts are the same array). Returns the top layer's output and
+    the new (h, c), each (layers, rows, width), as the wrapper does."""
+    import mlx.core as mx
+
+    outputs = inputs
+    next_h: list[Any] = []
+    next_c: list[Any] = []
+    for layer, cell in enumerate(lstm.lstm):
+        all_h, all_c = cell(
+            outputs,
+            hidden=None if hidden is None else hidden[0][layer],
+            cell=None if hidden is None else hidden[1][layer],
+        )
+        outputs = all_h
+        next_h.append(all_h[:, -1])
+        next_c.append(all_c[:, -1])
+    return outputs, (mx.stack(next_h, axis=0), mx.stack(next_c, axis=0))
+
+
+def _transcribe(rows: Sequence[StepRow], encoded: Sequence[Any]) -> list[tuple[str, str] | None]:
+    """Each row's user-transcript update for its encoder frame, as mlx-vlm's
+    ``_RNNTState.step`` gives it, with the rows' greedy RNN-T steps batched: each round
+    runs the prediction network and joint once for every row still emitting (one wait
+    on the device, not one per row) and a row leaves at its blank or its
+    ``max_symbols``. Rows whose predictor has no state yet (a conversation's first
+    symbols) run as a group of their own, as mlx-vlm starts that state (no recurrent
+    term); a blank's input is the zero embedding mlx-vlm uses."""
+    import mlx.core as mx
+    from mlx_audio.stt.models.nemotron_asr import tokenizer as rnnt_tokenizer
+
+    first = rows[0].inner
+    config = first.model.config
+    vocabulary = config.rnnt_vocabulary
+    if not vocabulary:
+        return [None] * len(rows)
+    stt = first.model.stt_model
+    embed, lstm = stt.rnnt_decoder.prediction["embed"], stt.rnnt_decoder.prediction["dec_rnn"]
+    joint, blank = stt.rnnt_joint, config.rnnt_blank_id
+    limit = config.audio_config.max_symbols
+    states = [row.inner._rnnt for row in rows]
+    before = [len(state.tokens) for state in states]
+    emitted = [0] * len(rows)
+    active = list(range(len(rows)))
+    while active:
+        chosen: dict[int, Any] = {}
+        proposed: dict[int, tuple[Any, Any]] = {}
+        for members in groups(active, lambda i: states[i].hidden is None):
+            inputs = [
+                embed(mx.array([[states[i].last_token]], dtype=mx.int32))
+                if states[i].last_token != blank
+                else mx.zeros((1, 1, lstm.hidden_size))
+                for i in members
+            ]
+            hidden = states[members[0]].hidden
+            if hidden is not None and len(members) > 1:
+                hidden = tuple(
+                    mx.concatenate([states[i].hidden[part] for i in members], axis=1)
+                    for part in range(2)
+                )
+            prediction, (h, c) = _predict(
+                lstm, inputs[0] if len(members) == 1 else mx.concatenate(inputs, axis=0), hidden
+            )
+            frames = (
+                encoded[members[0]]
+                if len(members) == 1
+                else mx.concatenate([encoded[i] for i in members], axis=0)
+            )
+            logits = joint(frames, prediction.astype(frames.dtype))
+            best = mx.argmax(logits.reshape(len(members), -1), axis=-1)
+            for position, i in enumerate(members):
+                chosen[i] = best[position]
+                proposed[i] = (h[:, position : position + 1], c[:, position : position + 1])
+        picks = [chosen[i] for i in active]
+        values = np.asarray(mx.stack(picks)).reshape(-1).tolist()
+        still: list[int] = []
+        for i, token in zip(active, values, strict=True):
+            if token == blank:
+                continue
+            state = states[i]
+            state.last_token = token
+            dtype = encoded[i].dtype
+            state.hidden = tuple(value.astype(dtype) for value in proposed[i])
+            if not rnnt_tokenizer.is_special_token(token, vocabulary):
+                state.tokens.append(token)
+            emitted[i] += 1
+            if emitted[i] < limit:
+                still.append(i)
+        active = still
+    out: list[tuple[str, str] | None] = []
+    for state, count in zip(states, before, strict=True):
+        if len(state.tokens) == count:
+            out.append(None)
+            continue
+        updated = rnnt_tokenizer.decode(state.tokens, vocabulary).strip()
+        delta = updated[len(state.text) :] if updated.startswith(state.text) else updated
+        state.text = updated
+        out.append((delta, updated))
+    return out
+
+
 def _conformer_state(inner: Any) -> list[Any]:
     stream = inner._conformer_stream
     state = [stream.mel_cache, *stream.attn_cache, *stream.conv_cache]
@@ -470,8 +584,8 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
     function_ids = mx.argmax(function_logits, axis=-1)
     mx.async_eval(text_ids, function_ids)  # type: ignore[no-untyped-call]
 
-    # The user transcript (host-driven, a sync per symbol) while that computes.
-    heard = [row.inner._rnnt.step(encoded[i]) for i, row in enumerate(rows)]
+    # The user transcript (host-driven, a sync per round of symbols) while that computes.
+    heard = _transcribe(rows, encoded)
 
     texts = [int(t) for t in np.asarray(text_ids).reshape(-1)]
     functions = [int(f) for f in np.asarray(function_ids).reshape(-1)]
@@ -517,8 +631,9 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
         inner._timeline_index += 1
         inner._frame_index += 1
         events: list[ModelEvent] = []
-        if heard[i] is not None:
-            delta, text = heard[i]
+        transcript = heard[i]
+        if transcript is not None:
+            delta, text = transcript
             events.append(UserTranscriptDelta(frame_index=index, delta=delta, transcript=text))
         update = inner._text.append(texts[i])
         if update is not None:
