@@ -24,7 +24,7 @@ import numpy as np
 
 from realtime.demo_checkpoint.config import SMALL, DemoSize, demo_config
 from realtime.demo_checkpoint.layout import checkpoint_tensors, contiguous, front_end_buffers
-from realtime.demo_checkpoint.quantize import quantizable, quantized
+from realtime.demo_checkpoint.quantize import quantized
 from realtime.demo_checkpoint.tokenizer import (
     SPECIAL_TOKENS_MAP,
     Vocab,
@@ -98,14 +98,15 @@ class _Shards:
         from safetensors import TensorSpec, serialize_file
 
         path = self._directory / f".part-{len(self._parts):05d}"
+        pending = sorted(self._pending.items())
         specs = {
             name: TensorSpec(
                 dtype=dtype, shape=value.shape, data_ptr=value.ctypes.data, data_len=value.nbytes
             )
-            for name, (dtype, value) in sorted(self._pending.items())
+            for name, (dtype, value) in pending
         }
         serialize_file(specs, str(path), metadata={"format": "pt"})
-        sizes = [(name, int(value.nbytes)) for name, (_, value) in sorted(self._pending.items())]
+        sizes = [(name, int(value.nbytes)) for name, (_, value) in pending]
         self._parts.append((path, sizes))
         self._pending, self._pending_bytes = {}, 0
 
@@ -156,24 +157,17 @@ def _checkpoint(
     """
     weights = DemoWeights(config, vocab)
 
-    def prepare(parameter: str) -> list[tuple[str, Array, bool]]:
-        value = weights.tensor(parameter)
-        return [
-            (name, part, quantize is not None and quantizable(name, part))
-            for name, part in checkpoint_tensors(parameter, value, config)
-        ]
+    def prepare(parameter: str) -> list[tuple[str, Array]]:
+        return checkpoint_tensors(parameter, weights.tensor(parameter), config)
 
     for name, value in front_end_buffers():
         yield _stored(name, value, bfloat16)
     workers = max(1, min(8, os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="demo-weights") as pool:
         for parts in _in_order(pool, prepare, weights.names(), ahead=2 * workers):
-            for name, value, quantized_here in parts:
-                if not quantized_here:
-                    yield _stored(name, value, bfloat16)
-                    continue
-                assert quantize is not None
-                for stored, piece in quantized(name, value, quantize):
+            for name, value in parts:
+                pieces = [(name, value)] if quantize is None else quantized(name, value, quantize)
+                for stored, piece in pieces:
                     yield _stored(stored, piece, bfloat16)
 
 

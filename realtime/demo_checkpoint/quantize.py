@@ -8,8 +8,7 @@ from realtime.demo_checkpoint.weights import Array
 _VOCABULARY_MATRICES = ("stt_model.embed_tokens", "stt_model.lm_head", "stt_model.function_head")
 
 
-def quantizable(name: str, value: Array) -> bool:
-    """Whether the real uploads store this checkpoint tensor quantized."""
+def _quantizable(name: str, value: Array) -> bool:
     module = name.removesuffix(".weight")
     return (
         name.endswith(".weight")
@@ -25,7 +24,7 @@ def quantized(name: str, value: Array, bits: int) -> list[tuple[str, Array]]:
     import mlx.core as mx
     import numpy as np
 
-    if not quantizable(name, value):
+    if not _quantizable(name, value):
         return [(name, value)]
     module = name.removesuffix(".weight")
     packed, scales, biases = mx.quantize(mx.array(value), group_size=QUANT_GROUP_SIZE, bits=bits)

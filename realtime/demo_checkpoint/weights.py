@@ -57,12 +57,7 @@ class Template:
     here."""
 
     shape: tuple[int, ...]
-    dtype: str
     value: Array | None
-
-
-def _kept(shape: tuple[int, ...], dtype: str) -> bool:
-    return dtype != "float32" or len(shape) <= 1
 
 
 def parameter_templates(config: dict[str, Any]) -> dict[str, Template]:
@@ -79,10 +74,10 @@ def parameter_templates(config: dict[str, Any]) -> dict[str, Template]:
         shape = tuple(int(n) for n in value.shape)
         dtype = np.dtype(str(value.dtype).removeprefix("mlx.core.")).name
         kept = None
-        if _kept(shape, dtype):
+        if dtype != "float32" or len(shape) <= 1:
             mx.eval(value)
             kept = np.array(value)
-        templates[name] = Template(shape, dtype, kept)
+        templates[name] = Template(shape, kept)
     return templates
 
 
@@ -226,10 +221,3 @@ def _pad_row(head: Array, gain: float) -> Array:
     head[PAD, :] = 0.0
     head[PAD, 0] = gain
     return head
-
-
-def mlx_weights(config: dict[str, Any], vocab: Vocab) -> dict[str, Array]:
-    """Every random weight at once, in mlx-vlm's own layout (small presets; the
-    checkpoint writer takes them one at a time from :class:`DemoWeights`)."""
-    weights = DemoWeights(config, vocab)
-    return {name: weights.tensor(name) for name in weights.names()}
