@@ -74,3 +74,16 @@ def demo_server(
     """
     with start_realtime_server(log_dir=tmp_path_factory.mktemp("server")) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def medium_model(tmp_path_factory: pytest.TempPathFactory) -> VoiceChatModel:
+    """The medium demo checkpoint: real-shaped enough that the language model and the
+    TTS do real work (more heads, layers and a wider codebook search than tiny)."""
+    from realtime.demo_checkpoint import MEDIUM
+    from realtime.models import load_model
+
+    path = write_demo_checkpoint(tmp_path_factory.mktemp("medium") / "medium", size=MEDIUM)
+    model = load_model(path)
+    assert isinstance(model, VoiceChatModel)
+    return model

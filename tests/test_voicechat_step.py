@@ -21,19 +21,6 @@ from tests.models_fixtures import noise, push_all, speechlike
 from tests.test_sessions_isolation import LONG_PROMPT, Digest, digest, digest_mlx_vlm
 
 
-@pytest.fixture(scope="module")
-def medium_model(tmp_path_factory: pytest.TempPathFactory) -> VoiceChatModel:
-    """The medium demo checkpoint: real-shaped enough that the language model and the
-    TTS do real work (more heads, layers and a wider codebook search than tiny)."""
-    from realtime.demo_checkpoint import MEDIUM
-    from realtime.demo_checkpoint.files import write_demo_checkpoint
-
-    path = write_demo_checkpoint(tmp_path_factory.mktemp("medium") / "medium", size=MEDIUM)
-    model = load_model(path)
-    assert isinstance(model, VoiceChatModel)
-    return model
-
-
 def _models(request: pytest.FixtureRequest, name: str) -> VoiceChatModel:
     model = request.getfixturevalue(name)
     assert isinstance(model, VoiceChatModel)
@@ -246,15 +233,23 @@ def test_a_batched_draw_gives_each_row_its_own_keys_draw() -> None:
     module: Any = types.ModuleType("tts_like")
     module.mx = mx
     install(module)
+    # Rows of an even size take MLX's bits per row and turn them into samples once
+    # (keys._FROM_BITS); an odd size draws row by row. Either way: each row's own.
+    for shape in [(3, 1, 4), (3, 1, 5), (4, 1, 512), (2, 3, 6)]:
+        keys = [SessionKey(11 + r) for r in range(shape[0])]
+        alone = [SessionKey(11 + r) for r in range(shape[0])]
+        with drawing_rows(keys):
+            uniform = module.mx.random.uniform(shape=shape)
+            normal = module.mx.random.normal(shape)
+        row_shape = (1, *shape[1:])
+        for row, key in enumerate(alone):
+            with drawing_from(key):
+                own_uniform = module.mx.random.uniform(shape=row_shape)
+                own_normal = module.mx.random.normal(row_shape)
+            assert own_uniform.dtype == uniform.dtype and own_normal.dtype == normal.dtype
+            assert mx.array_equal(own_uniform, uniform[row : row + 1])
+            assert mx.array_equal(own_normal, normal[row : row + 1])
     keys = [SessionKey(11), SessionKey(12), SessionKey(13)]
-    alone = [SessionKey(11), SessionKey(12), SessionKey(13)]
-    with drawing_rows(keys):
-        uniform = module.mx.random.uniform(shape=(3, 1, 4))
-        normal = module.mx.random.normal((3, 1, 2))
-    for row, key in enumerate(alone):
-        with drawing_from(key):
-            assert mx.array_equal(module.mx.random.uniform(shape=(1, 1, 4)), uniform[row : row + 1])
-            assert mx.array_equal(module.mx.random.normal((1, 1, 2)), normal[row : row + 1])
     with drawing_rows(keys), pytest.raises(RuntimeError, match="batch of 3"):
         module.mx.random.normal((2, 1, 2))
 

@@ -272,17 +272,23 @@ def _subwords(tts: Any, ids: Any) -> Any:
     return mx.concatenate(parts, axis=0)
 
 
-def _tts(rows: Sequence[StepRow], ids: list[int], previous: Any) -> Any:
+def _tts(
+    rows: Sequence[StepRow], ids: list[int], previous: list[Any | None], silence: Any
+) -> tuple[Any, Any]:
     """One EAR-TTS step for ``rows``: mlx-vlm's ``RVQEARTTSModel.step`` with guidance,
-    its conditioning built per group of rows and its backbone over every row's own
-    caches; the new codes, (rows, 1, codebooks)."""
+    its conditioning built per group of rows, its backbone over every row's own caches
+    and its codes from :func:`realtime.models.voicechat_codes.generate_codes`;
+    ``previous`` is each row's previous codes (None: silence, its text ended the turn).
+    The new codes, (rows, 1, codebooks), and their code embedding sums."""
     import mlx.core as mx
 
     from realtime.models.keys import drawing_rows
+    from realtime.models.voicechat_codes import generate_codes, previous_sums
 
     tts = rows[0].inner.model.tts_model.tts_model
     count = len(rows)
-    code_embed = tts.embed_code(tts.depthsum_embedding(previous))
+    sums = previous_sums(tts, [row.inner for row in rows], previous, silence)
+    code_embed = tts.embed_code(sums)
     code_embed = mx.concatenate([code_embed, code_embed], axis=0)
     cond = _subwords(tts, ids)
     null = mx.broadcast_to(tts.null_emb, cond.shape)
@@ -294,7 +300,7 @@ def _tts(rows: Sequence[StepRow], ids: list[int], previous: Any) -> Any:
         cache = [_RowsKV([c[layer] for c in per_row], 2) for layer in range(len(per_row[0]))]
     hidden = tts.backbone(None, inputs_embeds=inputs, cache=cache)
     with drawing_rows([row.key for row in rows]):
-        return tts.generate_codes(hidden)
+        return generate_codes(tts, hidden)
 
 
 def _codec(rows: Sequence[StepRow], clean: Any) -> list[Any]:
@@ -543,6 +549,8 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
     means every row's state may be partly advanced."""
     import mlx.core as mx
 
+    from realtime.models.voicechat_codes import remember
+
     for row in rows:
         inner = row.inner
         if inner.max_frames is not None and inner._frame_index >= inner.max_frames:
@@ -589,22 +597,23 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
 
     texts = [int(t) for t in np.asarray(text_ids).reshape(-1)]
     functions = [int(f) for f in np.asarray(function_ids).reshape(-1)]
-    silence = model.tts_model.codec_silence_tokens[None, None, :]
+    silence_tokens = model.tts_model.codec_silence_tokens
+    silence = silence_tokens[None, None, :]
     speaking = [i for i, new in enumerate(fresh) if not new]
     spoken: dict[int, Any] = {}
     if speaking:
-        previous = []
-        for i in speaking:
-            code = rows[i].inner._previous_code
-            if texts[i] == config.eos_token_id:
-                code = mx.broadcast_to(silence, code.shape)
-            previous.append(code)
-        codes_now = _tts(
+        codes_now, sums = _tts(
             [rows[i] for i in speaking],
             [texts[i] for i in speaking],
-            previous[0] if len(previous) == 1 else mx.concatenate(previous, axis=0),
+            [
+                None if texts[i] == config.eos_token_id else rows[i].inner._previous_code
+                for i in speaking
+            ],
+            silence_tokens,
         )
-        spoken = {i: codes_now[n : n + 1] for n, i in enumerate(speaking)}
+        for n, i in enumerate(speaking):
+            spoken[i] = codes_now if len(speaking) == 1 else codes_now[n : n + 1]
+            remember(rows[i].inner, spoken[i], sums if len(speaking) == 1 else sums[n : n + 1])
         codes = codes_now if len(speaking) == len(rows) else None
     if len(speaking) != len(rows):
         codes = mx.concatenate(
