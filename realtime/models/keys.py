@@ -16,17 +16,27 @@ that is ``mlx.core`` in every name except ``random``, whose ``uniform`` and
 advances its global key, so a session alone gets bit for bit what mlx-vlm gives it).
 With no session running (mlx-vlm's own offline ``generate``) they draw from the
 global key as before. mlx-vlm's module is otherwise untouched, and nothing is
-forked. It goes away once mlx-vlm takes a key per streaming session (a ``key=``
+forked.
+
+In a batched step each row draws with its own key; a plain draw (a shape and nothing
+else, as the TTS's are) takes each row's raw bits from MLX (``split(key, num)`` is
+``bits``) and turns all rows' bits into samples with one chain of MLX's own
+operations (``_FROM_BITS``), instead of one chain per row: at 8 rows that was some 800
+of the frame's graph nodes. tests/test_voicechat_step.py holds each row to its own
+draw alone, bit for bit. It goes away once mlx-vlm takes a key per streaming session (a ``key=``
 through ``MoGHead.infer`` and ``generate_codes``, kept on the session).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import types
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
+
+import numpy as np
 
 _RUNNING: Final = threading.local()
 """The key of the session now running on this thread (MLX work is per thread), or the
@@ -82,6 +92,46 @@ def drawing_rows(keys: Sequence[SessionKey]) -> Iterator[None]:
         _RUNNING.key = previous
 
 
+def _uniform_from_bits(bits: Any, low: float, high: float) -> Any:
+    """MLX's float32 ``uniform(low, high)`` applied to raw ``bits`` (uint32): the
+    operations of ``random::uniform`` in MLX's mlx/random.cpp, in its order, so a
+    sample is bit for bit the one MLX draws from the same bits."""
+    import mlx.core as mx
+
+    lo = mx.array(low, dtype=mx.float32)
+    span = mx.array(high, dtype=mx.float32) - lo
+    out = bits / mx.array(np.iinfo(np.uint32).max, dtype=mx.float32)
+    out = mx.minimum(out, mx.array(np.nextafter(np.float32(1.0), np.float32(0.0))))
+    return span * out + lo
+
+
+def _normal_from_bits(bits: Any) -> Any:
+    """MLX's float32 standard ``normal`` applied to raw ``bits``: ``random::normal``
+    (mlx/random.cpp), ``sqrt(2) * erfinv(uniform(nextafter(-1, 0), 1))``."""
+    import mlx.core as mx
+
+    low = float(np.nextafter(np.float32(-1.0), np.float32(0.0)))
+    samples = mx.erfinv(_uniform_from_bits(bits, low, 1.0))
+    return mx.array(math.sqrt(2.0), dtype=mx.float32) * samples
+
+
+_FROM_BITS: Final[dict[str, Callable[[Any], Any]]] = {
+    "uniform": lambda bits: _uniform_from_bits(bits, 0.0, 1.0),
+    "normal": _normal_from_bits,
+}
+"""How a plain float32 draw (no bounds, dtype, loc or scale given) turns bits into
+samples, per draw: what lets a batch draw each row's bits with its own key and turn
+them into samples once for all rows."""
+
+
+def _row_bits(key: Any, shape: tuple[int, ...]) -> Any:
+    """The uint32 bits MLX's ``bits(shape, key)`` gives: ``split(key, num=n)`` is
+    ``bits((n, 2), key)``, and the bits depend on the shape only through its size."""
+    import mlx.core as mx
+
+    return mx.random.split(key, num=math.prod(shape) // 2).reshape(shape)
+
+
 def _keyed(draw: Callable[..., Any], shape_at: int) -> Callable[..., Any]:
     """``draw`` taking the running key(s); its shape is keyword ``shape`` or positional
     argument ``shape_at`` (``uniform(low, high, shape)``, ``normal(shape)``)."""
@@ -107,6 +157,15 @@ def _keyed(draw: Callable[..., Any], shape_at: int) -> Callable[..., Any]:
                 f"a {draw.__name__} draw of shape {shape} in a batch of {len(key)} rows"
             )
         row_shape = (1, *shape[1:])
+        # Plain: the shape alone, by keyword or as the only positional argument.
+        plain = (not args_list and set(kwargs) == {"shape"}) or (
+            shape_at == 0 and len(args_list) == 1 and not kwargs
+        )
+        convert = _FROM_BITS.get(draw.__name__)
+        if plain and convert is not None and math.prod(row_shape) % 2 == 0:
+            # Each row's bits from its own key, turned into samples once for all.
+            bits = [_row_bits(row_key.next(), row_shape) for row_key in key]
+            return convert(mx.concatenate(bits, axis=0))
         parts = []
         for row_key in key:
             if "shape" in kwargs:
@@ -153,3 +212,12 @@ def install_voicechat() -> None:
     from mlx_vlm.models.nemotron_voicechat import tts
 
     install(tts)
+
+
+def normal(shape: Sequence[int]) -> Any:
+    """A standard-normal draw of ``shape`` from the running key(s), exactly as the
+    TTS module's own ``mx.random.normal(shape)`` draws (for the frame step's code
+    generation, realtime/models/voicechat_codes.py)."""
+    import mlx.core as mx
+
+    return _keyed(mx.random.normal, shape_at=0)(tuple(shape))
