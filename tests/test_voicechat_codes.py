@@ -117,3 +117,24 @@ def test_previous_sums_are_depthsum_embeddings(demo_model: VoiceChatModel) -> No
     # One row alone is its own sum (no concatenation).
     assert _same(previous_sums(tts, [a], [None], silence), expected[3:])
     assert codebooks(tts) is codebooks(tts)
+
+
+@pytest.mark.parametrize(
+    "name", ["demo_model", pytest.param("medium_model", marks=pytest.mark.slow)]
+)
+def test_codec_latents_are_its_quantizers_decode(request: pytest.FixtureRequest, name: str) -> None:
+    import mlx.core as mx
+
+    from realtime.models.voicechat_codes import codec_latents
+
+    model = request.getfixturevalue(name)
+    prvq = model.runtime.model.tts_model.audio_codec.prvq
+    quantizers, size = len(prvq.mus_list), prvq.mus_list[0].shape[0]
+    for seed, rows, frames in [(0, 1, 1), (1, 4, 1), (2, 2, 3)]:
+        codes = mx.random.randint(0, size, (rows, quantizers, frames), key=mx.random.key(seed))
+        assert _same(codec_latents(prvq, codes), prvq.decode(codes))
+    # Codebooks of another dtype are the quantizer's own decode.
+    bf16 = type("Quantizer", (), {})()
+    bf16.mus_list = [m.astype(mx.bfloat16) for m in prvq.mus_list]
+    bf16.decode = lambda codes: ("own decode", codes)
+    assert codec_latents(bf16, codes)[0] == "own decode"

@@ -208,3 +208,42 @@ def previous_sums(
         else:
             parts.append(tts.depthsum_embedding(code))
     return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
+
+
+class _CodecTable:
+    """A codec quantizer's codebooks stacked into one table, with each codebook's
+    first row in it, so one gather reads every codebook's row for a frame."""
+
+    __slots__ = ("offsets", "prvq", "table")
+
+    def __init__(self, prvq: Any) -> None:
+        import mlx.core as mx
+
+        self.prvq = prvq
+        means = prvq.mus_list
+        self.table = mx.concatenate(means, axis=0)
+        self.offsets = (mx.arange(len(means)) * means[0].shape[0])[None, :, None]
+        mx.eval(self.table, self.offsets)
+
+
+_TABLES: Final[dict[int, _CodecTable]] = {}
+
+
+def codec_latents(prvq: Any, codes: Any) -> Any:
+    """The codec's latents for ``codes`` (rows, codebooks, frames): bit for bit its
+    quantizer's ``decode``, which adds the codebooks' rows one by one in codebook
+    order (some 150 graph nodes a frame). Here one gather and one cumulative sum
+    along the codebooks, MLX's CPU scan adding in that same order; ``+ 0.0`` first
+    makes a leading ``-0.0`` what ``0.0 + (-0.0)`` gives. Codebooks that are not
+    float32 (where a scan's accumulator could be wider than its element) take the
+    quantizer's own ``decode``."""
+    import mlx.core as mx
+
+    if prvq.mus_list[0].dtype != mx.float32 or codes.shape[1] != len(prvq.mus_list):
+        return prvq.decode(codes)
+    table = _TABLES.get(id(prvq))
+    if table is None or table.prvq is not prvq:
+        table = _CodecTable(prvq)
+        _TABLES[id(prvq)] = table
+    rows = table.table[codes + table.offsets]
+    return mx.cumsum(rows + 0.0, axis=1)[:, -1]

@@ -304,11 +304,14 @@ def _tts(
 
 
 def _codec(rows: Sequence[StepRow], clean: Any) -> list[Any]:
-    """Each row's samples for its codes: the codec's streaming decode, one batch per
-    group of rows whose caches hold the same layers (a conversation's first frame
-    starts its cache)."""
+    """Each row's samples for its codes: the codec's streaming decode (``decode_step``:
+    its quantizer's latents, here :func:`~realtime.models.voicechat_codes.codec_latents`,
+    then ``decode_latents``), one batch per group of rows whose caches hold the same
+    layers (a conversation's first frame starts its cache)."""
     import mlx.core as mx
     from mlx_audio.codec.models.nemotron_voicechat import CausalConv1dCache
+
+    from realtime.models.voicechat_codes import codec_latents
 
     codec = rows[0].inner.model.tts_model.audio_codec
     samples: list[Any] = [None] * len(rows)
@@ -319,15 +322,16 @@ def _codec(rows: Sequence[StepRow], clean: Any) -> list[Any]:
 
     for members in groups(range(len(rows)), layout):
         codes = clean[mx.array(members)] if len(members) < len(rows) else clean
+        latents = codec_latents(codec.prvq, codes.transpose(0, 2, 1))
         if len(members) == 1:
-            out = codec.decode_step(codes.transpose(0, 2, 1), rows[members[0]].inner._codec_cache)
+            out = codec.decode_latents(latents, cache=rows[members[0]].inner._codec_cache)
             samples[members[0]] = out[0, 0]
             continue
         caches = [rows[i].inner._codec_cache for i in members]
         merged = CausalConv1dCache()
         for name in caches[0].cache:
             merged.cache[name] = mx.concatenate([c.cache[name] for c in caches], axis=0)
-        out = codec.decode_step(codes.transpose(0, 2, 1), merged)
+        out = codec.decode_latents(latents, cache=merged)
         for position, (i, cache) in enumerate(zip(members, caches, strict=True)):
             samples[i] = out[position, 0]
             cache.cache = {
