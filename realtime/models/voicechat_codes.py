@@ -235,11 +235,16 @@ def codec_latents(prvq: Any, codes: Any) -> Any:
     order (some 150 graph nodes a frame). Here one gather and one cumulative sum
     along the codebooks, MLX's CPU scan adding in that same order; ``+ 0.0`` first
     makes a leading ``-0.0`` what ``0.0 + (-0.0)`` gives. Codebooks that are not
-    float32 (where a scan's accumulator could be wider than its element) take the
+    float32 (where a scan's accumulator could be wider than its element), and any
+    device but the CPU (an accelerator's scan may add in another order), take the
     quantizer's own ``decode``."""
     import mlx.core as mx
 
-    if prvq.mus_list[0].dtype != mx.float32 or codes.shape[1] != len(prvq.mus_list):
+    if (
+        prvq.mus_list[0].dtype != mx.float32
+        or codes.shape[1] != len(prvq.mus_list)
+        or mx.default_device() != mx.cpu
+    ):
         return prvq.decode(codes)
     table = _TABLES.get(id(prvq))
     if table is None or table.prvq is not prvq:
