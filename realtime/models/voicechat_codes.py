@@ -6,9 +6,9 @@ Each frame the TTS refines its 31 residual codebooks in a few rounds (1, 1, 3, 4
 the mixture-of-Gaussians head and quantizes it codebook by codebook. mlx-vlm embeds
 the codes by indexing all 31 codebooks again every round (``depthsum_embedding``,
 some 250 graph nodes) and rebuilds the code array from 31 slices each round; on this
-CPU every node costs some 5 µs to run whatever its size (on an accelerator, a kernel
-launch), so those bookkeeping nodes were most of the TTS step's time: 2 987 nodes
-per frame on the tiny checkpoint, against 1 045 here.
+CPU every node costs some 2-6 µs to run whatever its size (on an accelerator, a kernel
+launch), so those bookkeeping nodes were most of the TTS step's time: 2 986 nodes
+per frame on the tiny checkpoint, against 1 152 here (counted with ``mx.export_to_dot``).
 
 What changes is only where sums are kept, never their order:
 
@@ -19,7 +19,9 @@ What changes is only where sums are kept, never their order:
   ``x`` except ``-0.0``, and a sum that starts at ``+0.0`` is never ``-0.0`` in
   round-to-nearest);
 * each codebook's squared norms and transposed view are computed once per model,
-  with the expressions mlx-vlm evaluates every round;
+  with the expressions mlx-vlm evaluates every round; the search works on 2-D vectors
+  (MLX multiplies a 3-D array by a matrix as exactly that 2-D product) and doubles by
+  ``p + p``, which is ``2.0 * p`` exactly, without broadcasting ``2.0``;
 * the frame's full sum is the next frame's code embedding (:func:`previous_sums`),
   so the TTS's input needs no ``depthsum_embedding`` either.
 
@@ -40,16 +42,7 @@ class Codebooks:
     plan, the dtype mlx-vlm's codes come out in, and the sum of the codec's silence
     (computed on first use)."""
 
-    __slots__ = (
-        "code_dtype",
-        "norms",
-        "plan",
-        "rows",
-        "silence",
-        "tiled",
-        "transposed",
-        "tts",
-    )
+    __slots__ = ("code_dtype", "norms", "plan", "rows", "silence", "transposed", "tts")
 
     def __init__(self, tts: Any) -> None:
         import mlx.core as mx
@@ -57,26 +50,14 @@ class Codebooks:
         config = tts.config
         self.tts = tts
         self.rows = [tts.rvq_embs[i] for i in range(config.num_quantizers)]
-        self.norms = [mx.sum(rows * rows, axis=-1) for rows in self.rows]
+        # (1, codebook size): one vector's distances subtract them with no broadcast;
+        # for more vectors MLX broadcasts a view (the values are the same either way).
+        self.norms = [mx.sum(rows * rows, axis=-1)[None] for rows in self.rows]
         self.transposed = [rows.T for rows in self.rows]
         self.plan = rounds(config.num_quantizers, config.num_iterations, config.exponent)
         self.code_dtype = _code_dtype(self.plan, config.num_quantizers)
         self.silence: tuple[Any, Any] | None = None
-        self.tiled: dict[int, list[Any]] = {}
         mx.eval(*self.rows, *self.norms, *self.transposed)
-
-    def norms_for(self, count: int) -> list[Any]:
-        """Each codebook's squared norms repeated for ``count`` vectors, materialized
-        once per batch size, so subtracting them broadcasts nothing."""
-        import mlx.core as mx
-
-        tiled = self.tiled.get(count)
-        if tiled is None:
-            tiled = [mx.broadcast_to(norms, (count, norms.shape[0])) for norms in self.norms]
-            tiled = [mx.contiguous(t) for t in tiled]
-            mx.eval(*tiled)
-            self.tiled[count] = tiled
-        return tiled
 
     def silence_sum(self, tokens: Any) -> Any:
         """The code embedding sum of the codec's silence ``tokens`` (one per codebook)."""
@@ -151,7 +132,6 @@ def generate_codes(tts: Any, hidden: Any) -> tuple[Any, Any]:
     books = codebooks(tts)
     rows, frames = conditional.shape[:2]
     flat = rows * frames
-    norms = books.norms_for(flat)
     total = mx.zeros((flat, config.latent_size))
     chosen: list[Any] = []
     for start, count in books.plan:
@@ -168,7 +148,7 @@ def generate_codes(tts: Any, hidden: Any) -> tuple[Any, Any]:
         for book in range(start, start + count):
             product = mx.matmul(residual, books.transposed[book])
             # product + product: 2.0 * product exactly, without broadcasting 2.0.
-            picked = mx.argmin(norms[book] - (product + product), axis=-1)
+            picked = mx.argmin(books.norms[book] - (product + product), axis=-1)
             row = books.rows[book][picked]
             residual = residual - row
             total = total + row
