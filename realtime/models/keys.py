@@ -16,15 +16,15 @@ that is ``mlx.core`` in every name except ``random``, whose ``uniform`` and
 advances its global key, so a session alone gets bit for bit what mlx-vlm gives it).
 With no session running (mlx-vlm's own offline ``generate``) they draw from the
 global key as before. mlx-vlm's module is otherwise untouched, and nothing is
-forked.
+forked. It goes away once mlx-vlm takes a key per streaming session (a ``key=``
+through ``MoGHead.infer`` and ``generate_codes``, kept on the session).
 
 In a batched step each row draws with its own key; a plain draw (a shape and nothing
 else, as the TTS's are) takes each row's raw bits from MLX (``split(key, num)`` is
 ``bits``) and turns all rows' bits into samples with one chain of MLX's own
 operations (``_FROM_BITS``), instead of one chain per row: at 8 rows that was some 800
 of the frame's graph nodes. tests/test_voicechat_step.py holds each row to its own
-draw alone, bit for bit. It goes away once mlx-vlm takes a key per streaming session (a ``key=``
-through ``MoGHead.infer`` and ``generate_codes``, kept on the session).
+draw alone, bit for bit.
 """
 
 from __future__ import annotations

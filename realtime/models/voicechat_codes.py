@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Sequence
-from typing import Any, Final
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Generic, TypeVar
+
+T = TypeVar("T")
 
 
 class Codebooks:
@@ -102,18 +104,28 @@ def _code_dtype(plan: Sequence[tuple[int, int]], quantizers: int) -> Any:
     return dtype
 
 
-_BOOKS: Final[dict[int, Codebooks]] = {}
-"""Per loaded TTS model (by id, the model kept alive by its entry: MLX modules are
-dicts, so they cannot be weak keys)."""
+class PerModel(Generic[T]):
+    """A value built once per loaded module (``build(module)``), e.g. a model's
+    constants. Kept by the module's id with the module itself, checked by identity
+    (MLX modules are dicts, so they cannot be weak keys; the entry keeps its module
+    alive, as the process keeps its model)."""
+
+    __slots__ = ("_build", "_values")
+
+    def __init__(self, build: Callable[[Any], T]) -> None:
+        self._build = build
+        self._values: dict[int, tuple[Any, T]] = {}
+
+    def __call__(self, module: Any) -> T:
+        entry = self._values.get(id(module))
+        if entry is None or entry[0] is not module:
+            entry = (module, self._build(module))
+            self._values[id(module)] = entry
+        return entry[1]
 
 
-def codebooks(tts: Any) -> Codebooks:
-    """``tts``'s :class:`Codebooks`, built on first use."""
-    books = _BOOKS.get(id(tts))
-    if books is None or books.tts is not tts:
-        books = Codebooks(tts)
-        _BOOKS[id(tts)] = books
-    return books
+codebooks: Final = PerModel(Codebooks)
+"""A TTS model's :class:`Codebooks`, built on first use."""
 
 
 def generate_codes(tts: Any, hidden: Any) -> tuple[Any, Any]:
@@ -191,22 +203,21 @@ def previous_sums(
 
 
 class _CodecTable:
-    """A codec quantizer's codebooks stacked into one table, with each codebook's
-    first row in it, so one gather reads every codebook's row for a frame."""
+    """A codec quantizer's codebooks stacked into one table, with the index of each
+    codebook's first row there, so one gather reads every codebook's row for a frame."""
 
-    __slots__ = ("offsets", "prvq", "table")
+    __slots__ = ("offsets", "table")
 
     def __init__(self, prvq: Any) -> None:
         import mlx.core as mx
 
-        self.prvq = prvq
         means = prvq.mus_list
         self.table = mx.concatenate(means, axis=0)
         self.offsets = (mx.arange(len(means)) * means[0].shape[0])[None, :, None]
         mx.eval(self.table, self.offsets)
 
 
-_TABLES: Final[dict[int, _CodecTable]] = {}
+_codec_table: Final = PerModel(_CodecTable)
 
 
 def codec_latents(prvq: Any, codes: Any) -> Any:
@@ -226,9 +237,6 @@ def codec_latents(prvq: Any, codes: Any) -> Any:
         or mx.default_device() != mx.cpu
     ):
         return prvq.decode(codes)
-    table = _TABLES.get(id(prvq))
-    if table is None or table.prvq is not prvq:
-        table = _CodecTable(prvq)
-        _TABLES[id(prvq)] = table
+    table = _codec_table(prvq)
     rows = table.table[codes + table.offsets]
     return mx.cumsum(rows + 0.0, axis=1)[:, -1]

@@ -51,6 +51,13 @@ from realtime.models.base import (
     Samples,
     UserTranscriptDelta,
 )
+from realtime.models.voicechat_codes import (
+    PerModel,
+    codec_latents,
+    generate_codes,
+    previous_sums,
+    remember,
+)
 
 if TYPE_CHECKING:
     from realtime.models.keys import SessionKey
@@ -283,7 +290,6 @@ def _tts(
     import mlx.core as mx
 
     from realtime.models.keys import drawing_rows
-    from realtime.models.voicechat_codes import generate_codes, previous_sums
 
     tts = rows[0].inner.model.tts_model.tts_model
     count = len(rows)
@@ -310,8 +316,6 @@ def _codec(rows: Sequence[StepRow], clean: Any) -> list[Any]:
     layers (a conversation's first frame starts its cache)."""
     import mlx.core as mx
     from mlx_audio.codec.models.nemotron_voicechat import CausalConv1dCache
-
-    from realtime.models.voicechat_codes import codec_latents
 
     codec = rows[0].inner.model.tts_model.audio_codec
     samples: list[Any] = [None] * len(rows)
@@ -553,8 +557,6 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
     means every row's state may be partly advanced."""
     import mlx.core as mx
 
-    from realtime.models.voicechat_codes import remember
-
     for row in rows:
         inner = row.inner
         if inner.max_frames is not None and inner._frame_index >= inner.max_frames:
@@ -616,8 +618,8 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
             silence_tokens,
         )
         for n, i in enumerate(speaking):
-            spoken[i] = codes_now if len(speaking) == 1 else codes_now[n : n + 1]
-            remember(rows[i].inner, spoken[i], sums if len(speaking) == 1 else sums[n : n + 1])
+            spoken[i] = codes_now[n : n + 1]
+            remember(rows[i].inner, spoken[i], sums[n : n + 1])
         codes = codes_now if len(speaking) == len(rows) else None
     if len(speaking) != len(rows):
         codes = mx.concatenate(
@@ -721,24 +723,23 @@ def tool_response_text(output: str) -> str:
     return f"{TOOL_RESPONSE_OPEN}{body}{TOOL_RESPONSE_CLOSE}"
 
 
-_SILENCE: dict[int, Any] = {}
-"""The perception of one second of silence, frame 0, per loaded model (by id): the
-user-audio input of every inserted tool-response step, as NVIDIA's wrapper feeds it."""
-
-
-def _silence(model: Any, config: Any) -> Any:
+def _encoded_silence(model: Any) -> Any:
+    """The perception of one second of silence, frame 0: the user-audio input of every
+    inserted tool-response step, as NVIDIA's wrapper feeds it."""
     import mlx.core as mx
     from mlx_audio.stt.models.nemotron_asr.audio import log_mel_spectrogram
 
-    cached = _SILENCE.get(id(model))
-    if cached is None:
-        zeros = mx.zeros((int(config.input_sample_rate),), dtype=mx.float32)
-        mel = log_mel_spectrogram(zeros, config.audio_config.preprocessor)
-        projected, _, _ = model.stt_model.perception(mel, mx.array([mel.shape[1]], mx.int32))
-        cached = projected[:, :1]
-        mx.eval(cached)
-        _SILENCE[id(model)] = cached
-    return cached
+    config = model.config
+    zeros = mx.zeros((int(config.input_sample_rate),), dtype=mx.float32)
+    mel = log_mel_spectrogram(zeros, config.audio_config.preprocessor)
+    projected, _, _ = model.stt_model.perception(mel, mx.array([mel.shape[1]], mx.int32))
+    silence = projected[:, :1]
+    mx.eval(silence)
+    return silence
+
+
+_silence: Final = PerModel(_encoded_silence)
+"""Each loaded model's encoded silence, built on first use."""
 
 
 def inserted_step(row: StepRow, forced_function: int | None) -> int:
@@ -761,7 +762,7 @@ def inserted_step(row: StepRow, forced_function: int | None) -> int:
     previous_function = inner._function_tokens[-1] if started else pad
     fused = (
         model.stt_model.embed_tokens(mx.array([[previous_text]], dtype=mx.int32))
-        + _silence(model, config)
+        + _silence(model)
         + config.function_channel_weight
         * model.stt_model.embed_tokens(mx.array([[previous_function]], dtype=mx.int32))
     )
