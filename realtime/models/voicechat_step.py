@@ -14,6 +14,9 @@ computes.
 Rows are combined only where the result stays bit for bit what each row gets alone
 (tests/test_voicechat_step.py checks every stage against mlx-vlm's own session):
 
+* the log-mel front end runs as one batch for the rows whose sample buffers are laid
+  out alike (conversations of equal age, and every conversation fed whole frames from
+  its third frame on): :mod:`realtime.models.voicechat_mel`;
 * perception runs per row until a conversation is 70 encoder frames old: the
   conformer's attention caches differ in length until then and its streaming block
   has no key-padding mask;
@@ -58,6 +61,7 @@ from realtime.models.voicechat_codes import (
     previous_sums,
     remember,
 )
+from realtime.models.voicechat_mel import MEL_STATE, push_frames
 
 if TYPE_CHECKING:
     from realtime.models.keys import SessionKey
@@ -107,6 +111,10 @@ def check_state(inner: Any) -> None:
     rnnt = getattr(inner, "_rnnt", None)
     missing += [
         f"_rnnt.{name}" for name in RNNT_STATE if rnnt is not None and not hasattr(rnnt, name)
+    ]
+    mel = getattr(inner, "_mel_stream", None)
+    missing += [
+        f"_mel_stream.{name}" for name in MEL_STATE if mel is not None and not hasattr(mel, name)
     ]
     if missing or inner._language_cache is None or inner._conformer_stream is None:
         raise RuntimeError(
@@ -366,16 +374,17 @@ def _chunk_plan(stream: Any, mel: Any) -> tuple[Any, ...] | None:
 
 def _perceive(rows: Sequence[StepRow]) -> tuple[list[Any], list[Any]]:
     """Each row's encoder frame (for the RNN-T) and its projection (the language
-    model's audio input). The log-mel front end runs per row (it is mono by design);
-    the conformer runs once for each group of rows whose streaming states are equally
-    far (a conversation older than its attention's left context, 70 encoder frames,
-    shares its shapes with every other such one), else per row as mlx-audio's push."""
+    model's audio input). The log-mel front end runs as one batch for the rows whose
+    buffers are laid out alike (:mod:`realtime.models.voicechat_mel`); the conformer
+    runs once for each group of rows whose streaming states are equally far (a
+    conversation older than its attention's left context, 70 encoder frames, shares
+    its shapes with every other such one), else per row as mlx-audio's push."""
     import mlx.core as mx
     from mlx_audio.stt.models.nemotron_asr import streaming as conformer
 
     first = rows[0].inner
     proj = first.model.stt_model.perception.proj
-    mels = [row.inner._mel_stream.push(row.frame) for row in rows]
+    mels = push_frames([row.inner._mel_stream for row in rows], [row.frame for row in rows])
     plans = [
         _chunk_plan(row.inner._conformer_stream, mel) for row, mel in zip(rows, mels, strict=True)
     ]
