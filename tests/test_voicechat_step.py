@@ -233,25 +233,78 @@ def test_a_batched_draw_gives_each_row_its_own_keys_draw() -> None:
     module: Any = types.ModuleType("tts_like")
     module.mx = mx
     install(module)
-    # Rows of an even size take MLX's bits per row and turn them into samples once
-    # (keys._FROM_BITS); an odd size draws row by row. Either way: each row's own.
+    # One vmapped split of every row's key and one vmapped draw (keys.RowKeys), plain
+    # or bounded, even or odd sizes: each row's own, and each key moves on as alone.
     for shape in [(3, 1, 4), (3, 1, 5), (4, 1, 512), (2, 3, 6)]:
         keys = [SessionKey(11 + r) for r in range(shape[0])]
         alone = [SessionKey(11 + r) for r in range(shape[0])]
         with drawing_rows(keys):
             uniform = module.mx.random.uniform(shape=shape)
             normal = module.mx.random.normal(shape)
+            bounded = module.mx.random.uniform(-1.0, 2.0, shape)
         row_shape = (1, *shape[1:])
         for row, key in enumerate(alone):
             with drawing_from(key):
                 own_uniform = module.mx.random.uniform(shape=row_shape)
                 own_normal = module.mx.random.normal(row_shape)
+                own_bounded = module.mx.random.uniform(-1.0, 2.0, row_shape)
             assert own_uniform.dtype == uniform.dtype and own_normal.dtype == normal.dtype
             assert mx.array_equal(own_uniform, uniform[row : row + 1])
             assert mx.array_equal(own_normal, normal[row : row + 1])
+            assert mx.array_equal(own_bounded, bounded[row : row + 1])
+        for key, own in zip(keys, alone, strict=True):
+            assert mx.array_equal(key.next(), own.next())
     keys = [SessionKey(11), SessionKey(12), SessionKey(13)]
     with drawing_rows(keys), pytest.raises(RuntimeError, match="batch of 3"):
         module.mx.random.normal((2, 1, 2))
+
+
+def test_nested_drawing_contexts_advance_each_key_once_per_draw() -> None:
+    """The step draws inside a batch that sits inside the whole frame's batch (and a
+    tool result's step inside one row's): each key moves on by its own draws, at every
+    level, as if drawn one after another alone."""
+    import types
+
+    import mlx.core as mx
+
+    from realtime.models.keys import install
+
+    module: Any = types.ModuleType("tts_like")
+    module.mx = mx
+    install(module)
+    keys = [SessionKey(21 + r) for r in range(3)]
+    alone = [SessionKey(21 + r) for r in range(3)]
+    with drawing_rows(keys):
+        outer = module.mx.random.normal((3, 1, 4))
+        with drawing_rows(keys[:2]):
+            inner = module.mx.random.normal((2, 1, 4))
+            with drawing_from(keys[0]):
+                own = module.mx.random.normal((1, 1, 4))
+            again = module.mx.random.normal((2, 1, 4))
+        last = module.mx.random.normal((3, 1, 4))
+    expected: list[list[Any]] = [[] for _ in alone]
+    for row, key in enumerate(alone):
+        with drawing_from(key):
+            expected[row].append(module.mx.random.normal((1, 1, 4)))
+            if row < 2:
+                expected[row].append(module.mx.random.normal((1, 1, 4)))
+            if row == 0:
+                expected[row].append(module.mx.random.normal((1, 1, 4)))
+            if row < 2:
+                expected[row].append(module.mx.random.normal((1, 1, 4)))
+            expected[row].append(module.mx.random.normal((1, 1, 4)))
+    for row in range(3):
+        got = [outer[row : row + 1]]
+        if row < 2:
+            got.append(inner[row : row + 1])
+        if row == 0:
+            got.append(own)
+        if row < 2:
+            got.append(again[row : row + 1])
+        got.append(last[row : row + 1])
+        assert len(got) == len(expected[row])
+        assert all(mx.array_equal(a, b) for a, b in zip(got, expected[row], strict=True))
+        assert mx.array_equal(keys[row].next(), alone[row].next())
 
 
 def test_the_step_checks_mlx_vlms_session_state() -> None:

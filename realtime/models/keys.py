@@ -19,24 +19,22 @@ global key as before. mlx-vlm's module is otherwise untouched, and nothing is
 forked. It goes away once mlx-vlm takes a key per streaming session (a ``key=``
 through ``MoGHead.infer`` and ``generate_codes``, kept on the session).
 
-In a batched step each row draws with its own key; a plain draw (a shape and nothing
-else, as the TTS's are) takes each row's raw bits from MLX (``split(key, num)`` is
-``bits``) and turns all rows' bits into samples with one chain of MLX's own
-operations (``_FROM_BITS``), instead of one chain per row: at 8 rows that was some 800
-of the frame's graph nodes. tests/test_voicechat_step.py holds each row to its own
-draw alone, bit for bit.
+In a batched step the rows' keys are stacked for the step (:class:`RowKeys`) and every
+draw is one vmapped call of MLX's own: one ``split`` of all the rows' keys and one draw
+with each row's new key (MLX's ``RandomBits`` takes a batch of keys under ``vmap`` and
+gives each key what it gives alone), where drawing row by row put some six graph nodes
+a row into every draw (at 8 rows, some 500 of a frame's nodes; on an accelerator, as
+many kernel launches). tests/test_voicechat_step.py holds each row to its own draw
+alone, bit for bit.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 import types
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
-
-import numpy as np
 
 _RUNNING: Final = threading.local()
 """The key of the session now running on this thread (MLX work is per thread), or the
@@ -63,73 +61,88 @@ class SessionKey:
         return sub
 
 
+def _enter(running: SessionKey | RowKeys) -> SessionKey | RowKeys | None:
+    """Make ``running`` the thread's drawing key(s); return the previous ones, whose
+    stacked rows (if any) first take their keys back."""
+    previous: SessionKey | RowKeys | None = getattr(_RUNNING, "key", None)
+    if isinstance(previous, RowKeys):
+        previous.close()
+    _RUNNING.key = running
+    return previous
+
+
 @contextmanager
 def drawing_from(key: SessionKey) -> Iterator[None]:
     """Run the enclosed model calls with ``key`` as the TTS's random sequence."""
-    previous = getattr(_RUNNING, "key", None)
-    _RUNNING.key = key
+    previous = _enter(key)
     try:
         yield
     finally:
         _RUNNING.key = previous
+
+
+class RowKeys:
+    """The keys of a batched step's rows, stacked while they draw: each draw splits all
+    of them at once, as each row's :meth:`SessionKey.next` would. The stack is made at
+    the first draw and each row takes its advanced key back at :meth:`close` (the end
+    of the draws, or a nested drawing context, which then draws from the rows' own
+    keys)."""
+
+    __slots__ = ("_keys", "_stacked")
+
+    def __init__(self, keys: Sequence[SessionKey]) -> None:
+        self._keys = tuple(keys)
+        self._stacked: Any = None
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def next(self) -> Any:
+        """Every row's key for one draw, (rows, 2); each row's sequence moves on."""
+        import mlx.core as mx
+
+        if self._stacked is None:
+            self._stacked = mx.stack([key._key for key in self._keys])
+        pairs = _split_rows()(self._stacked)
+        self._stacked = pairs[:, 0]
+        return pairs[:, 1]
+
+    def close(self) -> None:
+        if self._stacked is not None:
+            for row, key in enumerate(self._keys):
+                key._key = self._stacked[row]
+            self._stacked = None
+
+
+_SPLIT_ROWS: list[Callable[[Any], Any]] = []
+
+
+def _split_rows() -> Callable[[Any], Any]:
+    """``mx.random.split`` over a stack of keys, each split as it would be alone."""
+    if not _SPLIT_ROWS:
+        import mlx.core as mx
+
+        _SPLIT_ROWS.append(mx.vmap(lambda key: mx.random.split(key)))
+    return _SPLIT_ROWS[0]
 
 
 @contextmanager
 def drawing_rows(keys: Sequence[SessionKey]) -> Iterator[None]:
     """Run the enclosed model calls over a batch of rows, one conversation each: a draw
     whose first dimension is the batch gives each row what it alone would have drawn
-    with its own key (drawn row by row, then stacked), so a conversation's audio never
-    depends on who shares its batch."""
+    with its own key, so a conversation's audio never depends on who shares its
+    batch."""
     if len(keys) == 1:
         with drawing_from(keys[0]):
             yield
         return
-    previous = getattr(_RUNNING, "key", None)
-    _RUNNING.key = tuple(keys)
+    rows = RowKeys(keys)
+    previous = _enter(rows)
     try:
         yield
     finally:
         _RUNNING.key = previous
-
-
-def _uniform_from_bits(bits: Any, low: float, high: float) -> Any:
-    """MLX's float32 ``uniform(low, high)`` applied to raw ``bits`` (uint32): the
-    operations of ``random::uniform`` in MLX's mlx/random.cpp, in its order, so a
-    sample is bit for bit the one MLX draws from the same bits."""
-    import mlx.core as mx
-
-    lo = mx.array(low, dtype=mx.float32)
-    span = mx.array(high, dtype=mx.float32) - lo
-    out = bits / mx.array(np.iinfo(np.uint32).max, dtype=mx.float32)
-    out = mx.minimum(out, mx.array(np.nextafter(np.float32(1.0), np.float32(0.0))))
-    return span * out + lo
-
-
-def _normal_from_bits(bits: Any) -> Any:
-    """MLX's float32 standard ``normal`` applied to raw ``bits``: ``random::normal``
-    (mlx/random.cpp), ``sqrt(2) * erfinv(uniform(nextafter(-1, 0), 1))``."""
-    import mlx.core as mx
-
-    low = float(np.nextafter(np.float32(-1.0), np.float32(0.0)))
-    samples = mx.erfinv(_uniform_from_bits(bits, low, 1.0))
-    return mx.array(math.sqrt(2.0), dtype=mx.float32) * samples
-
-
-_FROM_BITS: Final[dict[str, Callable[[Any], Any]]] = {
-    "uniform": lambda bits: _uniform_from_bits(bits, 0.0, 1.0),
-    "normal": _normal_from_bits,
-}
-"""How a plain float32 draw (no bounds, dtype, loc or scale given) turns bits into
-samples, per draw: what lets a batch draw each row's bits with its own key and turn
-them into samples once for all rows."""
-
-
-def _row_bits(key: Any, shape: tuple[int, ...]) -> Any:
-    """The uint32 bits MLX's ``bits(shape, key)`` gives: ``split(key, num=n)`` is
-    ``bits((n, 2), key)``, and the bits depend on the shape only through its size."""
-    import mlx.core as mx
-
-    return mx.random.split(key, num=math.prod(shape) // 2).reshape(shape)
+        rows.close()
 
 
 def _keyed(draw: Callable[..., Any], shape_at: int) -> Callable[..., Any]:
@@ -137,7 +150,7 @@ def _keyed(draw: Callable[..., Any], shape_at: int) -> Callable[..., Any]:
     argument ``shape_at`` (``uniform(low, high, shape)``, ``normal(shape)``)."""
 
     def keyed_draw(*args: Any, **kwargs: Any) -> Any:
-        key: SessionKey | tuple[SessionKey, ...] | None = getattr(_RUNNING, "key", None)
+        key: SessionKey | RowKeys | None = getattr(_RUNNING, "key", None)
         if key is None or kwargs.get("key") is not None:
             return draw(*args, **kwargs)
         if isinstance(key, SessionKey):
@@ -157,23 +170,17 @@ def _keyed(draw: Callable[..., Any], shape_at: int) -> Callable[..., Any]:
                 f"a {draw.__name__} draw of shape {shape} in a batch of {len(key)} rows"
             )
         row_shape = (1, *shape[1:])
-        # Plain: the shape alone, by keyword or as the only positional argument.
-        plain = (not args_list and set(kwargs) == {"shape"}) or (
-            shape_at == 0 and len(args_list) == 1 and not kwargs
-        )
-        convert = _FROM_BITS.get(draw.__name__)
-        if plain and convert is not None and math.prod(row_shape) % 2 == 0:
-            # Each row's bits from its own key, turned into samples once for all.
-            bits = [_row_bits(row_key.next(), row_shape) for row_key in key]
-            return convert(mx.concatenate(bits, axis=0))
-        parts = []
-        for row_key in key:
-            if "shape" in kwargs:
-                kwargs["shape"] = row_shape
-            else:
-                args_list[shape_at] = row_shape
-            parts.append(draw(*args_list, **kwargs, key=row_key.next()))
-        return mx.concatenate(parts, axis=0)
+        if "shape" in kwargs:
+            kwargs["shape"] = row_shape
+        else:
+            args_list[shape_at] = row_shape
+
+        def row_draw(row_key: Any) -> Any:
+            return draw(*args_list, **kwargs, key=row_key)
+
+        # One draw for every row, each with its own key (MLX's bits take a batch of
+        # keys under vmap; the rest of a draw is element by element).
+        return mx.vmap(row_draw)(key.next()).reshape(shape)
 
     keyed_draw.__name__ = draw.__name__
     keyed_draw.__doc__ = draw.__doc__
