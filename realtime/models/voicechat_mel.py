@@ -72,6 +72,8 @@ def push_frames(streams: Sequence[Any], frames: Sequence[Any]) -> list[Any]:
     chunk) by mlx-audio's own ``push``."""
     import mlx.core as mx
 
+    if len(streams) == 1:
+        return [streams[0].push(frames[0])]
     out: list[Any] = [None] * len(streams)
     plans: list[_Plan | None] = [
         _Plan(stream, frame) if _batchable(stream, frame) else None
