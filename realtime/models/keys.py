@@ -23,13 +23,14 @@ In a batched step the rows' keys are stacked for the step (:class:`RowKeys`) and
 draw is one vmapped call of MLX's own: one ``split`` of all the rows' keys and one draw
 with each row's new key (MLX's ``RandomBits`` takes a batch of keys under ``vmap`` and
 gives each key what it gives alone), where drawing row by row put some six graph nodes
-a row into every draw (at 8 rows, some 500 of a frame's nodes; on an accelerator, as
-many kernel launches). tests/test_voicechat_step.py holds each row to its own draw
+a row into every draw (at 8 rows, some 280 of a tiny frame's 3 200 nodes; on an
+accelerator, as many kernel launches). tests/test_voicechat_step.py holds each row to its own draw
 alone, bit for bit.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import types
 from collections.abc import Callable, Iterator, Sequence
@@ -114,16 +115,12 @@ class RowKeys:
             self._stacked = None
 
 
-_SPLIT_ROWS: list[Callable[[Any], Any]] = []
-
-
+@functools.cache
 def _split_rows() -> Callable[[Any], Any]:
     """``mx.random.split`` over a stack of keys, each split as it would be alone."""
-    if not _SPLIT_ROWS:
-        import mlx.core as mx
+    import mlx.core as mx
 
-        _SPLIT_ROWS.append(mx.vmap(lambda key: mx.random.split(key)))
-    return _SPLIT_ROWS[0]
+    return mx.vmap(lambda key: mx.random.split(key))
 
 
 @contextmanager
