@@ -132,3 +132,18 @@ def test_a_closed_or_stereo_row_fails_as_its_own_push_does() -> None:
         push_frames([_stream(args), closed], [_noise(FRAME, 1), _noise(FRAME, 2)])
     with pytest.raises(ValueError, match="mono"):
         push_frames([stereo], [np.zeros((2, FRAME), np.float32)])
+
+
+def test_the_step_checks_the_front_end_state_it_advances() -> None:
+    """An mlx-audio whose streaming mel lacks an attribute push_frames reads or
+    advances fails when a session opens, naming it, not in the middle of a step."""
+    import types
+
+    from realtime.models.voicechat_mel import MEL_STATE
+    from realtime.models.voicechat_step import check_state
+
+    stream = _stream(_args())
+    assert all(hasattr(stream, name) for name in MEL_STATE)
+    inner = types.SimpleNamespace(_mel_stream=types.SimpleNamespace(args=stream.args))
+    with pytest.raises(RuntimeError, match=r"_mel_stream\._samples"):
+        check_state(inner)

@@ -24,7 +24,16 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Any, Final
 
-MEL_STATE: Final = ("args", "_samples", "_buffer_start", "_total_samples", "_next_frame", "_closed")
+MEL_STATE: Final = (
+    "args",
+    "lookahead_samples",
+    "_lookbehind_frames",
+    "_samples",
+    "_buffer_start",
+    "_total_samples",
+    "_next_frame",
+    "_closed",
+)
 """The attributes of mlx-audio's ``StreamingLogMelSpectrogram`` :func:`push_frames`
 reads and advances."""
 
