@@ -33,10 +33,11 @@ import math
 import time
 from collections.abc import Callable, Generator, Iterable, Sequence
 from contextlib import closing
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Final, Protocol
 
 import attrs
 import trio
+from trio.lowlevel import RunVar
 
 from realtime import protocol
 from realtime.close_codes import Close
@@ -48,7 +49,7 @@ from realtime.engine import Open as OpenCommand
 from realtime.engine import Push as PushCommand
 from realtime.engine import ToolResult as ToolResultCommand
 from realtime.limits import Limits
-from realtime.models.base import ModelEvent, RealtimeModel
+from realtime.models.base import InferenceError, ModelEvent, PreparesToolResults, RealtimeModel
 from realtime.observe import Observer, SessionOutcome
 from realtime.plumbing import PIPELINE_DEPTH, Audio, Refusal, SessionPlumbing, Transport
 from realtime.work import (
@@ -69,6 +70,24 @@ Output = Event | Work | StopModel | Close | LimitRefused
 Ended = list[ModelEvent] | Failure | None
 """What a flush or cancel came to: the model's events, its failure, or None (no
 session was open)."""
+
+
+TOKENIZING_THREADS: Final = 1
+"""Worker threads all connections share for tokenizing what a client sent (tool
+outputs): client-controlled work never runs on the engine thread or the event loop,
+and never on more than this many threads at once."""
+
+_TOKENIZING: RunVar[trio.CapacityLimiter] = RunVar("tokenizing")
+
+
+def tokenizing() -> trio.CapacityLimiter:
+    """This trio run's limiter for tokenizing threads (:data:`TOKENIZING_THREADS`)."""
+    try:
+        return _TOKENIZING.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(TOKENIZING_THREADS)
+        _TOKENIZING.set(limiter)
+        return limiter
 
 
 class Rules(Protocol):
@@ -404,18 +423,30 @@ class Connection(SessionPlumbing):
                 await self.send_or_queue(text)
         self._clock_moved()
 
+    async def _feed(self, output: str) -> Failure | None:
+        """Give the model a tool's output: tokenized on a bounded worker thread (off the
+        engine thread and the event loop, refused by size before any tokenizing), then
+        fed by the engine as token ids; why it could not, or None."""
+        if not self.rules.session_open:
+            return Failure("step_failed", "the model session is not open", "tool_result")
+        model = self.engine.model
+        if not isinstance(model, PreparesToolResults):
+            return Failure("step_failed", "this model takes no tool results", "tool_result")
+        try:
+            tool = await trio.to_thread.run_sync(model.tool_input, output, limiter=tokenizing())
+        except InferenceError as exc:
+            return Failure("step_failed", str(exc), "tool_result")
+        try:
+            await self.engine.run(ToolResultCommand(self.session_id, tool))
+        except EngineError as exc:
+            return Failure.of(exc)
+        return None
+
     async def _run_barrier(self, work: OpenModel | FlushModel | CancelModel | FeedModel) -> None:
         rules = self.rules
         sid = self.session_id
         if isinstance(work, FeedModel):
-            failure: Failure | None = None
-            if rules.session_open:
-                try:
-                    await self.engine.run(ToolResultCommand(sid, work.output))
-                except EngineError as exc:
-                    failure = Failure.of(exc)
-            else:
-                failure = Failure("step_failed", "the model session is not open", "tool_result")
+            failure = await self._feed(work.output)
             self.backlog.finished(trio.current_time())
             await self._apply(rules.fed(failure, trio.current_time()))
             return

@@ -137,7 +137,8 @@ class ToolResult:
     session's own later commands wait for it. Result: ``None``."""
 
     session_id: str
-    output: str
+    tool: model.ToolInput
+    """Tokenized before it is submitted (off the engine thread)."""
 
 
 Command = Open | Push | Flush | Cancel | Close | ToolResult
@@ -873,7 +874,7 @@ class Engine:
                     raise EngineError(
                         "step_failed", "this model takes no tool results", during="tool_result"
                     )
-                item.feed = session.begin_tool_result(command.output)
+                item.feed = session.begin_tool_result(command.tool)
             done = item.feed.advance()
         except Exception as exc:
             error = self._failure(exc, "tool_result", command.session_id)

@@ -14,9 +14,14 @@ import pytest
 import trio
 
 from realtime.engine import Engine, EngineError, Open, Push, Step, ToolResult
-from realtime.models.base import AssistantTextDelta, AudioDelta
+from realtime.models.base import AssistantTextDelta, AudioDelta, ToolInput
 from realtime.models.fake import FakeModel, FakeOptions, NullModel, say
 from tests.test_engine_batch import GATE, batching_engine, frame, held, open_all, push
+
+
+def tool(output: str) -> ToolInput:
+    """``output`` as the fake model tokenizes it (what the pipeline submits)."""
+    return FakeModel().tool_input(output)
 
 
 def test_a_tool_result_runs_in_slices_between_other_frames_then_the_answer_follows() -> None:
@@ -24,7 +29,7 @@ def test_a_tool_result_runs_in_slices_between_other_frames_then_the_answer_follo
     with batching_engine(model) as engine:
         open_all(engine, "gate", "a", "b", seeds=(GATE, 1, 2))
         with held(engine, model):
-            feed = engine.submit(ToolResult("a", "21 degrees"))  # 3 slices
+            feed = engine.submit(ToolResult("a", tool("21 degrees")))  # 3 slices
             others = [engine.submit(push("b")) for _ in range(3)]
         assert feed.result(10) is None
         step = engine.submit(push("a")).result(10)
@@ -51,10 +56,10 @@ def test_a_tool_result_for_an_ended_session_or_a_model_without_the_input_fails()
 
         engine.submit(Flush("a")).result(10)
         with pytest.raises(EngineError) as failed:
-            engine.submit(ToolResult("a", "x")).result(10)
+            engine.submit(ToolResult("a", tool("x"))).result(10)
         assert failed.value.kind == "step_failed" and not failed.value.session_lost
         with pytest.raises(EngineError) as missing:
-            engine.submit(ToolResult("nobody", "x")).result(10)
+            engine.submit(ToolResult("nobody", tool("x"))).result(10)
         assert missing.value.session_lost
     null = NullModel()
     engine = Engine(lambda: null)
@@ -63,7 +68,7 @@ def test_a_tool_result_for_an_ended_session_or_a_model_without_the_input_fails()
         assert engine.try_reserve("n")
         engine.submit(Open("n", None, 1, None)).result(10)
         with pytest.raises(EngineError, match="takes no tool results") as refused:
-            engine.submit(ToolResult("n", "x")).result(10)
+            engine.submit(ToolResult("n", tool("x"))).result(10)
         assert refused.value.kind == "step_failed"
         assert isinstance(engine.submit(Push("n", frame(), 16000)).result(10), Step)
     finally:

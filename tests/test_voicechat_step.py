@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 
 from realtime.models import load_model
-from realtime.models.base import ContextLimitReached, InferenceError, ModelSession, open_session
+from realtime.models.base import (
+    MAX_TOOL_OUTPUT_BYTES,
+    ContextLimitReached,
+    InferenceError,
+    ModelSession,
+    open_session,
+)
 from realtime.models.keys import SessionKey, drawing_from, drawing_rows
 from realtime.models.voicechat import VoiceChatModel, VoiceChatSession
 from tests.models_fixtures import noise, push_all, speechlike
@@ -334,7 +340,7 @@ def test_a_tool_result_goes_in_as_inserted_function_channel_steps(
     )
     assert tool_response_text("sunny") == '<TOOL_RESPONSE>["sunny"]</TOOL_RESPONSE>'
     ids = inner.tokenizer.encode(tool_response_text(output), add_special_tokens=False)
-    feed = session.begin_tool_result(output)
+    feed = session.begin_tool_result(demo_model.tool_input(output))
     steps = 1
     while not feed.advance():
         steps += 1
@@ -346,11 +352,15 @@ def test_a_tool_result_goes_in_as_inserted_function_channel_steps(
     assert set(inner._text_tokens[-steps:]) == {demo_model.figures.pad_token_id}
     events = session.push_audio(x[2560:3840], 16000)
     assert [type(e).__name__ for e in events][-1] == "AudioDelta"
-    with pytest.raises(InferenceError, match="at most"):
-        session.begin_tool_result("x" * 5000)
+    with pytest.raises(InferenceError, match="at most 512"):
+        demo_model.tool_input("x " * 2000)
+    with pytest.raises(InferenceError, match="bytes"):
+        demo_model.tool_input("x" * (MAX_TOOL_OUTPUT_BYTES + 1))
+    with pytest.raises(InferenceError, match="nests too deeply"):
+        demo_model.tool_input("[" * 5000 + "]" * 5000)
     session.flush(True)
     with pytest.raises(InferenceError, match="closed"):
-        session.begin_tool_result(output)
+        session.begin_tool_result(demo_model.tool_input(output))
 
 
 def test_batched_transcript_steps_are_each_rows_own(demo_model: VoiceChatModel) -> None:

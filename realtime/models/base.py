@@ -259,6 +259,48 @@ class ModelSession(Protocol):
     def cancel(self) -> list[ModelEvent]: ...
 
 
+MAX_TOOL_RESULT_TOKENS: Final = 512
+"""The longest tool output (in tokens, tags included) fed to the model: each token is
+one model step taken from the conversation's time."""
+TOOL_OUTPUT_BYTES_PER_TOKEN: Final = 32
+"""UTF-8 bytes of a tool output allowed per token of :data:`MAX_TOOL_RESULT_TOKENS`: a
+JSON or text output of that many tokens is a few bytes a token, so an output past
+:data:`MAX_TOOL_OUTPUT_BYTES` is refused before any tokenizing."""
+MAX_TOOL_OUTPUT_BYTES: Final = MAX_TOOL_RESULT_TOKENS * TOOL_OUTPUT_BYTES_PER_TOKEN
+
+
+@attrs.frozen(slots=True)
+class ToolInput:
+    """A tool's output as a session takes it: the client's ``text`` and the ``ids`` the
+    model reads, tokenized before the engine sees it (off the engine thread)."""
+
+    text: str
+    ids: tuple[int, ...]
+
+
+def tool_output_refusal(output: str) -> str | None:
+    """Why ``output`` is refused before tokenizing (too many bytes), or None."""
+    size = len(output.encode("utf-8", "surrogatepass"))
+    if size > MAX_TOOL_OUTPUT_BYTES:
+        return (
+            f"the tool output is {size} bytes; at most {MAX_TOOL_OUTPUT_BYTES} "
+            f"({MAX_TOOL_RESULT_TOKENS} tokens) reach the model: send a shorter result"
+        )
+    return None
+
+
+@runtime_checkable
+class PreparesToolResults(Protocol):
+    """A model whose sessions take tool results (:class:`TakesToolResults`). Its
+    :meth:`tool_input` is thread-safe and touches no device: the pipeline runs it on a
+    bounded worker thread, off the engine thread and the event loop."""
+
+    def tool_input(self, output: str) -> ToolInput:
+        """Check (:func:`tool_output_refusal` first) and tokenize ``output``;
+        InferenceError if it cannot go in (too long, nested too deeply)."""
+        ...
+
+
 class ToolResultFeed(Protocol):
     """A tool's output going into a session's timeline one model step at a time (the
     engine runs other conversations' frames between the steps)."""
@@ -275,8 +317,9 @@ class TakesToolResults(Protocol):
     channel, as it was trained; docs/nemotron-voicechat.md). Sessions of models without
     such an input do not have this method."""
 
-    def begin_tool_result(self, output: str) -> ToolResultFeed:
-        """Check ``output`` and start feeding it; InferenceError if it cannot go in."""
+    def begin_tool_result(self, tool: ToolInput) -> ToolResultFeed:
+        """Start feeding ``tool`` (:meth:`PreparesToolResults.tool_input`);
+        InferenceError if the session cannot take it."""
         ...
 
 

@@ -44,10 +44,12 @@ from realtime.models.base import (
     ModelFigures,
     ModelSession,
     Opening,
+    PreparesToolResults,
     RealtimeModel,
     RowResult,
     Samples,
     TakesToolResults,
+    ToolInput,
     ToolResultFeed,
     UserTranscriptDelta,
 )
@@ -457,12 +459,12 @@ class DemoTurnSession:
     def cancel(self) -> list[ModelEvent]:
         return self.inner.cancel()
 
-    def begin_tool_result(self, output: str) -> ToolResultFeed:
+    def begin_tool_result(self, tool: ToolInput) -> ToolResultFeed:
         """The network takes the result (:class:`TakesToolResults`); once it is in, the
         demo answers with :func:`tool_reply_text` on the next frames."""
         if not isinstance(self.inner, TakesToolResults):
             raise InferenceError("this model takes no tool results")
-        return _DemoToolFeed(self, self.inner.begin_tool_result(output), output)
+        return _DemoToolFeed(self, self.inner.begin_tool_result(tool), tool.text)
 
     def answer(self, text: str) -> None:
         """Start an answer of ``text`` on the next frame."""
@@ -646,6 +648,12 @@ class DemoTurnModel:
 
     def count_tokens(self, text: str) -> int:
         return self.inner.count_tokens(text)
+
+    def tool_input(self, output: str) -> ToolInput:
+        """The inner model's (:class:`PreparesToolResults`)."""
+        if not isinstance(self.inner, PreparesToolResults):
+            raise InferenceError("this model takes no tool results")
+        return self.inner.tool_input(output)
 
     def clear_cache(self) -> None:
         self.inner.clear_cache()

@@ -41,8 +41,10 @@ from realtime.models.base import (
     RowResult,
     Samples,
     SessionInitializationError,
+    ToolInput,
     UserTranscriptDelta,
     step_each,
+    tool_output_refusal,
 )
 
 Script = Callable[[int], str | None]
@@ -184,13 +186,13 @@ class FakeSession:
         """A tool result's scripted follow-up, played before the scene."""
         self.tool_results: list[str] = []
 
-    def begin_tool_result(self, output: str) -> FakeToolFeed:
-        """:class:`realtime.models.base.TakesToolResults`: ``output`` goes in over one
+    def begin_tool_result(self, tool: ToolInput) -> FakeToolFeed:
+        """:class:`realtime.models.base.TakesToolResults`: the output goes in over one
         step per word plus one; ``FakeOptions.tool_reply`` says what follows."""
-        self.model.record("tool_result", output)
+        self.model.record("tool_result", tool.text)
         if self.closed:
             raise InferenceError("the session is closed")
-        return FakeToolFeed(self, output)
+        return FakeToolFeed(self, tool.text)
 
     def _cue(self, i: int, frame: Samples) -> Cue:
         if self.answering:
@@ -429,6 +431,15 @@ class FakeModel:
     def count_tokens(self, text: str) -> int:
         """One token per character (the real tokenizer needs fewer)."""
         return len(text)
+
+    def tool_input(self, output: str) -> ToolInput:
+        """:class:`~realtime.models.base.PreparesToolResults`: refused by size like a
+        real model's, one token per character (recorded with the thread it ran on)."""
+        self.record("tool_input", len(output))
+        refusal = tool_output_refusal(output)
+        if refusal is not None:
+            raise InferenceError(refusal)
+        return ToolInput(output, tuple(ord(c) for c in output))
 
     def clear_cache(self) -> None:
         self.record("clear_cache", None)

@@ -20,6 +20,7 @@ import attrs
 import numpy as np
 
 from realtime.models.base import (
+    MAX_TOOL_RESULT_TOKENS,
     VOICECHAT_FIGURES,
     AssistantTextDelta,
     AudioDelta,
@@ -34,8 +35,10 @@ from realtime.models.base import (
     RowResult,
     Samples,
     SessionInitializationError,
+    ToolInput,
     UserTranscriptDelta,
     step_each,
+    tool_output_refusal,
 )
 from realtime.models.checkpoint import (
     CheckpointInfo,
@@ -331,21 +334,14 @@ class VoiceChatSession:
         self._pending = np.zeros(0, dtype=np.float32)
         return [_convert(e, self._figures) for e in self._inner.cancel()]
 
-    def begin_tool_result(self, output: str) -> VoiceChatToolResult:
-        """Start feeding a tool's ``output`` to the model (:class:`VoiceChatToolResult`).
-        InferenceError when the session cannot take it or it is too long."""
-        from realtime.models.voicechat_step import tool_response_text
-
+    def begin_tool_result(self, tool: ToolInput) -> VoiceChatToolResult:
+        """Start feeding a tool's output (:meth:`VoiceChatModel.tool_input` made its
+        tokens) to the model (:class:`VoiceChatToolResult`). InferenceError when the
+        session cannot take it."""
         self._check_open()
         if self._reference:
             raise InferenceError("a session opened with profile=True cannot take tool results")
-        ids = self._inner.tokenizer.encode(tool_response_text(output), add_special_tokens=False)
-        if len(ids) > MAX_TOOL_RESPONSE_TOKENS:
-            raise InferenceError(
-                f"the tool output is {len(ids)} tokens; at most {MAX_TOOL_RESPONSE_TOKENS} "
-                "reach the model (one model step each): send a shorter result"
-            )
-        return VoiceChatToolResult(self, [int(i) for i in ids])
+        return VoiceChatToolResult(self, list(tool.ids))
 
     def profile_summary(self, drop_first: int = 1) -> dict[str, Any] | None:
         """Per-stage frame timings when the session was opened with ``profile=True``."""
@@ -355,9 +351,30 @@ class VoiceChatSession:
         return summary
 
 
-MAX_TOOL_RESPONSE_TOKENS: Final = 512
-"""The longest tool output (in tokens, tags included) fed to the model: each token is
-one model step taken from the conversation's time."""
+MAX_TOOL_RESPONSE_TOKENS: Final = MAX_TOOL_RESULT_TOKENS
+"""The longest tool output (in tokens, tags included) fed to the model."""
+
+
+def tool_input(tokenizer: Any, output: str) -> ToolInput:
+    """``output`` as the model reads it (:func:`voicechat_step.tool_response_text`),
+    tokenized; refused by size before tokenizing, and when its JSON nests too deeply
+    to parse (CPython's recursion limit)."""
+    from realtime.models.voicechat_step import tool_response_text
+
+    refusal = tool_output_refusal(output)
+    if refusal is not None:
+        raise InferenceError(refusal)
+    try:
+        text = tool_response_text(output)
+    except RecursionError:
+        raise InferenceError("the tool output's JSON nests too deeply") from None
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) > MAX_TOOL_RESPONSE_TOKENS:
+        raise InferenceError(
+            f"the tool output is {len(ids)} tokens; at most {MAX_TOOL_RESPONSE_TOKENS} "
+            "reach the model (one model step each): send a shorter result"
+        )
+    return ToolInput(output, tuple(int(i) for i in ids))
 
 
 class VoiceChatToolResult:
@@ -703,6 +720,10 @@ class VoiceChatModel:
             return step_each(frames)
         rows = [(cast("VoiceChatSession", s), samples, rate) for s, samples, rate in frames]
         return run_rows(rows, self._figures)
+
+    def tool_input(self, output: str) -> ToolInput:
+        """:class:`~realtime.models.base.PreparesToolResults` (the tokenizer only)."""
+        return tool_input(self._runtime.tokenizer, output)
 
     def count_tokens(self, text: str) -> int:
         """Prefill steps for ``text`` as the system prompt: its tokens plus BOS and EOS

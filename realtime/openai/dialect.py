@@ -26,14 +26,20 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Sequence
-from typing import assert_never
+from typing import Final, assert_never
 
 import attrs
 import numpy as np
 
 from realtime.close_codes import CLOSE_INTERNAL, CLOSE_POLICY, Close
 from realtime.limits import Limits
-from realtime.models.base import VOICECHAT_FIGURES, ModelEvent, ModelFigures, Samples
+from realtime.models.base import (
+    VOICECHAT_FIGURES,
+    ModelEvent,
+    ModelFigures,
+    Samples,
+    tool_output_refusal,
+)
 from realtime.openai import events as ev
 from realtime.openai import messages as msg
 from realtime.openai import render
@@ -52,6 +58,11 @@ from realtime.openai.responses import FrameOutput, Responses
 from realtime.openai.states import ModelState, Phase, Trigger, advance
 from realtime.openai.tools import CallReader, Markers
 from realtime.openai.turns import Channels, SpeechStarted, Turns, TurnStep, UserBeat, channels
+
+MAX_QUEUED_FEEDS: Final = 4
+"""Tool outputs that may wait to go into the model at once; each is at most
+:data:`~realtime.models.base.MAX_TOOL_OUTPUT_BYTES`, so one connection's queued feeds
+hold at most 4 x 16 KiB. More are refused (``rate_limit_exceeded``), not queued."""
 
 # --- outputs ---------------------------------------------------------------------------
 
@@ -122,6 +133,8 @@ class Dialect:
         self._log = ItemLog()
         self._turns = Turns(new_id, figures.frame_seconds)
         self._responses = Responses(new_id, self._log)
+        self._feeds_queued = 0
+        """Tool outputs handed to the pipeline and not yet fed (``fed``)."""
 
     @property
     def closed(self) -> bool:
@@ -239,13 +252,36 @@ class Dialect:
                 f"over the {MAX_ITEM_BYTES}-byte limit for one item; it was not added",
                 param="item",
             )
+        feed = stored["type"] == "function_call_output"
+        output = str(stored.get("output", "")) if feed else ""
+        if feed:
+            refused = self._feed_refusal(message, output)
+            if refused:
+                return refused
         out: list[Output] = [self._log.added(stored, size=size), self._log.done(stored)]
-        if stored["type"] == "function_call_output":
+        if feed:
             # The model takes a tool's result on its function channel (as trained); a
             # text message is kept in the conversation but does not reach it.
             out += self._ensure_open()
-            out.append(FeedTool(str(stored.get("output", ""))))
+            self._feeds_queued += 1
+            out.append(FeedTool(output))
         return out
+
+    def _feed_refusal(self, message: msg.ItemCreate, output: str) -> list[Output]:
+        """A tool output refused before it is stored or queued: too big to reach the
+        model (bytes, before any tokenizing), or too many already waiting for it."""
+        too_big = tool_output_refusal(output)
+        if too_big is not None:
+            return _refusal(message, "invalid_value", too_big, param="item.output")
+        if self._feeds_queued >= MAX_QUEUED_FEEDS:
+            return _refusal(
+                message,
+                "rate_limit_exceeded",
+                f"{self._feeds_queued} tool outputs are still going into the model; at "
+                f"most {MAX_QUEUED_FEEDS} may wait: send the next once one is in",
+                param="item.output",
+            )
+        return []
 
     def _retrieve_item(self, message: msg.ItemRetrieve) -> list[Output]:
         item = self.items.get(message.item_id)
@@ -409,6 +445,7 @@ class Dialect:
 
     def fed(self, failure: str | None, now: float) -> list[Output]:
         """The engine gave the model a tool's output (``failure``: why it could not)."""
+        self._feeds_queued -= 1
         if failure is None:
             return []
         return [

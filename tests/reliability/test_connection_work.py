@@ -1,0 +1,117 @@
+"""Issue 37, the connection side: what one client sends cannot reach the engine thread
+or the event loop as expensive work, nor queue without bound (against a real server).
+
+Judged by counts (calls, threads, refusals), never by timing.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import trio
+
+from realtime.models.base import MAX_TOOL_OUTPUT_BYTES
+from realtime.models.fake import FakeModel, FakeOptions
+from realtime.openai.dialect import MAX_QUEUED_FEEDS
+from tests.helpers import running_engine, running_server
+from tests.reliability.rawws import RawClient
+
+OPENAI_PATH = "/openai/v1/realtime?model=x"
+
+
+async def openai_client(http: str) -> RawClient:
+    host, port = http.removeprefix("http://").split(":")
+    client = await RawClient.connect(host, int(port), path=OPENAI_PATH)
+    created = await client.recv_json()
+    assert created is not None and created["type"] == "session.created", created
+    return client
+
+
+def output_item(output: str, call: int = 0) -> dict[str, Any]:
+    item = {"type": "function_call_output", "call_id": f"call_{call}", "output": output}
+    return {"type": "conversation.item.create", "item": item}
+
+
+async def events_until(client: RawClient, count: int, *types: str) -> list[dict[str, Any]]:
+    """Events until ``count`` of them are of ``types``."""
+    seen: list[dict[str, Any]] = []
+    with trio.fail_after(30):
+        while sum(e["type"] in types for e in seen) < count:
+            event = await client.recv_json()
+            assert event is not None, seen
+            seen.append(event)
+    return seen
+
+
+async def test_a_tool_output_is_tokenized_on_a_worker_thread_before_the_engine() -> None:
+    """Finding 2: the engine thread only runs the feed's steps; the tokens are made on
+    a worker thread (neither the engine's nor the event loop's)."""
+    model = FakeModel()
+    with running_engine(model) as engine:
+        async with running_server(engine) as server:
+            client = await openai_client(server.http)
+            await client.send_json(output_item('{"sky": "clear"}'))
+            await events_until(client, 1, "conversation.item.done", "error")
+            with trio.fail_after(20):
+                while not model.calls_named("tool_result"):
+                    await trio.sleep(0.01)
+            await client.aclose()
+    threads = {name: ident for name, _, ident in model.calls}
+    assert model.calls_named("tool_input") == [len('{"sky": "clear"}')]
+    assert model.calls_named("tool_result") == ['{"sky": "clear"}']
+    assert threads["tool_input"] not in (threads["tool_result"], threading.get_ident())
+
+
+async def test_a_huge_tool_output_is_refused_before_any_tokenizing_or_queueing() -> None:
+    """Findings 2 and 3: a 250 KB output is ``invalid_value`` at once: never stored,
+    never tokenized, never queued for the model."""
+    model = FakeModel()
+    with running_engine(model) as engine:
+        async with running_server(engine) as server:
+            client = await openai_client(server.http)
+            for n in range(20):
+                await client.send_json(output_item("x" * 250_000, n))
+            events = await events_until(client, 20, "error")
+            await client.aclose()
+    errors = [e["error"] for e in events if e["type"] == "error"]
+    assert {(e["code"], e["param"]) for e in errors} == {("invalid_value", "item.output")}
+    assert f"at most {MAX_TOOL_OUTPUT_BYTES}" in errors[0]["message"]
+    assert not [e for e in events if e["type"].startswith("conversation.item")]
+    assert model.calls_named("tool_input") == [] and model.calls_named("open") == []
+
+
+async def test_tool_outputs_waiting_for_the_model_are_bounded_in_count() -> None:
+    """Finding 3: past ``MAX_QUEUED_FEEDS`` waiting outputs the next is refused
+    (``rate_limit_exceeded``, not stored); each accepted one is fed once."""
+    model = FakeModel(FakeOptions(frame_delay=0.01))
+    sent = 3 * MAX_QUEUED_FEEDS
+    output = " ".join(["word"] * 10)  # 11 steps, two frames apart: about 1.8 s each
+    with running_engine(model) as engine:
+        async with running_server(engine) as server:
+            client = await openai_client(server.http)
+            for n in range(sent):
+                await client.send_json(output_item(output, n))
+            events = await events_until(client, sent, "conversation.item.done", "error")
+            await client.aclose()
+    refused = [e["error"] for e in events if e["type"] == "error"]
+    added = [e for e in events if e["type"] == "conversation.item.added"]
+    assert len(added) == MAX_QUEUED_FEEDS and len(refused) == sent - MAX_QUEUED_FEEDS
+    assert {e["code"] for e in refused} == {"rate_limit_exceeded"}
+    assert len(model.calls_named("tool_input")) <= MAX_QUEUED_FEEDS
+
+
+async def test_deeply_nested_json_in_a_tool_output_is_refused_by_size_or_depth() -> None:
+    """Finding 12 (the demo's tokenizer is in tests/test_voicechat_step.py): the refusal
+    is ``invalid_value`` on the connection, which goes on."""
+    model = FakeModel()
+    with running_engine(model) as engine:
+        async with running_server(engine) as server:
+            client = await openai_client(server.http)
+            await client.send_json(output_item("[" * 100_000 + "]" * 100_000))
+            (error,) = [e for e in await events_until(client, 1, "error") if e["type"] == "error"]
+            assert error["error"]["code"] == "invalid_value"
+            await client.send_json(output_item(json.dumps({"ok": True})))
+            await events_until(client, 1, "conversation.item.done")
+            await client.aclose()
