@@ -261,6 +261,10 @@ def request_scheme(scope: ASGIScope, headers: Mapping[str, str]) -> str:
     return {"ws": "http", "wss": "https"}.get(scope.get("scheme", "http"), "http")
 
 
+WEBSOCKET_HTTP_VERSIONS: Final = ("1.1", "1.0")
+"""The HTTP versions a WebSocket is accepted over (ASGI's ``http_version``)."""
+
+
 def upgrade_refusal(
     state: ServerState,
     headers: Mapping[str, str],
@@ -269,10 +273,24 @@ def upgrade_refusal(
     key_prefix: str = KEY_SUBPROTOCOL_PREFIX,
     scheme: str = "http",
     server: Sequence[Any] | None = None,
+    http_version: str = "1.1",
 ) -> tuple[int, str, str] | None:
     """Why a WebSocket upgrade is refused (HTTP status, code, message), or None.
     ``key_prefix``: the subprotocol a browser carries the API key in; ``scheme``
-    (``http``/``https``) and ``server`` (the local address): from the ASGI scope."""
+    (``http``/``https``), ``server`` (the local address) and ``http_version``: from
+    the ASGI scope.
+
+    WebSockets are served over HTTP/1.1 only: over HTTP/2 (RFC 8441) Hypercorn's
+    stream buffer takes every write into memory whatever the peer's flow-control
+    window, so neither the stalled-reader clock nor the write bound could drop a
+    client that reads nothing (issue 37). Browsers and every client here use HTTP/1.1."""
+    if http_version not in WEBSOCKET_HTTP_VERSIONS:
+        return (
+            505,
+            "http_version_not_supported",
+            f"WebSockets are served over HTTP/1.1 only, not HTTP/{http_version}; "
+            "connect with HTTP/1.1",
+        )
     refused = host_refusal(state, headers.get("host"), server)
     if refused is not None:
         return refused
@@ -362,6 +380,7 @@ class RealtimeApp:
             key_prefix=OPENAI_KEY_SUBPROTOCOL_PREFIX if openai else KEY_SUBPROTOCOL_PREFIX,
             scheme=request_scheme(scope, headers),
             server=scope.get("server"),
+            http_version=str(scope.get("http_version", "1.1")),
         )
         if refusal is not None:
             self.state.observer.connection_refused(_REFUSAL_REASONS.get(refusal[1], "unauthorized"))
@@ -438,6 +457,7 @@ _REFUSAL_REASONS: Final[dict[str, RefusalReason]] = {
     "forbidden_origin": "forbidden_origin",
     "forbidden_host": "forbidden_host",
     "draining": "draining",
+    "http_version_not_supported": "http_version",
 }
 
 

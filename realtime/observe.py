@@ -26,9 +26,11 @@ RefusalReason = Literal[
     "draining",
     "engine_unavailable",
     "connection_limit",
+    "http_version",
 ]
-"""Why a connection got no session: a busy slot (1013), a refused upgrade (401/403/503),
-too many open connections (503 before any request is read)."""
+"""Why a connection got no session: a busy slot (1013), a refused upgrade (401/403/503;
+505 for a WebSocket over HTTP/2), too many open connections (503 before any request
+is read)."""
 
 HTTPRefusalReason = Literal["unauthorized", "forbidden_host"]
 """Why a plain HTTP request was refused (401, 403)."""

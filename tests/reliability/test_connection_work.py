@@ -115,3 +115,59 @@ async def test_deeply_nested_json_in_a_tool_output_is_refused_by_size_or_depth()
             await client.send_json(output_item(json.dumps({"ok": True})))
             await events_until(client, 1, "conversation.item.done")
             await client.aclose()
+
+
+async def h2_websocket_statuses(http: str, path: str, streams: int) -> list[int]:
+    """Open ``streams`` WebSockets over one prior-knowledge HTTP/2 connection (RFC 8441
+    extended CONNECT) with a zero receive window (a client that never reads): the
+    ``:status`` each got."""
+    import h2.config
+    import h2.connection
+    import h2.events
+    import h2.settings
+
+    host, port = http.removeprefix("http://").split(":")
+    stream = await trio.open_tcp_stream(host, int(port))
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+    await stream.send_all(conn.data_to_send())
+    statuses: dict[int, int] = {}
+    sent = False
+    with trio.fail_after(20):
+        while len(statuses) < streams:
+            data = await stream.receive_some(65536)
+            assert data, statuses
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    status = dict(event.headers)[b":status"]
+                    statuses[event.stream_id] = int(status)
+            if not sent and conn.remote_settings.enable_connect_protocol:
+                sent = True
+                for _ in range(streams):
+                    headers = [
+                        (":method", "CONNECT"),
+                        (":protocol", "websocket"),
+                        (":scheme", "http"),
+                        (":path", path),
+                        (":authority", f"{host}:{port}"),
+                        ("sec-websocket-version", "13"),
+                    ]
+                    conn.send_headers(conn.get_next_available_stream_id(), headers)
+            await stream.send_all(conn.data_to_send())
+    await stream.aclose()
+    return list(statuses.values())
+
+
+async def test_websockets_over_http2_are_refused_and_hold_no_slot() -> None:
+    """Finding 4: four WebSockets over one HTTP/2 connection that never reads each get
+    505 before any session exists (over HTTP/2 Hypercorn buffers every write whatever
+    the window, so no stalled-reader clock could drop them); HTTP/1.1 is served."""
+    model = FakeModel()
+    with running_engine(model, capacity=4) as engine:
+        async with running_server(engine) as server:
+            for path in ("/v1/realtime", OPENAI_PATH):
+                assert await h2_websocket_statuses(server.http, path, 4) == [505] * 4
+            assert engine.reserved == 0 and model.calls_named("open") == []
+            client = await openai_client(server.http)  # HTTP/1.1 still served
+            await client.aclose()
