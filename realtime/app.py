@@ -32,7 +32,6 @@ from realtime.metrics import PrometheusObserver
 from realtime.observe import HTTPRefusalReason, Observer, Observers, RefusalReason
 from realtime.openai.connection import OpenAIConnection
 from realtime.plumbing import TransportClosed
-from realtime.tcp import abort_connection
 
 log = logging.getLogger("realtime.app")
 
@@ -106,11 +105,17 @@ class ASGITransport:
     """An accepted ASGI WebSocket as the lifecycle's :class:`~realtime.connection.Transport`."""
 
     def __init__(
-        self, receive: ASGIReceive, send: ASGISend, scope: ASGIScope | None = None
+        self,
+        receive: ASGIReceive,
+        send: ASGISend,
+        scope: ASGIScope | None = None,
+        table: ConnectionTable | None = None,
     ) -> None:
         self._receive = receive
         self._send = send
         self._scope = scope or {}
+        self._table = table
+        """The guard's open TCP connections, which hold this WebSocket's."""
 
     async def receive(self) -> str | bytes | None:
         message = await self._receive()
@@ -128,7 +133,9 @@ class ASGITransport:
     def abort(self) -> bool:
         """Reset the TCP connection under this WebSocket (for a client the server has
         given up on: a write blocked on it ends at once); whether it was found."""
-        return abort_connection(self._scope.get("server"), self._scope.get("client"))
+        if self._table is None:
+            return False
+        return self._table.abort(self._scope.get("server"), self._scope.get("client"))
 
 
 def _error(status: int, code: str, message: str) -> Response:
@@ -387,7 +394,7 @@ class RealtimeApp:
             await _refuse_upgrade(scope, send, *refusal)
             return
         state = self.state
-        transport = ASGITransport(receive, send, scope)
+        transport = ASGITransport(receive, send, scope, state.tcp)
         try:
             # Before the upgrade: a connection needs descriptors of its own (the
             # engine's waker), and running out must refuse it with 503, not end it 1011.

@@ -39,7 +39,7 @@ import os
 import resource
 import socket
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
 import attrs
@@ -178,12 +178,14 @@ class ConnectionTable:
         self.open.add(connection)
         return True
 
-    def abort_all(self) -> int:
-        """Reset every open connection; how many there were."""
-        connections = list(self.open)
-        for connection in connections:
-            connection.abort()
-        return len(connections)
+    def abort(self, local: Sequence[Any] | None, peer: Sequence[Any] | None) -> bool:
+        """Reset the open connection from ``local`` to ``peer`` (an ASGI scope's
+        ``server`` and ``client``); whether it was found. A WebSocket whose shielded
+        write will never finish ends this way (:meth:`GuardedTCPServer.abort`)."""
+        for connection in list(self.open):
+            if connection.joins(local, peer):
+                return connection.abort()
+        return False
 
     def note(self, kind: str, message: str, *args: object) -> None:
         """Log one rate-limited warning line of ``kind``."""
@@ -234,6 +236,18 @@ def _leaves(group: BaseExceptionGroup[Exception]) -> Iterator[Exception]:
             yield from _leaves(exc)
         else:
             yield exc
+
+
+def _same(address: Any, wanted: Sequence[Any] | None) -> bool:
+    """Whether a socket's address is ``wanted`` (host and port)."""
+    return (
+        wanted is not None
+        and len(wanted) >= 2
+        and isinstance(address, tuple)
+        and len(address) >= 2
+        and str(address[0]) == str(wanted[0])
+        and int(address[1]) == int(wanted[1])
+    )
 
 
 class GuardedTCPServer(TCPServer):
@@ -342,6 +356,14 @@ class GuardedTCPServer(TCPServer):
                     self.describe(),
                     seconds,
                 )
+
+    def joins(self, local: Sequence[Any] | None, peer: Sequence[Any] | None) -> bool:
+        """Whether this connection runs from ``local`` to ``peer`` (``(host, port)``)."""
+        try:
+            sock = self.stream.socket
+            return _same(sock.getsockname(), local) and _same(sock.getpeername(), peer)
+        except (OSError, AttributeError):
+            return False
 
     def abort(self) -> bool:
         """Reset the TCP connection now (zero linger, shut down both ways): a blocked
