@@ -55,6 +55,7 @@ from realtime.plumbing import PIPELINE_DEPTH, Audio, Refusal, SessionPlumbing, T
 from realtime.work import (
     Backlog,
     CancelModel,
+    CountTokens,
     Failure,
     FeedModel,
     FlushModel,
@@ -66,7 +67,7 @@ from realtime.work import (
 )
 
 Event = dict[str, Any]
-Output = Event | Work | StopModel | Close | LimitRefused
+Output = Event | Work | StopModel | Close | LimitRefused | CountTokens
 Ended = list[ModelEvent] | Failure | None
 """What a flush or cancel came to: the model's events, its failure, or None (no
 session was open)."""
@@ -108,7 +109,7 @@ class Rules(Protocol):
     def check_timeouts(self, now: float) -> Sequence[Output]: ...
     def next_check(self, now: float) -> float: ...
 
-    def begin_audio(self, work: RunAudio) -> list[Output] | None: ...
+    def begin_audio(self, work: RunAudio) -> Sequence[Output] | None: ...
     def keep_submitting(self, tag: int) -> bool: ...
     def slice_done(
         self, tag: int, events: list[ModelEvent] | None, now: float
@@ -122,6 +123,7 @@ class Rules(Protocol):
         self, result: list[ModelEvent] | Failure | None, now: float
     ) -> Sequence[Output]: ...
     def fed(self, failure: Failure | None, now: float) -> Sequence[Output]: ...
+    def counted(self, text: str, tokens: int | Exception, now: float) -> Sequence[Output]: ...
 
     def sending(self, now: float) -> None: ...
     def sent(self, now: float) -> None: ...
@@ -276,6 +278,11 @@ class Connection(SessionPlumbing):
             elif isinstance(out, (OpenModel, FlushModel, CancelModel, FeedModel)):
                 self.backlog.accepted(out)
                 self._work_send.send_nowait(out)
+            elif isinstance(out, CountTokens):
+                tokens = await self._count(out)
+                await self._apply(
+                    self.rules.counted(out.text, tokens, trio.current_time()), direct=direct
+                )
             elif isinstance(out, StopModel):
                 self._stop.set()
             elif isinstance(out, LimitRefused):
@@ -285,6 +292,14 @@ class Connection(SessionPlumbing):
             else:
                 await self.queue(out)
         self._clock_moved()
+
+    async def _count(self, work: CountTokens) -> int | Exception:
+        """A client's text counted on the tokenizing thread (:func:`tokenizing`): never
+        on the event loop, whose other connections it would hold up."""
+        try:
+            return await trio.to_thread.run_sync(work.count, work.text, limiter=tokenizing())
+        except Exception as exc:  # the tokenizer refused the text: the rules say so
+            return exc
 
     def _clock_moved(self) -> None:
         """Wake the timer if the rules now want it sooner than it waits (a deadline
@@ -361,7 +376,7 @@ class Connection(SessionPlumbing):
         if instead is not None:
             backlog.audio_done(total)  # dropped: its budget comes back
             if instead:
-                yield _Emit(instead)
+                yield _Emit(list(instead))
             return
         offset = 0
         try:

@@ -365,6 +365,10 @@ class Conversation:
         """Never asked: the native protocol has no tool results (SPEC)."""
         raise AssertionError("the native protocol feeds no tool results")  # pragma: no cover
 
+    def counted(self, text: str, tokens: int | Exception, now: float) -> list[Output]:
+        """Never asked: one update per connection is counted as it comes."""
+        raise AssertionError("the native rules count no tokens off the loop")  # pragma: no cover
+
     def _model_events(self, events: Sequence[ModelEvent]) -> list[protocol.Event]:
         """Wire events of model events, a frame's audio first; counts the frames."""
         out = []

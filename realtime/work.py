@@ -9,6 +9,8 @@ engine outcome) is made once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 
 from realtime.engine import EngineError, FailureKind
@@ -65,6 +67,16 @@ Work = OpenModel | RunAudio | FlushModel | CancelModel | FeedModel
 @attrs.frozen(slots=True)
 class StopModel:
     """Set the stop signal now: queued frames (and a queued open) must not run."""
+
+
+@attrs.frozen(slots=True, eq=False)
+class CountTokens:
+    """Count ``text``'s tokens with ``count`` (the model's tokenizer) off the event loop
+    and the engine thread, then hand the result to the rules' ``counted``; the
+    connection reads nothing more from its client meanwhile."""
+
+    text: str
+    count: Callable[[str], int]
 
 
 @attrs.frozen(slots=True)

@@ -141,6 +141,9 @@ class OpenAIRules:
         message = None if failure is None else failure.message
         return self._outputs(self.dialect.fed(message, now), now)
 
+    def counted(self, text: str, tokens: int | Exception, now: float) -> list[Output]:
+        return self._outputs(self.dialect.counted(text, tokens, now), now)
+
     def flushed(self, result: Ended, now: float) -> Sequence[Output]:
         raise AssertionError("the OpenAI dialect never flushes")  # pragma: no cover
 

@@ -58,11 +58,35 @@ from realtime.openai.responses import FrameOutput, Responses
 from realtime.openai.states import ModelState, Phase, Trigger, advance
 from realtime.openai.tools import CallReader, Markers
 from realtime.openai.turns import Channels, SpeechStarted, Turns, TurnStep, UserBeat, channels
+from realtime.work import CountTokens
 
 MAX_QUEUED_FEEDS: Final = 4
 """Tool outputs that may wait to go into the model at once; each is at most
 :data:`~realtime.models.base.MAX_TOOL_OUTPUT_BYTES`, so one connection's queued feeds
 hold at most 4 x 16 KiB. More are refused (``rate_limit_exceeded``), not queued."""
+
+COUNT_BURST: Final = 4
+"""Updates with a new system prompt (instructions or tools) counted at once; after that
+one a second (each is tokenized: 63 ms for a long CJK prompt on the red team's VM)."""
+
+
+@attrs.define(slots=True)
+class Budget:
+    """A token bucket: ``size`` at most, ``rate`` a second come back."""
+
+    size: float
+    rate: float
+    left: float
+    at: float
+
+    def take(self, now: float) -> bool:
+        self.left = min(self.size, self.left + max(0.0, now - self.at) * self.rate)
+        self.at = max(self.at, now)
+        if self.left < 1.0:
+            return False
+        self.left -= 1.0
+        return True
+
 
 # --- outputs ---------------------------------------------------------------------------
 
@@ -90,7 +114,7 @@ class FeedTool:
     output: str
 
 
-Output = ev.Event | OpenModel | RunFrame | FeedTool | Close
+Output = ev.Event | OpenModel | RunFrame | FeedTool | Close | CountTokens
 
 
 class Dialect:
@@ -134,6 +158,11 @@ class Dialect:
         self._turns = Turns(new_id, figures.frame_seconds)
         self._responses = Responses(new_id, self._log)
         self._feeds_queued = 0
+        self._counts: dict[str, int | Exception] = {}
+        """The latest system prompt the tokenizer counted (or why it could not)."""
+        self._pending_update: msg.SessionUpdate | None = None
+        """The update waiting for its prompt's count."""
+        self._count_budget = Budget(COUNT_BURST, 1.0, COUNT_BURST, now)
         """Tool outputs handed to the pipeline and not yet fed (``fed``)."""
 
     @property
@@ -189,17 +218,54 @@ class Dialect:
                 assert_never(message)
 
     def _update(self, message: msg.SessionUpdate) -> list[Output]:
+        uncounted: list[str] = []
+
+        def known(text: str) -> int:
+            tokens = self._counts.get(text)
+            if tokens is None:
+                uncounted.append(text)
+                return 0
+            if isinstance(tokens, Exception):
+                raise tokens
+            return tokens
+
         merged = sess.updated(
             self.session,
             message.session,
             applied=self._applied,
             max_prompt_tokens=self.limits.max_system_prompt_tokens,
-            count_tokens=self._count_tokens,
+            count_tokens=known,
         )
+        if uncounted:
+            return self._count(message, uncounted[0])
         if isinstance(merged, ev.Invalid):
             return [ev.refused(attrs.evolve(merged, event_id=message.event_id))]
         self.session = merged
         return [ev.session_event("session.updated", self.session)]
+
+    def _count(self, message: msg.SessionUpdate, text: str) -> list[Output]:
+        """Have the pipeline count ``text`` off the event loop (:meth:`counted` applies
+        ``message`` then); at most ``COUNT_BURST`` prompts at once, then one a second."""
+        now = self._deadlines.last_message
+        if not self._count_budget.take(now):
+            return _refusal(
+                message,
+                "rate_limit_exceeded",
+                f"more than {COUNT_BURST} updates with new instructions or tools came "
+                f"within {COUNT_BURST:g} s; each is tokenized: this one was not applied",
+                param="session.instructions",
+            )
+        self._pending_update = message
+        return [CountTokens(text, self._count_tokens)]
+
+    def counted(self, text: str, tokens: int | Exception, now: float) -> list[Output]:
+        """The pipeline counted ``text`` (:class:`~realtime.work.CountTokens`): the
+        update that asked for it is applied or refused now."""
+        message, self._pending_update = self._pending_update, None
+        if message is None:
+            return []
+        self._counts = {text: tokens}  # only the latest prompt is kept
+        return self._update(message)
 
     def _append(self, message: msg.AudioAppend) -> list[Output]:
         backlog = self._frames.backlog

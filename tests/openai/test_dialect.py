@@ -27,6 +27,7 @@ from realtime.openai.responses import CREATE_TIMEOUT_FRAMES
 from realtime.openai.states import ModelState
 from realtime.openai.tools import parse_calls
 from realtime.openai.turns import END_TAIL_FRAMES, USER_QUIET_FRAMES
+from realtime.work import CountTokens
 from tests.openai.scripted import CALL
 from tests.openai.validate import validate_ga
 
@@ -38,7 +39,23 @@ def dialect() -> Dialect:
 
 
 def send(d: Dialect, message: dict[str, Any] | str) -> list[Output]:
-    return d.receive(message if isinstance(message, str) else json.dumps(message), 0.0)
+    return counted(d, d.receive(message if isinstance(message, str) else json.dumps(message), 0.0))
+
+
+def counted(d: Dialect, outputs: list[Output]) -> list[Output]:
+    """``outputs`` with each ``CountTokens`` counted as the pipeline would (on a worker
+    thread there), and what the dialect answers then in its place."""
+    out: list[Output] = []
+    for output in outputs:
+        if not isinstance(output, CountTokens):
+            out.append(output)
+            continue
+        try:
+            tokens: int | Exception = output.count(output.text)
+        except Exception as exc:
+            tokens = exc
+        out += counted(d, d.counted(output.text, tokens, 0.0))
+    return out
 
 
 def events(outputs: list[Output]) -> list[dict[str, Any]]:

@@ -12,9 +12,10 @@ from typing import Any
 
 import trio
 
+from realtime.limits import Limits
 from realtime.models.base import MAX_TOOL_OUTPUT_BYTES
 from realtime.models.fake import FakeModel, FakeOptions
-from realtime.openai.dialect import MAX_QUEUED_FEEDS
+from realtime.openai.dialect import COUNT_BURST, MAX_QUEUED_FEEDS
 from tests.helpers import running_engine, running_server
 from tests.reliability.rawws import RawClient
 
@@ -171,3 +172,36 @@ async def test_websockets_over_http2_are_refused_and_hold_no_slot() -> None:
             assert engine.reserved == 0 and model.calls_named("open") == []
             client = await openai_client(server.http)  # HTTP/1.1 still served
             await client.aclose()
+
+
+class CountingModel(FakeModel):
+    """The fake, recording the thread each prompt is counted on."""
+
+    def count_tokens(self, text: str) -> int:
+        self.record("count_tokens", text)
+        return super().count_tokens(text)
+
+
+async def test_session_update_storms_are_counted_off_the_loop_and_rate_limited() -> None:
+    """Finding 5: before the model opens every update with new instructions is
+    tokenized, on the tokenizing thread (never the event loop's), and past
+    ``COUNT_BURST`` at once they are refused (``rate_limit_exceeded``), not counted."""
+    model = CountingModel()
+    sent = 5 * COUNT_BURST
+    with running_engine(model) as engine:
+        async with running_server(engine, limits=Limits(max_system_prompt_tokens=64)) as server:
+            client = await openai_client(server.http)
+            for n in range(sent):
+                # 40 two-byte characters: too many bytes to skip counting, 40 tokens
+                instructions = f"{n:02d}" + "é" * 38
+                update = {"type": "realtime", "instructions": instructions}
+                await client.send_json({"type": "session.update", "session": update})
+            events = await events_until(client, sent, "session.updated", "error")
+            await client.aclose()
+    updated = [e for e in events if e["type"] == "session.updated"]
+    refused = [e["error"] for e in events if e["type"] == "error"]
+    assert {e["code"] for e in refused} == {"rate_limit_exceeded"} and refused
+    counts = [(arg, ident) for name, arg, ident in model.calls if name == "count_tokens"]
+    assert len(counts) == len(updated) >= COUNT_BURST
+    assert threading.get_ident() not in {ident for _, ident in counts}
+    assert updated[-1]["session"]["instructions"] == counts[-1][0]
