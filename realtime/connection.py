@@ -321,7 +321,10 @@ class Connection(SessionPlumbing):
         while True:
             frame = await self.transport.receive()
             arrived = time.perf_counter()
-            await self._apply(rules.receive(frame, trio.current_time()), arrived, direct=True)
+            # Queued for the sender, never written here: a write that finds the socket
+            # dead makes Hypercorn put the disconnect into its (full) receive queue from
+            # inside the write, which only this task drains (issue 37).
+            await self._apply(rules.receive(frame, trio.current_time()), arrived)
 
     async def _timer(self) -> None:
         rules = self.rules

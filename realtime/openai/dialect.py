@@ -150,6 +150,8 @@ class Dialect:
             limits.send_timeout, limits.idle_timeout, last_message=now, last_sent=now
         )
         self._framer = InputFramer(figures=figures)
+        self._poll = min(1.0, limits.send_timeout / 4, limits.idle_timeout / 4)
+        """How often the clock re-reads its deadlines (as the native rules do)."""
         self._appended = False
         """Audio came since the last commit or clear."""
         self._resampler = OutputResampler()
@@ -578,13 +580,15 @@ class Dialect:
         ]
 
     def next_tick(self, now: float) -> float:
-        """When ``tick`` next has something to do (at the latest). Once closing only
-        the stalled-reader deadline is left: the idle one has passed or no longer
+        """When ``tick`` next has something to do (at the latest); while serving at
+        most a poll away, as the native rules do: a write may start (and never end)
+        without the clock being told. Once closing only the stalled-reader deadline is
+        left (no later write can make it earlier): the idle one has passed or no longer
         applies, and a time already past would spin the clock."""
         stall = self.stall_deadline()
         if self.closed:
             return stall if stall is not None else math.inf
-        idle = self._deadlines.idle()
+        idle = min(self._deadlines.idle(), now + self._poll)
         if stall is not None:
             idle = min(idle, stall)
         if self.model_state is not ModelState.OPEN:

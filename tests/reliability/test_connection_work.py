@@ -205,3 +205,57 @@ async def test_session_update_storms_are_counted_off_the_loop_and_rate_limited()
     assert len(counts) == len(updated) >= COUNT_BURST
     assert threading.get_ident() not in {ident for _, ident in counts}
     assert updated[-1]["session"]["instructions"] == counts[-1][0]
+
+
+async def flood_items(client: RawClient, seconds: float) -> None:
+    """Items (2 KB each) without reading, until the server stops reading or
+    ``seconds`` pass."""
+    item = {"type": "message", "role": "user", "content": []}
+    with trio.move_on_after(seconds):
+        for n in range(400):
+            message = {
+                "type": "conversation.item.create",
+                "item": {**item, "id": f"i{n}"},
+                "event_id": "x" * 2000,
+            }
+            await client.send_json(message)
+
+
+async def test_a_client_that_vanishes_mid_flood_frees_its_slot_within_the_stall_bound() -> None:
+    """Finding 6: a client floods items without reading (Hypercorn's ASGI queue fills),
+    then resets: its slot is free within the stalled-reader bound (send timeout plus a
+    poll of the clock), not at the idle timeout. Mostly at once: the receiver never
+    writes itself, so it reads the disconnect unless it waits for room in the send
+    queue."""
+    model = FakeModel()
+    limits = Limits(send_timeout=2.0, idle_timeout=60.0)
+    with running_engine(model) as engine:
+        async with running_server(engine, limits=limits) as server:
+            host, port = server.http.removeprefix("http://").split(":")
+            for _ in range(2):
+                client = await RawClient.connect(
+                    host, int(port), path=OPENAI_PATH, receive_buffer=4096
+                )
+                await flood_items(client, 0.5)
+                assert engine.reserved == 1
+                client.reset()
+                with trio.fail_after(1.5 * limits.send_timeout + 1):
+                    while engine.reserved:
+                        await trio.sleep(0.02)
+
+
+async def test_a_flooding_client_that_stops_reading_is_dropped_within_the_stall_bound() -> None:
+    """Finding 6: the OpenAI clock polls its deadlines as the native rules do, so a write
+    that starts (and never ends) after the clock last planned still drops the client
+    ``send_timeout`` later, not at the idle timeout."""
+    model = FakeModel()
+    limits = Limits(send_timeout=1.0, idle_timeout=60.0)
+    with running_engine(model) as engine:
+        async with running_server(engine, limits=limits) as server:
+            host, port = server.http.removeprefix("http://").split(":")
+            client = await RawClient.connect(host, int(port), path=OPENAI_PATH, receive_buffer=4096)
+            with trio.fail_after(4 * limits.send_timeout + 2):
+                await flood_items(client, 4 * limits.send_timeout)
+                while engine.reserved:
+                    await trio.sleep(0.02)
+            client.reset()
