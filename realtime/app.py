@@ -95,6 +95,9 @@ class ServerState:
             bound=self.limits.max_connections,
             observer=self.observer,
         )
+        # Under an external server (the Hypercorn CLI) its SIGTERM reaches the app only
+        # this way; `realtime serve` sets shutdown itself, earlier (after the drain).
+        self.tcp.stopping = self.shutdown.set
         self.idle.set()
         self.metrics.watch(self.engine, draining=self.draining.is_set)
         # The engine thread reports model steps to the same observer as the connections.

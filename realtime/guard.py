@@ -150,6 +150,10 @@ class ConnectionTable:
     observer: Observer = attrs.field(factory=Observer)
     open: set[GuardedTCPServer] = attrs.field(factory=set)
     refusing: int = 0
+    stopping: Callable[[], object] | None = None
+    """Called when the ASGI server stops accepting (each connection's watch calls it;
+    the app's sessions then close 1001): the one signal an app under an external
+    server gets before that server's graceful timeout cancels its connections."""
     _budgets: dict[str, LogBudget] = attrs.field(factory=dict)
 
     @classmethod
@@ -345,6 +349,8 @@ class GuardedTCPServer(TCPServer):
         does not reach it). Shielded itself, so that cancel does not end the watch."""
         with scope:
             await self.context.terminated.wait()
+            if self.table is not None and self.table.stopping is not None:
+                self.table.stopping()
             seconds = float(self.config.graceful_timeout)
             if self.table is not None:
                 seconds = min(seconds, self.table.shutdown_seconds)

@@ -7,16 +7,21 @@ Judged by counts (calls, threads, refusals), never by timing.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
+from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from realtime.limits import Limits
 from realtime.models.base import MAX_TOOL_OUTPUT_BYTES
 from realtime.models.fake import FakeModel, FakeOptions
 from realtime.openai.dialect import COUNT_BURST, MAX_QUEUED_FEEDS
-from tests.helpers import running_engine, running_server
+from tests.helpers import connect, running_engine, running_server, start_hypercorn_cli
 from tests.reliability.rawws import RawClient
 
 OPENAI_PATH = "/openai/v1/realtime?model=x"
@@ -259,3 +264,33 @@ async def test_a_flooding_client_that_stops_reading_is_dropped_within_the_stall_
                 while engine.reserved:
                     await trio.sleep(0.02)
             client.reset()
+
+
+@pytest.mark.slow
+async def test_sigterm_under_the_hypercorn_cli_closes_every_session_1001(
+    demo_cache_dir: Path, tmp_path: Path
+) -> None:
+    """Finding 11: under ``hypercorn -k trio realtime.asgi:app`` SIGTERM reaches the
+    app when Hypercorn stops accepting (the guard's watch), so each open session is
+    told 1001 before the graceful timeout cancels it, the engine thread is joined at
+    lifespan shutdown and the C++ runtime is not aborted."""
+    env = {
+        "REALTIME_MAX_SESSIONS": "4",
+        "REALTIME_CACHE_DIR": os.environ["REALTIME_CACHE_DIR"],
+    }
+    codes: list[int | None] = []
+    with start_hypercorn_cli(env, tmp_path) as server:
+        async with AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(connect(server.url)) for _ in range(4)]
+            for client in clients:
+                await client.configure()
+            server.proc.send_signal(signal.SIGTERM)
+            for client in clients:
+                codes.append(await client.closed_code(timeout=20))
+        with trio.fail_after(30):
+            while server.proc.poll() is None:
+                await trio.sleep(0.1)
+        output = server.output()
+    assert codes == [1001] * 4, output[-3000:]
+    assert server.proc.returncode == 0, output[-3000:]
+    assert "terminate called" not in output, output[-3000:]
