@@ -8,8 +8,9 @@ module moves things between the socket, those rules and the engine, once for bot
 tasks share the session, beside the sender of :mod:`realtime.plumbing`:
 
 * the *receiver* reads each message and feeds it to the rules (their answers are
-  written at once when the sender is idle; work for the model is queued in arrival
-  order, or handed to the engine at once when nothing is ahead of it);
+  queued for the sender, never written by the receiver; work for the model is queued
+  in arrival order, or handed to the engine at once when nothing is ahead of it; text
+  the tokenizer must count runs on the tokenizing thread meanwhile);
 * the *submitter* takes that work in order and hands audio to the engine frame by
   frame; open, commit and cancel travel as barriers;
 * the *collector* awaits each frame (and barrier) in order through the session's
