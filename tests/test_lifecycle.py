@@ -183,9 +183,12 @@ async def test_a_frame_written_by_the_collector_keeps_its_place_before_later_eve
     assert writers["session.pong"] == f"{conn.session_id}:sender"
 
 
-async def test_the_receiver_answers_a_ping_itself_when_the_sender_is_idle(
+async def test_the_receiver_never_writes_its_answers_itself(
     engine: Engine,
 ) -> None:
+    """Even with the sender idle the pong goes through the sender: a write by the
+    receiver that finds the socket dead would wait inside Hypercorn's full receive
+    queue, which only the receiver drains (issue 37 finding 6)."""
     transport = GatedTransport()
     conn = Connection(transport, engine, Limits())
     with trio.fail_after(10):
@@ -195,4 +198,4 @@ async def test_the_receiver_answers_a_ping_itself_when_the_sender_is_idle(
             while "session.pong" not in [kind for kind, _ in transport.writers]:
                 await trio.sleep(0.001)
             await transport.inbox_send.aclose()
-    assert dict(transport.writers)["session.pong"] == f"{conn.session_id}:receiver"
+    assert dict(transport.writers)["session.pong"] == f"{conn.session_id}:sender"
