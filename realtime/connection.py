@@ -76,8 +76,8 @@ session was open)."""
 
 TOKENIZING_THREADS: Final = 1
 """Worker threads all connections share for tokenizing what a client sent (tool
-outputs): client-controlled work never runs on the engine thread or the event loop,
-and never on more than this many threads at once."""
+outputs, OpenAI instructions): client-controlled work never runs on the engine thread
+or the event loop, and never on more than this many threads at once."""
 
 _TOKENIZING: RunVar[trio.CapacityLimiter] = RunVar("tokenizing")
 
