@@ -411,7 +411,7 @@ class Connection(SessionPlumbing):
             failure: Failure | None = None
             if rules.session_open:
                 try:
-                    await self.engine.run(ToolResultCommand(sid, work.output))
+                    await self.engine.run(ToolResultCommand(sid, work.output, self._stop))
                 except EngineError as exc:
                     failure = Failure.of(exc)
             else:
