@@ -421,6 +421,7 @@ class Engine:
         one running ends its step), flushes, cancels and closes still run, and every
         open session is cancelled."""
         if self._thread.is_alive():
+            self._halting = True  # read between commands: a feed stops at its next step
             self._wake.put(_STOP)
             self._thread.join(timeout)
             if self._thread.is_alive():
@@ -669,7 +670,7 @@ class Engine:
                 if not entries:
                     if self._halting:
                         break
-                    self._halting = self._wake.get() is _STOP
+                    self._halting = self._wake.get() is _STOP or self._halting
                     continue
                 if isinstance(entries[0].item.command, Push):
                     self._step_frames(entries)
@@ -787,12 +788,14 @@ class Engine:
 
     def _yields(self, entry: Entry[str, _Queued]) -> bool:
         """Whether an opening's slice or a tool result's step gives way to a waiting
-        frame: such work, of any session, took a step from waiting frames less than
-        ``OPEN_SLICE_FRAMES`` frame times ago."""
-        return (
-            isinstance(entry.item.command, (Open, ToolResult))
-            and time.monotonic() - self._extra_at < self._extra_period
-        )
+        frame: unless it is overdue (frames kept the engine busy since it was queued)
+        and no such work of any session took a step from waiting frames in the last
+        ``OPEN_SLICE_FRAMES`` frame times. So the frames take the time they need, and
+        all openings and tool results together still get a step every two frames."""
+        if not isinstance(entry.item.command, (Open, ToolResult)):
+            return False
+        now = time.monotonic()
+        return entry.due > now or now - self._extra_at < self._extra_period
 
     def _joins_batch(self, entry: Entry[str, _Queued]) -> bool:
         """A frame still wanted joins a batch; anything else runs alone."""

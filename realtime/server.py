@@ -154,7 +154,9 @@ def engine_for(
     """The engine the limits ask for: ``max_sessions`` slots, admission by load past one
     (``admission_margin``) only when more than one conversation may run, and batched
     frames as ``batch_frames`` says (``None``: on past one conversation,
-    :func:`realtime.limits.batching`)."""
+    :func:`realtime.limits.batching`). With admission by load the engine measures its
+    step before it reports ready (``Engine.warm_up``), so ``/ready`` and the first
+    clients are answered by measurement."""
     margin = limits.admission_margin if limits.max_sessions > 1 else 0.0
     return Engine(
         loader,
@@ -162,6 +164,7 @@ def engine_for(
         capacity=limits.max_sessions,
         admission_margin=margin,
         batch_frames=batching(batch_frames, limits.max_sessions),
+        warm_up=margin > 0,
     )
 
 
