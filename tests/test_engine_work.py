@@ -221,9 +221,10 @@ def test_openings_count_in_admission() -> None:
         open_now(engine, "a")
         for _ in range(MIN_SAMPLES):
             engine.submit(Push("a", FRAME, RATE)).result(10)
+        assert engine.try_reserve("b")
         before = engine.admission_cost()
         assert before is not None
-        open_now(engine, "b", prompt="p" * 20)  # 20 slices of 10 ms
+        engine.submit(Open("b", "p" * 20, 0, None)).result(10)  # 20 slices of 10 ms
         after = engine.admission_cost()
         assert after is not None and after > before + 0.005
 
