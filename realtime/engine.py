@@ -778,23 +778,30 @@ class Engine:
         frame waits is remembered: all of them together take one step every
         ``OPEN_SLICE_FRAMES`` frame times from waiting frames (:meth:`_yields`)."""
         entries = self._scheduler.pop_batch(self._joins_batch, self.max_batch, self._yields)
-        if (
-            entries
-            and isinstance(entries[0].item.command, (Open, ToolResult))
-            and self._scheduler.most_urgent(self._joins_batch) is not None
-        ):
-            self._extra_at = time.monotonic()
+        if entries and isinstance(entries[0].item.command, (Open, ToolResult)):
+            frame = self._scheduler.most_urgent(self._joins_batch)
+            now = time.monotonic()
+            if frame is not None and self._waiting(frame, now):
+                self._extra_at = now
         return entries
 
-    def _yields(self, entry: Entry[str, _Queued]) -> bool:
-        """Whether an opening's slice or a tool result's step gives way to a waiting
-        frame: unless it is overdue (frames kept the engine busy since it was queued)
-        and no such work of any session took a step from waiting frames in the last
-        ``OPEN_SLICE_FRAMES`` frame times. So the frames take the time they need, and
-        all openings and tool results together still get a step every two frames."""
+    def _waiting(self, frame: Entry[str, _Queued], now: float) -> bool:
+        """A frame due within a frame time: one that arrived (a burst's later frames,
+        due a frame apart, are not waiting yet)."""
+        return frame.due <= now + self._frame_seconds
+
+    def _yields(self, entry: Entry[str, _Queued], frame: Entry[str, _Queued]) -> bool:
+        """Whether an opening's slice or a tool result's step gives way to ``frame``: when
+        the frame is waiting, unless the step is overdue (frames kept the engine busy
+        since it was queued) and no such work of any session took a step from waiting
+        frames in the last ``OPEN_SLICE_FRAMES`` frame times. So waiting frames take the
+        time they need, and all openings and tool results together still get a step
+        every two frames."""
         if not isinstance(entry.item.command, (Open, ToolResult)):
             return False
         now = time.monotonic()
+        if not self._waiting(frame, now):
+            return False
         return entry.due > now or now - self._extra_at < self._extra_period
 
     def _joins_batch(self, entry: Entry[str, _Queued]) -> bool:

@@ -190,7 +190,7 @@ class Scheduler(Generic[K, T]):
         self,
         joins: Callable[[Entry[K, T]], bool],
         limit: int,
-        yields: Callable[[Entry[K, T]], bool] | None = None,
+        yields: Callable[[Entry[K, T], Entry[K, T]], bool] | None = None,
     ) -> list[Entry[K, T]]:
         """Take the command that runs next and, when it ``joins`` a batch, the head of
         every other conversation whose head joins too, most urgent first, at most
@@ -199,14 +199,16 @@ class Scheduler(Generic[K, T]):
         At most one entry per conversation and only heads, so each conversation's own
         order holds; the first entry is what :meth:`pop` would take, so a batch never
         delays the command that is due: the others only run early. Except when that
-        command does not join and ``yields`` (work that gives way to frames): then the
-        most urgent head that joins leads instead, if there is one.
+        command does not join and ``yields(it, frame)`` to the most urgent head that
+        joins (work that gives way to frames): then that head leads instead.
         """
         lead = self.peek()
         if lead is None:
             return []
-        if yields is not None and not joins(lead) and yields(lead):
-            lead = self.most_urgent(joins) or lead
+        if yields is not None and not joins(lead):
+            frame = self.most_urgent(joins)
+            if frame is not None and yields(lead, frame):
+                lead = frame
         self._take_head(lead.key)
         batch = [lead]
         if limit <= 1 or not joins(lead):

@@ -11,6 +11,7 @@ never by a time bound; the fake model's sleeps only stand for model cost.
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import trio
 
 from realtime.admission import MIN_SAMPLES
 from realtime.engine import Close, Engine, EngineError, Open, Push, ToolResult
@@ -27,6 +29,10 @@ from realtime.models.base import ModelSession, Opening
 from realtime.models.fake import FakeModel, FakeOptions
 from realtime.observe import Observer
 from realtime.server import engine_for
+from tests.helpers import running_server
+from tests.openai.scripted import call_then_say, scripted
+from tests.openai.sdk_exchange import voice
+from tests.reliability.rawws import RawClient
 
 FRAME = np.zeros(1280, dtype=np.float32)
 RATE = 16000
@@ -262,5 +268,42 @@ def test_one_conversation_needs_no_warm_up() -> None:
     engine.start()
     try:
         assert engine.step_costs == {} and model.frames_run == 0
+    finally:
+        engine.shutdown()
+
+
+async def test_an_openai_client_that_leaves_during_a_tool_feed_frees_its_slot_at_once() -> None:
+    """Finding 1 through the socket: a ``function_call_output`` of 301 steps, then the
+    client resets its TCP connection. The feed stops within a step or two and the slot
+    is free (before: all 301 steps ran first, the slot held the whole time)."""
+    model = scripted(call_then_say("Sunny."))
+    engine = Engine(lambda: model)
+    engine.start()
+    try:
+        async with running_server(engine) as server:
+            host, port = server.http.removeprefix("http://").split(":")
+            client = await RawClient.connect(host, int(port), path="/openai/v1/realtime?model=x")
+            await client.recv_until("session.created")
+            tool = {"type": "function", "name": "get_weather", "description": "Weather."}
+            update = {"type": "realtime", "tools": [tool]}
+            await client.send_json({"type": "session.update", "session": update})
+            await client.recv_until("session.updated")
+            pcm = voice(0.6)
+            for i in range(0, len(pcm), 9600):
+                audio = base64.b64encode(pcm[i : i + 9600]).decode()
+                await client.send_json({"type": "input_audio_buffer.append", "audio": audio})
+            args = (await client.recv_until("response.function_call_arguments.done"))[-1]
+            model.options.frame_delay = 0.02
+            item = {"type": "function_call_output", "call_id": args["call_id"], "output": WORDS}
+            await client.send_json({"type": "conversation.item.create", "item": item})
+            with trio.fail_after(10):
+                while tool_steps(model) < 3:
+                    await trio.sleep(0.005)
+            ran = tool_steps(model)
+            client.reset()
+            with trio.fail_after(10):
+                while engine.is_reserved():
+                    await trio.sleep(0.005)
+            assert tool_steps(model) <= ran + 2
     finally:
         engine.shutdown()

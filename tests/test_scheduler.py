@@ -383,8 +383,8 @@ def test_work_that_yields_gives_way_to_the_most_urgent_frame() -> None:
         return not entry.item.startswith("slice")
 
     assert s.most_urgent(frames) == Entry("a", "a1", 0.08, 3)
-    assert [e.item for e in s.pop_batch(frames, 3, lambda e: True)] == ["a1", "b1"]
-    assert [e.item for e in s.pop_batch(frames, 3, lambda e: True)] == ["slice"]
+    assert [e.item for e in s.pop_batch(frames, 3, lambda e, f: True)] == ["a1", "b1"]
+    assert [e.item for e in s.pop_batch(frames, 3, lambda e, f: True)] == ["slice"]
     s.add("o", "slice 2", 0.01)
     s.add("a", "a2", 0.16)
-    assert [e.item for e in s.pop_batch(frames, 3, lambda e: False)] == ["slice 2"]
+    assert [e.item for e in s.pop_batch(frames, 3, lambda e, f: False)] == ["slice 2"]
