@@ -420,7 +420,10 @@ def serve_command(args: argparse.Namespace, limits: Limits) -> int:
             f"cannot listen on {args.host}:{args.port}: {os_error.strerror or os_error}"
         ) from None
     finally:
-        engine.shutdown(timeout=1.0 if engine.hung else 10.0)
+        # The engine stops its queued work at shutdown (a tool feed or an opening ends
+        # before its next step), so only the step under way is waited for, within the
+        # shutdown's bound (drain + shutdown timeout + ABORT_GRACE_SECONDS).
+        engine.shutdown(timeout=1.0 if engine.hung else ABORT_GRACE_SECONDS)
     if engine.hung:
         log.critical(
             "stopped: the engine is hung (%s); exiting %d", engine.dead_reason, EXIT_ENGINE_HUNG
