@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from realtime.admission import (
     MIN_SAMPLES,
+    ExtraWork,
     StepTimes,
     admits,
     batched_cost,
@@ -388,3 +389,15 @@ def test_work_that_yields_gives_way_to_the_most_urgent_frame() -> None:
     s.add("o", "slice 2", 0.01)
     s.add("a", "a2", 0.16)
     assert [e.item for e in s.pop_batch(frames, 3, lambda e, f: False)] == ["slice 2"]
+
+
+def test_extra_work_counts_per_frame_over_its_window() -> None:
+    """Openings, tool results, flushes, cancels and closes: their engine time per frame
+    time over the last ``window`` seconds, which admission adds to the frame cost."""
+    extra = ExtraWork(window=2.0)
+    assert extra.per_frame(0.0, FRAME) == 0.0
+    extra.add(0.5, 0.1)
+    extra.add(1.0, 0.3)
+    assert extra.per_frame(1.0, FRAME) == pytest.approx(0.4 * FRAME / 2.0)
+    assert extra.per_frame(2.6, FRAME) == pytest.approx(0.3 * FRAME / 2.0)  # 0.5 is gone
+    assert extra.per_frame(3.0, FRAME) == 0.0
