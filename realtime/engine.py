@@ -3,7 +3,8 @@
 MLX ties streams to the thread that created them, and trio's worker threads do
 not keep their identity, so the model is loaded on, and only ever touched by,
 the single thread started here. The async side submits typed commands
-(:class:`Open`, :class:`Push`, :class:`Flush`, :class:`Cancel`, :class:`Close`)
+(:class:`Open`, :class:`Push`, :class:`Flush`, :class:`Cancel`, :class:`Close`,
+:class:`ToolResult`)
 and is woken through ``TrioToken.run_sync_soon`` (or, on a connection's per-frame
 path, its :class:`Waker`) when the reply is ready; it never runs model code and never
 parks a trio worker thread while the model computes.
@@ -359,9 +360,10 @@ class Engine:
         self._closing: set[str] = set()  # under _state_lock
         """Sessions whose Close is queued: their queued work is stopped."""
         self._halting = False
+        """The engine is shutting down: its queued frames, openings and tool results are
+        stopped."""
         self._extra_at = -math.inf  # under _state_lock
         """When an opening's slice or a tool result's step last ran while a frame waited."""
-        """The engine is shutting down: every queued command but a Close is stopped."""
         self._last_frame: dict[str, float] = {}  # under _state_lock
         """When each session's latest frame reached the engine (a batch's gathering)."""
         self._thread = threading.Thread(target=self._run, name="realtime-engine", daemon=True)
