@@ -115,12 +115,7 @@ class Scheduler(Generic[K, T]):
         queued the steps still run back to back.
         """
         due = max(now, self._paced.get(key, now)) + period
-        entry = self._entry(key, item, due)
-        queue = self._queues.setdefault(key, deque())
-        if first:
-            queue.appendleft(entry)
-        else:
-            queue.append(entry)
+        (self.add_first if first else self.add)(key, item, due)
         return due
 
     def forget(self, key: K) -> None:
