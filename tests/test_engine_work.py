@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import trio
 
+from realtime import client as rc
 from realtime.admission import MIN_SAMPLES
 from realtime.engine import Close, Engine, EngineError, Open, Push, ToolResult
 from realtime.limits import Limits
@@ -305,5 +306,25 @@ async def test_an_openai_client_that_leaves_during_a_tool_feed_frees_its_slot_at
                 while engine.is_reserved():
                     await trio.sleep(0.005)
             assert tool_steps(model) <= ran + 2
+    finally:
+        engine.shutdown()
+
+
+async def test_a_fresh_server_admits_its_first_clients_by_measurement() -> None:
+    """Finding 9 through the socket: on a server just started with ``--max-sessions 4``
+    whose step is too slow for two, the second client is refused at once (before: every
+    client was admitted until 16 real steps had run, and every frame was late)."""
+    model = FakeModel(FakeOptions(frame_delay=0.05, batch_row_delay=0.05))
+    limits = Limits(max_sessions=4, admission_margin=0.75)
+    engine = engine_for(lambda: model, limits, batch_frames=True)
+    engine.start()
+    try:
+        async with running_server(engine, limits=limits) as server:
+            async with rc.connect(server.url) as one:
+                await one.configure()
+                with pytest.raises(rc.ServerBusy):
+                    async with rc.connect(server.url) as two:
+                        await two.configure()
+                assert engine.refusal() == "overloaded"
     finally:
         engine.shutdown()
