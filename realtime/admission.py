@@ -14,9 +14,13 @@ stepped each frame time. What that costs depends on the scheduler:
   over it (:func:`batched_cost`).
 
 A new conversation is admitted while the predicted engine time of one frame of every
-conversation, itself included, fits:
+conversation, itself included, and of the work that is not a frame, fits:
 
-    frame_cost(open + 1) <= margin x frame time
+    frame_cost(open + 1) + extra <= margin x frame time
+
+``extra`` is the engine time recent openings, tool results, flushes, cancels and
+closes took per frame time (:class:`ExtraWork`): that work runs as single steps beside
+the batch, so it is counted as measured rather than predicted.
 
 ``margin`` (``--admission-margin``, 0.75 by default) leaves room for what the step
 time does not show: the connections' own work on the event loop, the GIL they share
@@ -86,6 +90,34 @@ class StepTimes:
             if value is not None:
                 out[rows] = value
         return dict(sorted(out.items()))
+
+
+EXTRA_WINDOW_SECONDS: Final = 2.0
+"""How far back the engine time of work that is not a frame is counted (a few
+openings' slices; long enough that a churn of opens and closes shows)."""
+
+
+@attrs.define(slots=True)
+class ExtraWork:
+    """The engine time of model work that is not a frame (an opening's slices, a tool
+    result's steps, flushes, cancels, closes) over the last ``window`` seconds."""
+
+    window: float = EXTRA_WINDOW_SECONDS
+    _spent: deque[tuple[float, float]] = attrs.field(init=False, factory=deque)
+
+    def add(self, now: float, seconds: float) -> None:
+        """Work that ended at ``now`` held the engine for ``seconds``."""
+        self._spent.append((now, seconds))
+        self._expire(now)
+
+    def _expire(self, now: float) -> None:
+        while self._spent and self._spent[0][0] <= now - self.window:
+            self._spent.popleft()
+
+    def per_frame(self, now: float, frame_seconds: float) -> float:
+        """Engine seconds that work took per ``frame_seconds`` of the last ``window``."""
+        self._expire(now)
+        return sum(seconds for _, seconds in self._spent) * frame_seconds / self.window
 
 
 def batched_cost(costs: Mapping[int, float], rows: int) -> float | None:

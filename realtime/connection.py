@@ -456,7 +456,7 @@ class Connection(SessionPlumbing):
         except InferenceError as exc:
             return Failure("step_failed", str(exc), "tool_result")
         try:
-            await self.engine.run(ToolResultCommand(self.session_id, tool))
+            await self.engine.run(ToolResultCommand(self.session_id, tool, self._stop))
         except EngineError as exc:
             return Failure.of(exc)
         return None

@@ -3,7 +3,8 @@
 MLX ties streams to the thread that created them, and trio's worker threads do
 not keep their identity, so the model is loaded on, and only ever touched by,
 the single thread started here. The async side submits typed commands
-(:class:`Open`, :class:`Push`, :class:`Flush`, :class:`Cancel`, :class:`Close`)
+(:class:`Open`, :class:`Push`, :class:`Flush`, :class:`Cancel`, :class:`Close`,
+:class:`ToolResult`)
 and is woken through ``TrioToken.run_sync_soon`` (or, on a connection's per-frame
 path, its :class:`Waker`) when the reply is ready; it never runs model code and never
 parks a trio worker thread while the model computes.
@@ -19,19 +20,22 @@ The engine knows nothing of the wire protocol: its failures carry their own
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
+import math
 import queue
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Final, Literal, TypeVar, overload
 
 import attrs
+import numpy as np
 import trio
 
 from realtime import admission, scheduler
-from realtime.admission import StepTimes
+from realtime.admission import ExtraWork, StepTimes
 from realtime.models import base as model
 from realtime.models.base import (
     Frame,
@@ -139,6 +143,9 @@ class ToolResult:
     session_id: str
     tool: model.ToolInput
     """Tokenized before it is submitted (off the engine thread)."""
+    stop: threading.Event | None = attrs.field(default=None, eq=False)
+    """Set when the connection is gone or cancelled: the feed stops before its next
+    step (a queued :class:`Close` of the session stops it too)."""
 
 
 Command = Open | Push | Flush | Cancel | Close | ToolResult
@@ -163,11 +170,20 @@ class _Queued:
     opening: Opening | None = None
     """An Open under way: its next slice runs when the scheduler picks it again."""
     engine_seconds: float = 0.0
-    """An Open's engine time over all its slices."""
+    """A sliced command's engine time over all its slices."""
+    started: bool = False
+    """A sliced command whose first slice has run (its future is running)."""
     began: bool = False
     """An Open that passed its checks (it counts against the capacity until it ends)."""
     feed: model.ToolResultFeed | None = None
     """A ToolResult under way: its next step runs when the scheduler picks it again."""
+
+
+@attrs.define(slots=True)
+class _Timing:
+    """How long a model call held the engine (set when it ends)."""
+
+    seconds: float = 0.0
 
 
 @attrs.define(slots=True)
@@ -185,8 +201,14 @@ SIGNAL_POLL_SECONDS: Final = 0.1
 handler run."""
 
 OPEN_SLICE_FRAMES: Final = 2
-"""An opening's next slice is due this many frame times after the last one ended, so
-the sessions already streaming keep their deadlines while another opens."""
+"""Work that is not a frame (an opening's slices, a tool result's steps) is paced at
+one step per this many frame times, all conversations together
+(:meth:`Engine._yields`), so the sessions already streaming keep their deadlines while
+others open or take tool results."""
+
+WARM_UP_DISCARDED: Final = 2
+"""Warm-up steps of each batch size run before the measured ones (a fresh session's
+first frames run slower while buffers and kernels warm up)."""
 
 _KINDS: Final[dict[type[Command], CommandKind]] = {
     Open: "open",
@@ -196,12 +218,6 @@ _KINDS: Final[dict[type[Command], CommandKind]] = {
     Close: "close",
     ToolResult: "tool_result",
 }
-
-
-def _joins_batch(entry: Entry[str, _Queued]) -> bool:
-    """A frame still wanted joins a batch; anything else runs alone."""
-    command = entry.item.command
-    return isinstance(command, Push) and (command.stop is None or not command.stop.is_set())
 
 
 def _settle(
@@ -290,9 +306,12 @@ class Engine:
     Commands wait in a :class:`~realtime.scheduler.Scheduler`: each session's in the
     order sent, among sessions earliest deadline first (a frame is due one frame time
     after it was submitted, and a frame after its session's previous one; flush,
-    cancel and close at once). An :class:`Open` runs in slices (warm-up, then one
-    prompt token each), each due two frames after the last, so a long system prompt
-    takes the time the running sessions leave and never stalls them.
+    cancel and close at once). An :class:`Open` (warm-up, then one prompt token a
+    slice) and a :class:`ToolResult` (one inserted step a slice) run in slices paced
+    like frames, one slice every ``OPEN_SLICE_FRAMES`` frames of all sessions together,
+    so long prompts and tool outputs take the time the running sessions leave and
+    never stall them; each stops before its next slice once its connection closes or
+    cancels. Their engine time counts in admission (:class:`ExtraWork`).
 
     With ``batch_frames`` (``--batch-frames``), a frame that runs takes with it the head
     frame of every other session whose head is a frame (at most ``max_batch``, the
@@ -310,6 +329,7 @@ class Engine:
         admission_margin: float = 0.0,
         batch_frames: bool = False,
         max_batch: int | None = None,
+        warm_up: bool = False,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
@@ -323,6 +343,10 @@ class Engine:
         """Run the frames that are due as one model step (``--batch-frames``)."""
         self.max_batch = (max_batch or capacity) if batch_frames else 1
         """Most rows in one model step (the capacity by default; 1: time-sliced)."""
+        self.warm_up = warm_up
+        """Measure the step at the batch sizes admission predicts from before the engine
+        reports ready (:meth:`_start_up`), so the first clients are admitted by
+        measurement."""
         self._loader = loader
         self._observer = observer if observer is not None else Observer()
         self._wake: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -332,6 +356,15 @@ class Engine:
         self._frame_seconds = 0.08
         """One frame of the loaded model (``figures.frame_seconds``): a frame's deadline."""
         self._step_times = StepTimes()  # under _state_lock
+        self._extra_work = ExtraWork()  # under _state_lock
+        """Engine time of the work that is not a frame, counted by admission."""
+        self._closing: set[str] = set()  # under _state_lock
+        """Sessions whose Close is queued: their queued work is stopped."""
+        self._halting = False
+        """The engine is shutting down: its queued frames, openings and tool results are
+        stopped."""
+        self._extra_at = -math.inf  # under _state_lock
+        """When an opening's slice or a tool result's step last ran while a frame waited."""
         self._last_frame: dict[str, float] = {}  # under _state_lock
         """When each session's latest frame reached the engine (a batch's gathering)."""
         self._thread = threading.Thread(target=self._run, name="realtime-engine", daemon=True)
@@ -387,8 +420,11 @@ class Engine:
         self._wake.put(_STOP)
 
     def shutdown(self, timeout: float | None = 10.0) -> None:
-        """Stop after the queued commands (an open session is cancelled) and join."""
+        """Stop and join: the queued frames, openings and tool results are stopped (the
+        one running ends its step), flushes, cancels and closes still run, and every
+        open session is cancelled."""
         if self._thread.is_alive():
+            self._halting = True  # read between commands: a feed stops at its next step
             self._wake.put(_STOP)
             self._thread.join(timeout)
             if self._thread.is_alive():
@@ -467,8 +503,13 @@ class Engine:
         return None
 
     def _frame_cost(self, sessions: int) -> float | None:
+        """One frame of ``sessions`` conversations, and the work that is not a frame
+        (measured over the last seconds), in engine seconds; under ``_state_lock``."""
         costs = self._step_times.costs()
-        return admission.frame_cost(sessions, costs, batched=self.batch_frames)
+        cost = admission.frame_cost(sessions, costs, batched=self.batch_frames)
+        if cost is None:
+            return None
+        return cost + self._extra_work.per_frame(time.monotonic(), self._frame_seconds)
 
     @property
     def step_p90(self) -> float | None:
@@ -486,7 +527,8 @@ class Engine:
 
     def admission_cost(self) -> float | None:
         """The predicted engine time of one frame of every open conversation and one
-        more (``None``: not measured): what admission compares with margin x frame."""
+        more, and of the recent work that is not a frame (``None``: not measured): what
+        admission compares with margin x frame."""
         with self._state_lock:
             return self._frame_cost(len(self._reserved) + 1)
 
@@ -533,10 +575,17 @@ class Engine:
                 if isinstance(command, Push):
                     self._scheduler.add_paced(command.session_id, queued, now, self._frame_seconds)
                     self._last_frame[command.session_id] = now
+                elif isinstance(command, (Open, ToolResult)):
+                    self._scheduler.add_extra(command.session_id, queued, now, self._extra_period)
                 else:
                     self._scheduler.add(command.session_id, queued, now)
-                if isinstance(command, Close) and command.session_id in self._reserved:
-                    self._releasing[command.session_id] = future
+                if isinstance(command, Close):
+                    # The session's opening or tool result is stopped: its Close, due at
+                    # once, must not make that work urgent (its frames stop on their own
+                    # signal, which the connection sets before it closes).
+                    self._closing.add(command.session_id)
+                    if command.session_id in self._reserved:
+                        self._releasing[command.session_id] = future
         self._wake.put(None)
         return future
 
@@ -597,29 +646,34 @@ class Engine:
             time.perf_counter() - started,
         )
         self._frame_seconds = self._model.figures.frame_seconds
+        try:
+            self._start_up()
+        except BaseException as exc:
+            self._die(f"model failed to start: {_describe(exc)}")
+            self._loaded.set_exception(exc)
+            return
         self._loaded.set_result(self._model)
         entries: list[Entry[str, _Queued]] = []
-        stopping = False
         try:
             while self._dead_reason is None:
                 wait: float | None = None
                 with self._state_lock:
-                    if not stopping:
+                    if not self._halting:
                         wait = self._gather_wait(time.monotonic())
                     if wait is None:
-                        entries = self._scheduler.pop_batch(_joins_batch, self.max_batch)
+                        entries = self._pop()
                 if wait is not None:
                     # A frame that will join this batch is on its way; any command
                     # submitted meanwhile wakes the thread to look again.
                     try:
-                        stopping = self._wake.get(timeout=wait) is _STOP or stopping
+                        self._halting = self._wake.get(timeout=wait) is _STOP or self._halting
                     except queue.Empty:
                         pass
                     continue
                 if not entries:
-                    if stopping:
+                    if self._halting:
                         break
-                    stopping = self._wake.get() is _STOP
+                    self._halting = self._wake.get() is _STOP or self._halting
                     continue
                 if isinstance(entries[0].item.command, Push):
                     self._step_frames(entries)
@@ -645,6 +699,139 @@ class Engine:
             with self._state_lock:
                 self._reserved.clear()
 
+    # --- start-up ---------------------------------------------------------------
+
+    def _start_up(self) -> None:
+        """Model work that runs once, on the engine thread, after the load and before the
+        engine reports ready (``start`` returns, so ``/ready`` and every client wait for
+        it). Each kind of warm-up is one step here."""
+        if self.warm_up:
+            self._measure_steps()
+
+    def _measure_steps(self) -> None:
+        """Step silence through sessions opened for it at the batch sizes admission
+        predicts from (1, and ``max_batch`` when batching: two sizes give admission its
+        line over every size between), ``MIN_SAMPLES`` measured steps each after
+        ``WARM_UP_DISCARDED``, so admission decides from measurement from the first
+        client on; the sessions are closed and the buffer cache cleared after. Real
+        frames replace these times as they run (each size keeps its last ``WINDOW``)."""
+        began = time.perf_counter()
+        figures = self.model.figures
+        silence = np.zeros(figures.frame_samples, np.float32)
+        sizes = sorted({1, self.max_batch})
+        sessions: list[ModelSession] = []
+        try:
+            for seed in range(sizes[-1]):
+                sessions.append(
+                    model.open_session(
+                        self.model, system_prompt=None, seed=seed, max_streaming_seconds=None
+                    )
+                )
+            for rows in sizes:
+                frames = [(session, silence, figures.input_sample_rate) for session in sessions]
+                for n in range(WARM_UP_DISCARDED + admission.MIN_SAMPLES):
+                    with self._beating(()) as timing:
+                        results = self._step_rows(frames[:rows])
+                    failed = next((r for r in results if isinstance(r, Exception)), None)
+                    if failed is not None:
+                        raise failed
+                    if n >= WARM_UP_DISCARDED:
+                        with self._state_lock:
+                            self._step_times.add(timing.seconds, rows)
+        except Exception:
+            log.exception("measuring the model step at start failed; admission waits for frames")
+        finally:
+            for session in sessions:
+                try:
+                    session.cancel()
+                except Exception:
+                    log.exception("closing a warm-up session failed")
+            self.model.clear_cache()
+        log.info(
+            "measured the model step at start in %.1f s: %s",
+            time.perf_counter() - began,
+            ", ".join(
+                f"{rows} row(s) p90 {cost * 1000:.1f} ms" for rows, cost in self.step_costs.items()
+            )
+            or "nothing",
+        )
+
+    # --- the engine thread ------------------------------------------------------
+
+    @property
+    def _extra_period(self) -> float:
+        return OPEN_SLICE_FRAMES * self._frame_seconds
+
+    def _stopped(self, command: Command) -> bool:
+        """A queued command that must not run its model work: its connection is gone or
+        cancelled, the engine is shutting down, or (an opening or a tool result) its
+        session's Close is queued."""
+        if not isinstance(command, (Push, Open, ToolResult)):
+            return False
+        stop = command.stop
+        return (
+            self._halting
+            or (stop is not None and stop.is_set())
+            or (not isinstance(command, Push) and command.session_id in self._closing)
+        )
+
+    def _pop(self) -> list[Entry[str, _Queued]]:
+        """The commands that run next (a batch of frames, or one other command); under
+        ``_state_lock``. An opening's slice or a tool result's step that runs while a
+        frame waits is remembered: all of them together take one step every
+        ``OPEN_SLICE_FRAMES`` frame times from waiting frames (:meth:`_yields`)."""
+        entries = self._scheduler.pop_batch(self._joins_batch, self.max_batch, self._yields)
+        if entries and isinstance(entries[0].item.command, (Open, ToolResult)):
+            frame = self._scheduler.most_urgent(self._joins_batch)
+            now = time.monotonic()
+            if frame is not None and self._waiting(frame, now):
+                self._extra_at = now
+        return entries
+
+    def _waiting(self, frame: Entry[str, _Queued], now: float) -> bool:
+        """A frame due within a frame time: one that arrived (a burst's later frames,
+        due a frame apart, are not waiting yet)."""
+        return frame.due <= now + self._frame_seconds
+
+    def _yields(self, entry: Entry[str, _Queued], frame: Entry[str, _Queued]) -> bool:
+        """Whether an opening's slice or a tool result's step gives way to ``frame``: when
+        the frame is waiting, unless the step is overdue (frames kept the engine busy
+        since it was queued) and no such work of any session took a step from waiting
+        frames in the last ``OPEN_SLICE_FRAMES`` frame times. So waiting frames take the
+        time they need, and all openings and tool results together still get a step
+        every two frames."""
+        if not isinstance(entry.item.command, (Open, ToolResult)):
+            return False
+        now = time.monotonic()
+        if not self._waiting(frame, now):
+            return False
+        return entry.due > now or now - self._extra_at < self._extra_period
+
+    def _joins_batch(self, entry: Entry[str, _Queued]) -> bool:
+        """A frame still wanted joins a batch; anything else runs alone."""
+        command = entry.item.command
+        return isinstance(command, Push) and not self._stopped(command)
+
+    @contextlib.contextmanager
+    def _beating(self, items: tuple[_Queued, ...]) -> Iterator[_Timing]:
+        """Around one model call: the commands it serves (the watchdog fails them if it
+        hangs) and its heartbeat; the time it held the engine once it ends."""
+        timing = _Timing()
+        self._running = items
+        self._last_beat = time.monotonic()
+        started = time.perf_counter()
+        try:
+            yield timing
+        finally:
+            timing.seconds = time.perf_counter() - started
+            self._last_beat = None
+            self._running = ()
+
+    def _count_extra(self, seconds: float) -> None:
+        """Engine time of work that is not a frame, for admission."""
+        with self._state_lock:
+            self._extra_work.add(time.monotonic(), seconds)
+
     def _dead_error(self, command: Command, reason: str | None) -> EngineError:
         return EngineError(
             "engine_dead",
@@ -658,7 +845,7 @@ class Engine:
             if self._dead_reason is None:
                 self._dead_reason = reason
             for entry in self._scheduler.drain():
-                if entry.item.opening is not None or entry.item.feed is not None:
+                if entry.item.started:
                     # Under way on the engine thread: that thread abandons it; here its
                     # future fails, and the opening is dropped with the entry.
                     _settle(
@@ -674,31 +861,24 @@ class Engine:
     def _execute(self, entry: Entry[str, _Queued]) -> None:
         item = entry.item
         command = item.command
-        if isinstance(command, Open):
-            self._open_slice(entry)
-            return
-        if isinstance(command, ToolResult):
-            self._feed_slice(entry)
+        if isinstance(command, (Open, ToolResult)):
+            self._slice(entry)
             return
         if not item.future.set_running_or_notify_cancel():
             return
         kind = _KINDS[type(command)]
         self._observer.command_started(kind)
-        started = time.perf_counter()
-        self._running = (item,)
-        self._last_beat = time.monotonic()
         result: object = None
         error: BaseException | None = None
-        try:
-            result = self._dispatch(command)
-        except Exception as exc:
-            error = self._failure(exc, kind, command.session_id)
-        finally:
-            self._last_beat = None
-            self._running = ()
-            # Before the result wakes trio: afterwards this thread goes straight back
-            # to its queue instead of holding the GIL the woken connection needs.
-            self._observer.command_finished(kind, time.perf_counter() - started)
+        with self._beating((item,)) as timing:
+            try:
+                result = self._dispatch(command)
+            except Exception as exc:
+                error = self._failure(exc, kind, command.session_id)
+        self._count_extra(timing.seconds)
+        # Before the result wakes trio: afterwards this thread goes straight back to its
+        # queue instead of holding the GIL the woken connection needs.
+        self._observer.command_finished(kind, timing.seconds)
         _settle(item.future, result=result, exception=error)
 
     def _failure(self, exc: Exception, kind: CommandKind, session_id: str) -> EngineError:
@@ -725,7 +905,7 @@ class Engine:
         if self.max_batch <= 1:
             return None
         head = self._scheduler.peek()
-        if head is None or not _joins_batch(head):
+        if head is None or not self._joins_batch(head):
             return None
         queued = self._scheduler.keys()
         if len(queued) >= self.max_batch:
@@ -753,7 +933,7 @@ class Engine:
             if not item.future.set_running_or_notify_cancel():
                 continue
             self._observer.command_started("push")
-            if command.stop is not None and command.stop.is_set():
+            if self._stopped(command):
                 self._skip(item, began)  # a cancel or disconnect: queued audio must not run
                 continue
             try:
@@ -764,15 +944,9 @@ class Engine:
             rows.append((entry, (session, command.samples, command.sample_rate)))
         if not rows:
             return
-        self._running = tuple(entry.item for entry, _ in rows)
-        self._last_beat = time.monotonic()
-        started = time.perf_counter()
-        try:
+        with self._beating(tuple(entry.item for entry, _ in rows)) as timing:
             results = self._step_rows([frame for _, frame in rows])
-        finally:
-            seconds = time.perf_counter() - started
-            self._last_beat = None
-            self._running = ()
+        seconds = timing.seconds
         outcomes: list[tuple[Entry[str, _Queued], Step | None, EngineError | None]] = []
         for (entry, _), result in zip(rows, results, strict=True):
             if isinstance(result, Exception):
@@ -809,89 +983,73 @@ class Engine:
             return [wrong] * len(frames)
         return results
 
-    def _open_slice(self, entry: Entry[str, _Queued]) -> None:
-        """Run one slice of an Open; queue the rest at the head of its session's
-        commands, due ``OPEN_SLICE_FRAMES`` frames from now: a frame waiting (due within
-        one frame of its arrival) always runs before the next slice, the opening takes
-        the time the others leave, at least a slice every two frames, and runs back to
-        back when nothing else waits."""
-        item = entry.item
-        if item.opening is None:
-            if not item.future.set_running_or_notify_cancel():
-                return
-            self._observer.command_started("open")
-        started = time.perf_counter()
-        self._running = (item,)
-        self._last_beat = time.monotonic()
-        session: ModelSession | None = None
-        error: EngineError | None = None
-        try:
-            session = self._open_step(item)
-        except EngineError as exc:
-            error = exc
-        except Exception as exc:
-            log.exception("opening session %s failed", entry.key)
-            error = EngineError("open_failed", _describe(exc), during="open")
-        finally:
-            self._last_beat = None
-            self._running = ()
-            item.engine_seconds += time.perf_counter() - started
-        if error is not None and item.opening is not None:
-            self._abandon_opening(item)
-        if error is None and session is None:
-            with self._state_lock:
-                if self._dead_reason is None:
-                    self._scheduler.add_first(
-                        entry.key, item, time.monotonic() + OPEN_SLICE_FRAMES * self._frame_seconds
-                    )
-                    return
-            self._abandon_opening(item)
-            error = self._dead_error(item.command, self._dead_reason)
-        if item.began:
-            self._openings.discard(entry.key)
-        self._observer.command_finished("open", item.engine_seconds)
-        _settle(item.future, result=None, exception=error)
+    def _slice(self, entry: Entry[str, _Queued]) -> None:
+        """Run one slice of a command that runs in slices (an :class:`Open`: warm-up, then
+        one prompt token a slice; a :class:`ToolResult`: one inserted step a slice).
 
-    def _feed_slice(self, entry: Entry[str, _Queued]) -> None:
-        """Run one step of a ToolResult (the first checks the session and begins the
-        feed); the rest is queued at the head of the session's commands like an
-        opening's slices (:meth:`_open_slice`)."""
+        The rest is queued again at the head of its session's commands, paced like a
+        frame (:meth:`Scheduler.add_extra`): a frame that is due runs first, and the
+        slices take the time the streaming sessions leave, back to back when nothing
+        else waits. A stopped command (its connection closed or cancelled, its session's
+        Close queued, the engine shutting down) ends before its next slice runs."""
         item, command = entry.item, entry.item.command
-        assert isinstance(command, ToolResult)
-        if item.feed is None:
+        assert isinstance(command, (Open, ToolResult))
+        kind = _KINDS[type(command)]
+        if not item.started:
             if not item.future.set_running_or_notify_cancel():
                 return
-            self._observer.command_started("tool_result")
-        started = time.perf_counter()
-        self._running = (item,)
-        self._last_beat = time.monotonic()
+            item.started = True
+            self._observer.command_started(kind)
         done = False
         error: EngineError | None = None
-        try:
-            if item.feed is None:
-                session = self._session(command.session_id, "tool_result")
-                if not isinstance(session, model.TakesToolResults):
-                    raise EngineError(
-                        "step_failed", "this model takes no tool results", during="tool_result"
-                    )
-                item.feed = session.begin_tool_result(command.tool)
-            done = item.feed.advance()
-        except Exception as exc:
-            error = self._failure(exc, "tool_result", command.session_id)
-        finally:
-            self._last_beat = None
-            self._running = ()
-            item.engine_seconds += time.perf_counter() - started
+        with self._beating((item,)) as timing:
+            try:
+                step = self._open_step if isinstance(command, Open) else self._feed_step
+                done = step(item)
+            except EngineError as exc:
+                error = exc
+            except Exception as exc:
+                if isinstance(command, Open):
+                    log.exception("opening session %s failed", entry.key)
+                    error = EngineError("open_failed", _describe(exc), during="open")
+                else:
+                    error = self._failure(exc, kind, entry.key)
+        item.engine_seconds += timing.seconds
+        self._count_extra(timing.seconds)
         if error is None and not done:
             with self._state_lock:
                 if self._dead_reason is None:
-                    self._scheduler.add_first(
-                        entry.key, item, time.monotonic() + OPEN_SLICE_FRAMES * self._frame_seconds
+                    self._scheduler.add_extra(
+                        entry.key, item, time.monotonic(), self._extra_period, first=True
                     )
                     return
-            error = self._dead_error(item.command, self._dead_reason)
-        self._observer.command_finished("tool_result", item.engine_seconds)
+            error = self._dead_error(command, self._dead_reason)
+        if item.opening is not None:
+            self._abandon_opening(item)
+        if item.began:
+            self._openings.discard(entry.key)
+        self._observer.command_finished(kind, item.engine_seconds)
         _settle(item.future, result=None, exception=error)
+
+    def _feed_step(self, item: _Queued) -> bool:
+        """One step of a ToolResult (the first checks the session and begins the feed);
+        True once the output is in."""
+        command = item.command
+        assert isinstance(command, ToolResult)
+        if self._stopped(command):
+            raise EngineError(
+                "step_failed",
+                "the tool result was stopped: its connection closed or cancelled",
+                during="tool_result",
+            )
+        if item.feed is None:
+            session = self._session(command.session_id, "tool_result")
+            if not isinstance(session, model.TakesToolResults):
+                raise EngineError(
+                    "step_failed", "this model takes no tool results", during="tool_result"
+                )
+            item.feed = session.begin_tool_result(command.tool)
+        return item.feed.advance()
 
     def _abandon_opening(self, item: _Queued) -> None:
         opening, item.opening = item.opening, None
@@ -899,9 +1057,9 @@ class Engine:
             return
         try:
             opening.abandon()
-            self.model.clear_cache()
         except Exception:
             log.exception("abandoning an opening session failed")
+        self._clear_cache_if_alone()
 
     def _dispatch(self, command: Command) -> list[ModelEvent] | None:
         """Run one command that is not a frame (frames: :meth:`_step_frames`)."""
@@ -919,6 +1077,7 @@ class Engine:
                 with self._state_lock:
                     self._scheduler.forget(session_id)
                     self._last_frame.pop(session_id, None)
+                    self._closing.discard(session_id)
                 self._release(session_id)
                 return None
         raise AssertionError(f"not dispatched here: {command!r}")
@@ -935,12 +1094,12 @@ class Engine:
             raise EngineError("step_failed", f"session {session_id} has ended", during=kind)
         return active.session
 
-    def _open_step(self, item: _Queued) -> ModelSession | None:
-        """One slice of an Open (the first checks and begins it); the session once open."""
+    def _open_step(self, item: _Queued) -> bool:
+        """One slice of an Open (the first checks and begins it); True once it is open."""
         command = item.command
         assert isinstance(command, Open)
         sid = command.session_id
-        if command.stop is not None and command.stop.is_set():
+        if self._stopped(command):
             raise EngineError("open_failed", "the connection is gone", during="open")
         if item.opening is None:
             if sid in self._sessions or sid in self._openings:
@@ -966,13 +1125,15 @@ class Engine:
             session = item.opening.advance()
         except model.SessionInitializationError as exc:
             raise EngineError("open_failed", str(exc), during="open") from exc
-        if session is not None:
-            item.opening = None
-            self._sessions[sid] = _Active(sid, session)
-        return session
+        if session is None:
+            return False
+        item.opening = None
+        self._sessions[sid] = _Active(sid, session)
+        return True
 
     def _drop(self, session_id: str) -> None:
-        """Forget a session (cancelling it if it still runs) and free cached buffers."""
+        """Forget a session (cancelling it if it still runs) and free cached buffers
+        once no other session is left to reuse them."""
         active = self._sessions.pop(session_id, None)
         if active is None:
             return
@@ -981,11 +1142,20 @@ class Engine:
                 active.session.cancel()
             except Exception:
                 log.exception("cancelling session %s on close failed", active.session_id)
-        if self._model is not None:
-            try:
-                self._model.clear_cache()
-            except Exception:
-                log.exception("clearing the model's buffer cache failed")
+        self._clear_cache_if_alone()
+
+    def _clear_cache_if_alone(self) -> None:
+        """Free the model's cached device buffers when no session is open or opening.
+
+        Not while others run: clearing waits for the device and makes their next steps
+        allocate every buffer again, so a churn of opens and closes would slow every
+        live conversation; their steps reuse the cache instead (MLX bounds it)."""
+        if self._model is None or self._sessions or self._openings:
+            return
+        try:
+            self._model.clear_cache()
+        except Exception:
+            log.exception("clearing the model's buffer cache failed")
 
 
 async def watch_for_hung_calls(

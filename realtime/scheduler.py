@@ -6,10 +6,17 @@ runs next (earliest deadline first). A frame is due one frame time after it reac
 the engine, and never sooner than a frame after the same conversation's previous
 frame, so conversations streaming in real time take turns frame by frame and none
 can starve another: a burst of audio is due as if it had arrived in real time, and
-runs in the time the live conversations leave. Flush, cancel and close are due the
-moment they arrive, and a conversation is as urgent as its most urgent command, so
-they never wait behind another conversation's backlog for more than the one step
-running.
+runs in the time the live conversations leave. Model work that is not a frame (an
+opening's slices, a tool result's steps: :meth:`Scheduler.add_extra`) is paced too,
+never due at once: a step is due a period after it is queued and after its
+conversation's latest frame; and it gives way to a waiting frame when the engine says
+so (``yields`` in :meth:`Scheduler.pop_batch`: the engine lets all such work together
+take one step every two frame times from waiting frames, however many conversations
+open or feed at once).
+Flush, cancel and close are due the moment they arrive, and a conversation is as
+urgent as its most urgent command, so they never wait behind another conversation's
+backlog for more than the one step running (the engine stops a closing conversation's
+queued work first, so a close promotes nothing that still costs a model step).
 
 Batching (:meth:`Scheduler.pop_batch`): the command that runs next, when it is a
 frame, takes with it the head frame of every other conversation whose head is a
@@ -96,6 +103,21 @@ class Scheduler(Generic[K, T]):
         self.add(key, item, due)
         return due
 
+    def add_extra(
+        self, key: K, item: T, now: float, period: float, *, first: bool = False
+    ) -> float:
+        """Queue a step of model work of ``key`` that is not a frame (an opening's slice,
+        a tool result's step), behind its other commands or, ``first``, ahead of them (the
+        rest of a command run in slices keeps its place); its deadline.
+
+        Due a ``period`` after now and after ``key``'s latest frame's deadline, never at
+        once: a frame that is due sooner runs first. Order only: with nothing else
+        queued the steps still run back to back.
+        """
+        due = max(now, self._paced.get(key, now)) + period
+        (self.add_first if first else self.add)(key, item, due)
+        return due
+
     def forget(self, key: K) -> None:
         """Drop what is kept of ``key`` (its session closed)."""
         self._paced.pop(key, None)
@@ -148,18 +170,41 @@ class Scheduler(Generic[K, T]):
             del self._queues[key]
         return head
 
-    def pop_batch(self, joins: Callable[[Entry[K, T]], bool], limit: int) -> list[Entry[K, T]]:
+    def most_urgent(self, joins: Callable[[Entry[K, T]], bool]) -> Entry[K, T] | None:
+        """The head of the most urgent conversation whose head ``joins`` a batch."""
+        best: tuple[float, int] | None = None
+        head: Entry[K, T] | None = None
+        for queue in self._queues.values():
+            if joins(queue[0]):
+                urgency = self._urgency(queue)
+                if best is None or urgency < best:
+                    best, head = urgency, queue[0]
+        return head
+
+    def pop_batch(
+        self,
+        joins: Callable[[Entry[K, T]], bool],
+        limit: int,
+        yields: Callable[[Entry[K, T], Entry[K, T]], bool] | None = None,
+    ) -> list[Entry[K, T]]:
         """Take the command that runs next and, when it ``joins`` a batch, the head of
         every other conversation whose head joins too, most urgent first, at most
         ``limit`` entries in all (``[]``: nothing is queued).
 
         At most one entry per conversation and only heads, so each conversation's own
         order holds; the first entry is what :meth:`pop` would take, so a batch never
-        delays the command that is due: the others only run early.
+        delays the command that is due: the others only run early. Except when that
+        command does not join and ``yields(it, frame)`` to the most urgent head that
+        joins (work that gives way to frames): then that head leads instead.
         """
-        lead = self.pop()
+        lead = self.peek()
         if lead is None:
             return []
+        if yields is not None and not joins(lead):
+            frame = self.most_urgent(joins)
+            if frame is not None and yields(lead, frame):
+                lead = frame
+        self._take_head(lead.key)
         batch = [lead]
         if limit <= 1 or not joins(lead):
             return batch

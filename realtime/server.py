@@ -154,7 +154,9 @@ def engine_for(
     """The engine the limits ask for: ``max_sessions`` slots, admission by load past one
     (``admission_margin``) only when more than one conversation may run, and batched
     frames as ``batch_frames`` says (``None``: on past one conversation,
-    :func:`realtime.limits.batching`)."""
+    :func:`realtime.limits.batching`). With admission by load the engine measures its
+    step before it reports ready (``Engine.warm_up``), so ``/ready`` and the first
+    clients are answered by measurement."""
     margin = limits.admission_margin if limits.max_sessions > 1 else 0.0
     return Engine(
         loader,
@@ -162,6 +164,7 @@ def engine_for(
         capacity=limits.max_sessions,
         admission_margin=margin,
         batch_frames=batching(batch_frames, limits.max_sessions),
+        warm_up=margin > 0,
     )
 
 
@@ -417,7 +420,10 @@ def serve_command(args: argparse.Namespace, limits: Limits) -> int:
             f"cannot listen on {args.host}:{args.port}: {os_error.strerror or os_error}"
         ) from None
     finally:
-        engine.shutdown(timeout=1.0 if engine.hung else 10.0)
+        # The engine stops its queued work at shutdown (a tool feed or an opening ends
+        # before its next step), so only the step under way is waited for, within the
+        # shutdown's bound (drain + shutdown timeout + ABORT_GRACE_SECONDS).
+        engine.shutdown(timeout=1.0 if engine.hung else ABORT_GRACE_SECONDS)
     if engine.hung:
         log.critical(
             "stopped: the engine is hung (%s); exiting %d", engine.dead_reason, EXIT_ENGINE_HUNG

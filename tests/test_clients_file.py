@@ -344,7 +344,10 @@ def test_concurrent_file_clients_each_equal_generate_stream(
         (_tone_wav(tmp_path / "a.wav", 0.9), ["--system-prompt", "One sentence.", "--seed", "4"]),
         (_tone_wav(tmp_path / "b.wav", 0.6, rate=16_000), ["--seed", "9"]),
     ]
-    with start_realtime_server("--max-sessions", "2", log_dir=tmp_path) as server:
+    # Admission off: the start-up measurement would refuse the second on a slow machine.
+    with start_realtime_server(
+        "--max-sessions", "2", "--admission-margin", "0", log_dir=tmp_path
+    ) as server:
         procs = [
             subprocess.Popen(
                 [

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from realtime.admission import (
     MIN_SAMPLES,
+    ExtraWork,
     StepTimes,
     admits,
     batched_cost,
@@ -358,3 +359,45 @@ def test_a_batch_never_waits_past_its_first_frames_deadline(
     until = gather_until(due, now, expected, step)
     if until is not None:
         assert now < until <= due - step and until in expected
+
+
+def test_extra_work_is_never_due_at_once() -> None:
+    """An opening's slice or a tool result's step is due a period after it is queued and
+    after its conversation's latest frame (issue 37): a frame that is due sooner runs
+    first."""
+    s: Scheduler[str, str] = Scheduler()
+    assert s.add_extra("a", "open a", 1.0, 0.16) == pytest.approx(1.16)
+    s.add_paced("b", "b1", 1.0, FRAME)  # due 1.08
+    assert s.add_paced("a", "a1", 1.0, FRAME) == pytest.approx(1.08)
+    assert s.add_extra("a", "feed a", 1.0, 0.16) == pytest.approx(1.24)  # after a1
+    assert s.add_extra("a", "open a (slice 2)", 1.0, 0.16, first=True) == pytest.approx(1.24)
+    assert run_order(s) == ["b1", "open a (slice 2)", "open a", "a1", "feed a"]
+
+
+def test_work_that_yields_gives_way_to_the_most_urgent_frame() -> None:
+    s: Scheduler[str, str] = Scheduler()
+    s.add("o", "slice", 0.01)
+    s.add("b", "b1", 0.09)
+    s.add("a", "a1", 0.08)
+
+    def frames(entry: Entry[str, str]) -> bool:
+        return not entry.item.startswith("slice")
+
+    assert s.most_urgent(frames) == Entry("a", "a1", 0.08, 3)
+    assert [e.item for e in s.pop_batch(frames, 3, lambda e, f: True)] == ["a1", "b1"]
+    assert [e.item for e in s.pop_batch(frames, 3, lambda e, f: True)] == ["slice"]
+    s.add("o", "slice 2", 0.01)
+    s.add("a", "a2", 0.16)
+    assert [e.item for e in s.pop_batch(frames, 3, lambda e, f: False)] == ["slice 2"]
+
+
+def test_extra_work_counts_per_frame_over_its_window() -> None:
+    """Openings, tool results, flushes, cancels and closes: their engine time per frame
+    time over the last ``window`` seconds, which admission adds to the frame cost."""
+    extra = ExtraWork(window=2.0)
+    assert extra.per_frame(0.0, FRAME) == 0.0
+    extra.add(0.5, 0.1)
+    extra.add(1.0, 0.3)
+    assert extra.per_frame(1.0, FRAME) == pytest.approx(0.4 * FRAME / 2.0)
+    assert extra.per_frame(2.6, FRAME) == pytest.approx(0.3 * FRAME / 2.0)  # 0.5 is gone
+    assert extra.per_frame(3.0, FRAME) == 0.0
