@@ -117,7 +117,9 @@ class ASGITransport:
         if message["type"] == "websocket.receive":
             text: str | None = message.get("text")
             return text if text is not None else message.get("bytes")
-        raise TransportClosed
+        code = message.get("code")
+        # 1006: the connection dropped without a close frame (Hypercorn's code for it).
+        raise TransportClosed(code if isinstance(code, int) and code != 1006 else None)
 
     async def send(self, text: str) -> None:
         await self._send({"type": "websocket.send", "text": text})

@@ -38,7 +38,12 @@ Refusal = Literal["server_busy", "engine_unavailable"]
 
 
 class TransportClosed(Exception):
-    """The peer has gone away."""
+    """The peer has gone away: ``code`` is the close code of the client's own close
+    frame (it hung up), None when the connection dropped without one."""
+
+    def __init__(self, code: int | None = None) -> None:
+        super().__init__(code)
+        self.code = code
 
 
 class Transport(Protocol):
@@ -225,8 +230,8 @@ class SessionPlumbing:
                 going_away = True
                 self.connection_lost("shutdown", "server shutting down")
                 nursery.cancel_scope.cancel()
-        except TransportClosed:
-            self.client_gone()
+        except TransportClosed as closed:
+            self.client_gone(closed.code)
         finally:
             self.release()
             if going_away and self.close_code is None:
@@ -277,9 +282,18 @@ class SessionPlumbing:
         except EngineError:
             pass  # a dead engine has freed the slot already
 
-    def client_gone(self) -> None:
-        log.info("session %s: client went away", self.session_id)
+    def client_gone(self, code: int | None = None) -> None:
+        """The client hung up (its close frame's ``code``: ``closed``) or its connection
+        dropped (``client_gone``); an outcome the rules decided first (``done``, ...)
+        stands, and only a session that really lost its client logs it."""
+        if code is not None:
+            if self.close_code is None:
+                self.close_code = code
+            self.connection_lost("closed", f"client closed ({code})")
+            return
         self.connection_lost("client_gone", "client went away")
+        if self.ending()[0] == "client_gone":
+            log.info("session %s: client went away", self.session_id)
 
     def finish(self) -> None:
         """End the connection: cancel every task of its nursery."""
@@ -290,8 +304,8 @@ class SessionPlumbing:
         whole connection."""
         try:
             await task()
-        except TransportClosed:
-            self.client_gone()
+        except TransportClosed as closed:
+            self.client_gone(closed.code)
             self.finish()
 
     async def _close_transport(self, code: int, reason: str) -> None:
