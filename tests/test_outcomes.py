@@ -114,43 +114,37 @@ async def test_a_dropped_connection_is_client_gone(
         assert went_away(caplog)
 
 
-@pytest.mark.parametrize("path", ENDPOINTS)
-async def test_after_a_commit(engine: Engine, caplog: pytest.LogCaptureFixture, path: str) -> None:
-    """Native: the server answers and closes (``done``), and the client's answering
-    close frame changes nothing. OpenAI: the session goes on until the client hangs up."""
-    async with running_server(engine) as server:
-        client = await open_client(server, path)
-        await speak(client, path)
-        await client.send_json({"type": "input_audio_buffer.commit"})
-        await client.recv_until("input_audio_buffer.committed")
-        if native(path):
-            await client.recv_until("response.done")
-            assert await client.drain_to_close() == 1000
-            expected = "done"
-        else:
-            await client._send(CloseConnection(code=1000))
-            expected = "closed"
-        line = await outcome_of(server, caplog)
-        assert line["outcome"] == expected, line
-        assert not went_away(caplog)
-        await client.aclose()
+ENDINGS = {
+    # what the client sends: (what it awaits, the outcome) on the native endpoint
+    "input_audio_buffer.commit": ("response.done", "done"),
+    "session.cancel": ("response.cancelled", "cancelled"),
+    "response.cancel": ("response.cancelled", "cancelled"),
+}
 
 
 @pytest.mark.parametrize("path", ENDPOINTS)
-async def test_after_a_cancel(engine: Engine, caplog: pytest.LogCaptureFixture, path: str) -> None:
-    """Native: ``session.cancel`` ends the session (``cancelled``, 1000). OpenAI:
-    ``response.cancel`` ends a response, not the session; the hang-up after it is
+@pytest.mark.parametrize("ending", list(ENDINGS))
+async def test_after_a_commit_or_a_cancel(
+    engine: Engine, caplog: pytest.LogCaptureFixture, path: str, ending: str
+) -> None:
+    """Native: a commit is answered (``done``), a cancel ends the session
+    (``cancelled``), the server closes 1000, and the client's answering close frame
+    changes nothing. OpenAI: neither ends the session; the hang-up after it is
     ``closed``."""
     async with running_server(engine) as server:
         client = await open_client(server, path)
         await speak(client, path)
         await client.recv_json()
+        if ending == "session.cancel" and not native(path):
+            ending = "response.cancel"  # the OpenAI dialect's only cancel
+        await client.send_json({"type": ending})
         if native(path):
-            await client.send_json({"type": "session.cancel"})
+            awaited, expected = ENDINGS[ending]
+            await client.recv_until(awaited)
             assert await client.drain_to_close() == 1000
-            expected = "cancelled"
         else:
-            await client.send_json({"type": "response.cancel"})
+            if ending == "input_audio_buffer.commit":
+                await client.recv_until("input_audio_buffer.committed")
             await client._send(CloseConnection(code=1000))
             expected = "closed"
         line = await outcome_of(server, caplog)
