@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import assert_never
 
@@ -33,7 +34,13 @@ import numpy as np
 
 from realtime.close_codes import CLOSE_INTERNAL, CLOSE_POLICY, Close
 from realtime.limits import Limits
-from realtime.models.base import VOICECHAT_FIGURES, ModelEvent, ModelFigures, Samples
+from realtime.models.base import (
+    VOICECHAT_FIGURES,
+    AssistantTextDelta,
+    ModelEvent,
+    ModelFigures,
+    Samples,
+)
 from realtime.openai import events as ev
 from realtime.openai import messages as msg
 from realtime.openai import render
@@ -52,6 +59,7 @@ from realtime.openai.responses import FrameOutput, Responses
 from realtime.openai.states import ModelState, Phase, Trigger, advance
 from realtime.openai.tools import CallReader, Markers
 from realtime.openai.turns import Channels, SpeechStarted, Turns, TurnStep, UserBeat, channels
+from realtime.openai.usage import Context
 
 # --- outputs ---------------------------------------------------------------------------
 
@@ -121,7 +129,15 @@ class Dialect:
         self._calls = CallReader(Markers.of(figures))
         self._log = ItemLog()
         self._turns = Turns(new_id, figures.frame_seconds)
-        self._responses = Responses(new_id, self._log)
+        self.usage = Context()
+        """The model's context so far, as every ``response.done``'s ``usage`` counts it."""
+        self._responses = Responses(new_id, self._log, self.usage)
+        self._prompt_tokens = 0
+        """The system prompt's tokens, counted in ``usage`` once the model has opened."""
+        self._function_tokens = 0
+        """Function-channel tokens since the last complete tool call."""
+        self._feeding: deque[int] = deque()
+        """Tokens of each tool output given to the model and not yet answered."""
 
     @property
     def closed(self) -> bool:
@@ -244,7 +260,9 @@ class Dialect:
             # The model takes a tool's result on its function channel (as trained); a
             # text message is kept in the conversation but does not reach it.
             out += self._ensure_open()
-            out.append(FeedTool(str(stored.get("output", ""))))
+            output = str(stored.get("output", ""))
+            self._feeding.append(self._count_tokens(output))
+            out.append(FeedTool(output))
         return out
 
     def _retrieve_item(self, message: msg.ItemRetrieve) -> list[Output]:
@@ -324,15 +342,20 @@ class Dialect:
             return []
         self.model_state = advance(self.model_state, Trigger.OPEN)
         self._applied = sess.prefilled(self.session)
-        return [OpenModel(sess.system_prompt(self.session))]
+        prompt = sess.system_prompt(self.session)
+        self._prompt_tokens = self._count_tokens(prompt) if prompt else 0
+        return [OpenModel(prompt)]
 
     def _frame(self, samples: Samples, *, silence: bool) -> RunFrame:
         self._frames.submitted += 1
         return RunFrame(samples, silence)
 
-    def opened(self, failure: str | None, now: float) -> list[Output]:
-        """The engine finished opening the model session (``failure``: why not)."""
+    def opened(self, failure: str | None, now: float, *, cached_tokens: int = 0) -> list[Output]:
+        """The engine finished opening the model session (``failure``: why not;
+        ``cached_tokens``: how many of the prompt's tokens came from the prompt cache)."""
         if failure is None:
+            self.usage.text_tokens += self._prompt_tokens
+            self.usage.cached_tokens += min(cached_tokens, self._prompt_tokens)
             self.model_state = advance(self.model_state, Trigger.OPENED)
             self._frames.start = now
             return []
@@ -356,6 +379,7 @@ class Dialect:
         """One frame's events: the dialect's responses and user items for it."""
         number = self._frames.done
         self._frames.done += 1
+        self.usage.audio_frames += 1
         frame = channels(events, number)
         vad = sess.vad(self.session)
         responds = sess.server_responds(self.session)
@@ -370,7 +394,17 @@ class Dialect:
             # Speech the client sent before asking for the response does not cut it.
             out += self._cut("turn_detected")
         calls = [call for delta in frame.functions for call in self._calls.push(delta)]
-        made = FrameOutput(self._model_audio(frame), frame.spoken, tuple(calls))
+        self._function_tokens += len(frame.functions)
+        call_tokens = 0
+        if calls:
+            call_tokens, self._function_tokens = self._function_tokens, 0
+        made = FrameOutput(
+            self._model_audio(frame),
+            frame.spoken,
+            tuple(calls),
+            spoken_tokens=sum(isinstance(event, AssistantTextDelta) for event in events),
+            call_tokens=call_tokens,
+        )
         out += self._model_output(step, made, responds=responds)
         out += self._responses.waited(number, modalities)
         if step.ended and self._responses.speaking:
@@ -409,7 +443,9 @@ class Dialect:
 
     def fed(self, failure: str | None, now: float) -> list[Output]:
         """The engine gave the model a tool's output (``failure``: why it could not)."""
+        tokens = self._feeding.popleft() if self._feeding else 0
         if failure is None:
+            self.usage.text_tokens += tokens
             return []
         return [
             ev.error(
