@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from realtime.engine import Engine
 from realtime.limits import Limits
 from realtime.server import EXIT_ENGINE_HUNG
-from tests.helpers import REPO
+from tests.helpers import REPO, ahttp, running_server
 
 SYSTEMD = REPO / "deploy" / "systemd"
 
@@ -64,3 +65,18 @@ def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
     assert run.returncode == 0 and not run.stderr.strip() and not run.stdout.strip(), (
         run.stdout + run.stderr
     )
+
+
+async def test_every_exported_metric_is_listed_in_the_deploy_guide(engine: Engine) -> None:
+    """docs/deploy.md's Prometheus table names every ``realtime_*`` family a scrape has."""
+    async with running_server(engine) as server:
+        status, body = await ahttp("GET", server.http + "/metrics")
+    assert status == 200
+    families = {
+        line.split()[2]
+        for line in body.decode().splitlines()
+        if line.startswith("# TYPE realtime_")
+    }
+    guide = (REPO / "docs" / "deploy.md").read_text()
+    missing = sorted(name for name in families if f"`{name}" not in guide)
+    assert not missing, missing
