@@ -32,6 +32,7 @@ from realtime.metrics import PrometheusObserver
 from realtime.observe import HTTPRefusalReason, Observer, Observers, RefusalReason
 from realtime.openai.connection import OpenAIConnection
 from realtime.plumbing import TransportClosed
+from realtime.recording import Recording
 from realtime.tcp import abort_connection
 
 log = logging.getLogger("realtime.app")
@@ -67,6 +68,8 @@ class ServerState:
     """Host header names accepted besides loopback ones (``--allowed-host``; ``*``: any)."""
     shutdown: trio.Event = attrs.field(factory=trio.Event)
     """Set when open connections must close now (1001)."""
+    recording: Recording | None = None
+    """``--record DIR``: every session's call recording (None: nothing is recorded)."""
     draining: trio.Event = attrs.field(factory=trio.Event)
     """Set on SIGTERM before ``shutdown``: /ready turns 503 and new upgrades get 503,
     while the active conversation may finish."""
@@ -380,6 +383,7 @@ class RealtimeApp:
                 state.limits,
                 shutdown=state.shutdown,
                 observer=state.observer,
+                recording=state.recording,
             )
         except OSError as exc:
             state.observer.connection_refused("connection_limit")

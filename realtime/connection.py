@@ -48,9 +48,10 @@ from realtime.engine import Open as OpenCommand
 from realtime.engine import Push as PushCommand
 from realtime.engine import ToolResult as ToolResultCommand
 from realtime.limits import Limits
-from realtime.models.base import ModelEvent, RealtimeModel
+from realtime.models.base import ModelEvent, RealtimeModel, Samples
 from realtime.observe import Observer, SessionOutcome
 from realtime.plumbing import PIPELINE_DEPTH, Audio, Refusal, SessionPlumbing, Transport
+from realtime.recording import Recording
 from realtime.work import (
     Backlog,
     CancelModel,
@@ -147,6 +148,8 @@ class _Slice:
     tag: int
     received_at: float
     """Trio time as its audio arrived (``RunAudio.received_at``), for the frame latency."""
+    samples: Samples
+    """The frame's input (for a call recording)."""
 
 
 @attrs.frozen(slots=True, eq=False)
@@ -182,6 +185,7 @@ class Connection(SessionPlumbing):
         *,
         shutdown: trio.Event | None = None,
         observer: Observer | None = None,
+        recording: Recording | None = None,
     ) -> None:
         self.rules: Rules = type(self).dialect(engine.model, limits, trio.current_time())
         super().__init__(
@@ -191,6 +195,7 @@ class Connection(SessionPlumbing):
             session_id=self.rules.session_id,
             shutdown=shutdown,
             observer=observer,
+            recording=recording,
         )
         self._frame = engine.model.figures.frame_samples
         """The model's frame: audio goes to the engine one of these at a time."""
@@ -287,6 +292,8 @@ class Connection(SessionPlumbing):
         while True:
             frame = await self.transport.receive()
             arrived = time.perf_counter()
+            if frame is not None:
+                self.recorder.event("client", frame)
             await self._apply(rules.receive(frame, trio.current_time()), arrived, direct=True)
 
     async def _timer(self) -> None:
@@ -356,7 +363,7 @@ class Connection(SessionPlumbing):
                 backlog.submitted(n)
                 self.observer.slice_submitted()
                 self.observer.pending_audio(self.session_id, self._pending_seconds())
-                yield _Slice(future, work.tag, work.received_at)
+                yield _Slice(future, work.tag, work.received_at, piece)
         finally:
             backlog.audio_done(total - offset)
 
@@ -378,6 +385,7 @@ class Connection(SessionPlumbing):
                     rules.slice_done(stage.tag, None, now)
                     continue
                 self.step_seconds.append(step.seconds)
+                self.recorder.frame(stage.samples, step.events)
                 events = rules.slice_done(stage.tag, step.events, now)
                 await self._send_frame(events, stage.received_at)
             elif isinstance(stage, _Emit):
@@ -412,6 +420,7 @@ class Connection(SessionPlumbing):
             if rules.session_open:
                 try:
                     await self.engine.run(ToolResultCommand(sid, work.output))
+                    self.recorder.tool_result(work.output)
                 except EngineError as exc:
                     failure = Failure.of(exc)
             else:

@@ -23,6 +23,7 @@ from realtime.engine import AdmissionRefusal, Engine, EngineError, Waker
 from realtime.engine import Close as CloseCommand
 from realtime.limits import Limits
 from realtime.observe import Observer, SessionOutcome, SessionReport
+from realtime.recording import Recorder, Recording
 
 log = logging.getLogger("realtime.connection")
 
@@ -115,6 +116,7 @@ class SessionPlumbing:
         session_id: str,
         shutdown: trio.Event | None = None,
         observer: Observer | None = None,
+        recording: Recording | None = None,
     ) -> None:
         self.transport = transport
         self.engine = engine
@@ -122,6 +124,10 @@ class SessionPlumbing:
         self.session_id = session_id
         self.shutdown = shutdown if shutdown is not None else trio.Event()
         self.observer = observer if observer is not None else Observer()
+        self.recorder = (
+            recording.session(session_id, engine.model.figures) if recording else Recorder()
+        )
+        """``--record``: this session's call recording (by default one that records nothing)."""
         self.close_code: int | None = None
         self._started = trio.current_time()
         self._stop = threading.Event()
@@ -221,10 +227,13 @@ class SessionPlumbing:
         log.info("session %s opened", self.session_id)
         going_away = False
         try:
-            await self.transport.send(self.created_event())
+            created = self.created_event()
+            self.recorder.event("server", created)
+            await self.transport.send(created)
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._until_gone, self._sender, name=self.task_name("sender"))
+                nursery.start_soon(self.recorder.writer, name=self.task_name("recorder"))
                 self.start_tasks(nursery)
                 await self.shutdown.wait()
                 going_away = True
@@ -240,6 +249,8 @@ class SessionPlumbing:
                     await self._close_transport(CLOSE_GOING_AWAY, "server shutting down")
             self.observer.session_ended(self.report())
             log.info("session %s closed (code %s)", self.session_id, self.close_code)
+            with trio.CancelScope(shield=True):
+                await self.recorder.close()  # on the worker thread; the client has gone
 
     async def _reserve(self) -> bool:
         """Take the slot. If its holder has already left and the engine is closing that
@@ -395,6 +406,7 @@ class SessionPlumbing:
 
     async def _write(self, item: str | Audio) -> None:
         self.sending(trio.current_time())
+        self.recorder.event("server", item if isinstance(item, str) else item.text)
         if isinstance(item, str):
             await self.transport.send(item)
             self.sent(trio.current_time())
