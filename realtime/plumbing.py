@@ -35,6 +35,9 @@ being awaited by the collector and one more waits in the submitter's send."""
 RELEASE_GRACE: Final = 0.5
 """How long a new client waits for a slot whose previous client has already left."""
 
+RECORDING_CLOSE_SECONDS: Final = 10.0
+"""How long a session's end waits for its call recording's last write (``--record``)."""
+
 Refusal = Literal["server_busy", "engine_unavailable"]
 
 
@@ -249,8 +252,10 @@ class SessionPlumbing:
                     await self._close_transport(CLOSE_GOING_AWAY, "server shutting down")
             self.observer.session_ended(self.report())
             log.info("session %s closed (code %s)", self.session_id, self.close_code)
-            with trio.CancelScope(shield=True):
-                await self.recorder.close()  # on the worker thread; the client has gone
+            # On the worker thread, the client gone; bounded, so a stuck disk cannot
+            # hold this handler (the thread finishes or fails on its own).
+            with trio.CancelScope(shield=True), trio.move_on_after(RECORDING_CLOSE_SECONDS):
+                await self.recorder.close()
 
     async def _reserve(self) -> bool:
         """Take the slot. If its holder has already left and the engine is closing that

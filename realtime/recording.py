@@ -168,11 +168,17 @@ class CallRecorder(Recorder):
         if self._closed:
             return
         self._closed = True
-        await self._flush()
         recording = self._recording
-        await trio.to_thread.run_sync(self._files.finish, limiter=recording.limiter)
+
+        def finish(batch: list[_Item]) -> None:
+            self._files.write(batch)
+            self._files.finish()
+            enforce_bound(recording.directory, recording.max_bytes)
+
+        batch, self._pending = self._pending, []
+        # Abandoned if the caller gives up waiting (a stuck disk): the thread goes on.
         await trio.to_thread.run_sync(
-            enforce_bound, recording.directory, recording.max_bytes, limiter=recording.limiter
+            finish, batch, limiter=recording.limiter, abandon_on_cancel=True
         )
 
 
