@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -27,9 +28,9 @@ import numpy as np
 import pytest
 
 from tests.helpers import REPO, http
-from tests.test_fleet import free_port
 
-pytestmark = pytest.mark.slow
+# The first build makes the Debian base with debootstrap (minutes, from the mirror).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 BASE_IMAGE = "localhost/realtime-base:bookworm"
 IMAGE = "localhost/realtime:ci"
@@ -152,6 +153,13 @@ def image(podman: list[str]) -> str:
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     print(f"container build: {time.monotonic() - started:.0f} s")
     return IMAGE
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def speech(path: Path, seconds: float = 1.5) -> None:
