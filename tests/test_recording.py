@@ -3,6 +3,7 @@ client received, the byte bound, and a full disk (the session goes on, one log l
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import logging
@@ -15,7 +16,9 @@ import numpy as np
 import pytest
 import trio
 
+from realtime import server as server_module
 from realtime.engine import Engine
+from realtime.errors import UsageError
 from realtime.models.fake import FakeModel
 from realtime.recording import Recording, enforce_bound, message_record
 from tests.helpers import Server, append_msg, connect, noise, running_server
@@ -171,3 +174,17 @@ async def test_a_full_disk_stops_the_recording_not_the_session(
     stopped = [r.getMessage() for r in caplog.records if r.name == "realtime.recording"]
     assert len(stopped) == 1 and "No space left on device" in stopped[0], stopped
     assert "the session goes on" in stopped[0]
+
+
+def test_a_folder_that_cannot_be_written_is_a_usage_error(tmp_path: Path) -> None:
+    """``serve --record DIR`` checks DIR before the model loads (exit 2, one line)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    args = argparse.Namespace(record=str(blocker / "calls"), record_max_bytes=1)
+    with pytest.raises(UsageError, match="cannot record to"):
+        server_module._recording(args)
+    args.record = str(tmp_path / "calls")
+    made = server_module._recording(args)
+    assert made is not None and made.directory.is_dir()
+    args.record = None
+    assert server_module._recording(args) is None
