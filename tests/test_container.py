@@ -22,12 +22,14 @@ import sys
 import time
 import wave
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
+import trio
 
-from tests.helpers import REPO, http
+from tests.helpers import REPO, connect, http
 
 # The first build makes the Debian base with debootstrap (minutes, from the mirror).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -227,17 +229,30 @@ def test_the_image_serves_a_conversation_and_stops_on_sigterm(
         with wave.open(str(tmp_path / "out.wav")) as answer:
             assert answer.getnframes() > 0
 
+        # SIGTERM with a conversation open: closed 1001 (no drain by default), and the
+        # container exits 0 within the shutdown bound.
         started = time.monotonic()
-        subprocess.run([*podman, "kill", "--signal", "TERM", name], check=True, timeout=30)
+        code = trio.run(sigterm_during_a_conversation, podman, name, port)
         waited = subprocess.run(
             [*podman, "wait", name], capture_output=True, text=True, timeout=60, check=True
         )
         stopped = time.monotonic() - started
-        print(f"container stop on SIGTERM: {stopped:.1f} s")
+        print(f"container stop on SIGTERM, a conversation open: {stopped:.1f} s")
+        assert code == 1001, code
         assert waited.stdout.strip() == "0", _logs(podman, name)
         assert stopped < SHUTDOWN_BOUND, stopped
     finally:
         subprocess.run([*podman, "rm", "-f", name], capture_output=True, check=False)
+
+
+async def sigterm_during_a_conversation(podman: list[str], name: str, port: int) -> int | None:
+    """Open a conversation, SIGTERM the container, and return the close code it gets."""
+    async with connect(f"ws://127.0.0.1:{port}/v1/realtime") as client:
+        await client.configure()
+        await trio.to_thread.run_sync(
+            partial(subprocess.run, [*podman, "kill", "--signal", "TERM", name], check=True)
+        )
+        return await client.closed_code(timeout=SHUTDOWN_BOUND)
 
 
 def _logs(podman: list[str], name: str) -> str:
