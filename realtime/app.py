@@ -32,6 +32,7 @@ from realtime.metrics import PrometheusObserver
 from realtime.observe import HTTPRefusalReason, Observer, Observers, RefusalReason
 from realtime.openai.connection import OpenAIConnection
 from realtime.plumbing import TransportClosed
+from realtime.recording import Recording
 
 log = logging.getLogger("realtime.app")
 
@@ -66,6 +67,8 @@ class ServerState:
     """Host header names accepted besides loopback ones (``--allowed-host``; ``*``: any)."""
     shutdown: trio.Event = attrs.field(factory=trio.Event)
     """Set when open connections must close now (1001)."""
+    recording: Recording | None = None
+    """``--record DIR``: every session's call recording (None: nothing is recorded)."""
     draining: trio.Event = attrs.field(factory=trio.Event)
     """Set on SIGTERM before ``shutdown``: /ready turns 503 and new upgrades get 503,
     while the active conversation may finish."""
@@ -125,7 +128,9 @@ class ASGITransport:
         if message["type"] == "websocket.receive":
             text: str | None = message.get("text")
             return text if text is not None else message.get("bytes")
-        raise TransportClosed
+        code = message.get("code")
+        # 1006: the connection dropped without a close frame (Hypercorn's code for it).
+        raise TransportClosed(code if isinstance(code, int) and code != 1006 else None)
 
     async def send(self, text: str) -> None:
         await self._send({"type": "websocket.send", "text": text})
@@ -407,6 +412,7 @@ class RealtimeApp:
                 state.limits,
                 shutdown=state.shutdown,
                 observer=state.observer,
+                recording=state.recording,
             )
         except OSError as exc:
             state.observer.connection_refused("connection_limit")

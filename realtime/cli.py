@@ -55,6 +55,7 @@ _positive_float = _number(float, _TINY, sys.float_info.max, "a number > 0")
 _non_negative_float = _number(float, 0.0, sys.float_info.max, "a number >= 0")
 _seed = _number(int, 0, math.inf, "an integer >= 0")
 _port = _number(int, 0, 65535, "a port number in 0..65535")
+_positive_int = _number(int, 1, math.inf, "an integer > 0")
 
 
 def _env_list(name: str) -> list[str]:
@@ -232,6 +233,22 @@ def build_parser() -> argparse.ArgumentParser:
         choices=[4, 8],
         default=None,
         help="with no -m: serve the 4- or 8-bit variant of the demo model",
+    )
+    serve.add_argument(
+        "--record",
+        metavar="DIR",
+        default=os.environ.get("REALTIME_RECORD") or None,
+        help="record every call in DIR: a stereo WAV (user left, model right), a JSON "
+        "Lines file of every event, a Markdown transcript; recording people needs their "
+        "consent (default: $REALTIME_RECORD, else off)",
+    )
+    serve.add_argument(
+        "--record-max-bytes",
+        type=_positive_int,
+        default=_positive_int(os.environ.get("REALTIME_RECORD_MAX_BYTES", str(2**30))),
+        metavar="N",
+        help="with --record: delete the oldest recordings once DIR holds more than N "
+        "bytes of them (default: $REALTIME_RECORD_MAX_BYTES, else 1 GiB)",
     )
     _add_demo_turns_option(serve)
     _add_limit_options(serve)

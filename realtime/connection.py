@@ -50,9 +50,16 @@ from realtime.engine import Open as OpenCommand
 from realtime.engine import Push as PushCommand
 from realtime.engine import ToolResult as ToolResultCommand
 from realtime.limits import Limits
-from realtime.models.base import InferenceError, ModelEvent, PreparesToolResults, RealtimeModel
+from realtime.models.base import (
+    InferenceError,
+    ModelEvent,
+    PreparesToolResults,
+    RealtimeModel,
+    Samples,
+)
 from realtime.observe import Observer, SessionOutcome
 from realtime.plumbing import PIPELINE_DEPTH, Audio, Refusal, SessionPlumbing, Transport
+from realtime.recording import Recording
 from realtime.work import (
     Backlog,
     CancelModel,
@@ -123,7 +130,7 @@ class Rules(Protocol):
     def cancelled(
         self, result: list[ModelEvent] | Failure | None, now: float
     ) -> Sequence[Output]: ...
-    def fed(self, failure: Failure | None, now: float) -> Sequence[Output]: ...
+    def fed(self, failure: Failure | None, now: float, tokens: int) -> Sequence[Output]: ...
     def counted(self, text: str, tokens: int | Exception, now: float) -> Sequence[Output]: ...
 
     def sending(self, now: float) -> None: ...
@@ -169,6 +176,8 @@ class _Slice:
     tag: int
     received_at: float
     """Trio time as its audio arrived (``RunAudio.received_at``), for the frame latency."""
+    samples: Samples
+    """The frame's input (for a call recording)."""
 
 
 @attrs.frozen(slots=True, eq=False)
@@ -204,6 +213,7 @@ class Connection(SessionPlumbing):
         *,
         shutdown: trio.Event | None = None,
         observer: Observer | None = None,
+        recording: Recording | None = None,
     ) -> None:
         self.rules: Rules = type(self).dialect(engine.model, limits, trio.current_time())
         super().__init__(
@@ -213,6 +223,7 @@ class Connection(SessionPlumbing):
             session_id=self.rules.session_id,
             shutdown=shutdown,
             observer=observer,
+            recording=recording,
         )
         self._frame = engine.model.figures.frame_samples
         """The model's frame: audio goes to the engine one of these at a time."""
@@ -325,6 +336,8 @@ class Connection(SessionPlumbing):
             # Queued for the sender, never written here: a write that finds the socket
             # dead makes Hypercorn put the disconnect into its (full) receive queue from
             # inside the write, which only this task drains (issue 37).
+            if frame is not None:
+                self.recorder.event("client", frame)
             await self._apply(rules.receive(frame, trio.current_time()), arrived)
 
     async def _timer(self) -> None:
@@ -394,7 +407,7 @@ class Connection(SessionPlumbing):
                 backlog.submitted(n)
                 self.observer.slice_submitted()
                 self.observer.pending_audio(self.session_id, self._pending_seconds())
-                yield _Slice(future, work.tag, work.received_at)
+                yield _Slice(future, work.tag, work.received_at, piece)
         finally:
             backlog.audio_done(total - offset)
 
@@ -416,6 +429,7 @@ class Connection(SessionPlumbing):
                     rules.slice_done(stage.tag, None, now)
                     continue
                 self.step_seconds.append(step.seconds)
+                self.recorder.frame(stage.samples, step.events)
                 events = rules.slice_done(stage.tag, step.events, now)
                 await self._send_frame(events, stage.received_at)
             elif isinstance(stage, _Emit):
@@ -442,32 +456,34 @@ class Connection(SessionPlumbing):
                 await self.send_or_queue(text)
         self._clock_moved()
 
-    async def _feed(self, output: str) -> Failure | None:
+    async def _feed(self, output: str) -> tuple[Failure | None, int]:
         """Give the model a tool's output: tokenized on a bounded worker thread (off the
         engine thread and the event loop, refused by size before any tokenizing), then
-        fed by the engine as token ids; why it could not, or None."""
+        fed by the engine as token ids; why it could not (or None), and its tokens."""
         if not self.rules.session_open:
-            return Failure("step_failed", "the model session is not open", "tool_result")
+            return Failure("step_failed", "the model session is not open", "tool_result"), 0
         model = self.engine.model
         if not isinstance(model, PreparesToolResults):
-            return Failure("step_failed", "this model takes no tool results", "tool_result")
+            return Failure("step_failed", "this model takes no tool results", "tool_result"), 0
         try:
             tool = await trio.to_thread.run_sync(model.tool_input, output, limiter=tokenizing())
         except InferenceError as exc:
-            return Failure("step_failed", str(exc), "tool_result")
+            return Failure("step_failed", str(exc), "tool_result"), 0
         try:
             await self.engine.run(ToolResultCommand(self.session_id, tool, self._stop))
         except EngineError as exc:
-            return Failure.of(exc)
-        return None
+            return Failure.of(exc), 0
+        return None, len(tool.ids)
 
     async def _run_barrier(self, work: OpenModel | FlushModel | CancelModel | FeedModel) -> None:
         rules = self.rules
         sid = self.session_id
         if isinstance(work, FeedModel):
-            failure = await self._feed(work.output)
+            failure, tokens = await self._feed(work.output)
+            if failure is None:
+                self.recorder.tool_result(work.output)
             self.backlog.finished(trio.current_time())
-            await self._apply(rules.fed(failure, trio.current_time()))
+            await self._apply(rules.fed(failure, trio.current_time(), tokens))
             return
         if isinstance(work, OpenModel):
             started = time.perf_counter()

@@ -361,7 +361,7 @@ class Conversation:
         out.append(self._close(CLOSE_NORMAL, "cancelled", "cancelled"))
         return out
 
-    def fed(self, failure: work.Failure | None, now: float) -> list[Output]:
+    def fed(self, failure: work.Failure | None, now: float, tokens: int) -> list[Output]:
         """Never asked: the native protocol has no tool results (SPEC)."""
         raise AssertionError("the native protocol feeds no tool results")  # pragma: no cover
 

@@ -477,6 +477,8 @@ class GuardedWSStream(WSStream):
         may be on the wire while its state still says HANDSHAKE)."""
         self._failure: CloseConnection | None = None
         """A frame broke the protocol: the close it calls for, not yet sent."""
+        self._peer_close: int | None = None
+        """The client's own close frame's code (it hung up), for the app's disconnect."""
 
     async def handle(self, event: Any) -> None:
         if (
@@ -486,6 +488,18 @@ class GuardedWSStream(WSStream):
             and self.state is not ASGIWebsocketState.CONNECTED
         ):
             await self._early_data()
+            return
+        if (
+            isinstance(event, StreamClosed)
+            and self._peer_close is not None
+            and not self.closed
+            and self.app_put is not None
+            and self.state is ASGIWebsocketState.CONNECTED
+        ):
+            # Hypercorn reports 1006 for a client's close frame as for a dropped TCP
+            # connection; the app tells a hang-up from a network failure by this code.
+            self.closed = True
+            await self.app_put({"type": "websocket.disconnect", "code": self._peer_close})
             return
         await super().handle(event)
 
@@ -527,6 +541,11 @@ class GuardedWSStream(WSStream):
                 if isinstance(event, CloseConnection) and connection.state is ConnectionState.OPEN:
                     self._failure = event
                     return
+                if (
+                    isinstance(event, CloseConnection)
+                    and connection.state is ConnectionState.REMOTE_CLOSING
+                ):
+                    self._peer_close = int(event.code)
                 yield event
 
         return guarded

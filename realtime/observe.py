@@ -40,10 +40,18 @@ ErrorPlace = Literal["server", "app"]
 or the ASGI app (``app``); either way only that connection ended."""
 
 SessionOutcome = Literal[
-    "done", "cancelled", "client_gone", "error", "timeout", "stalled_client", "shutdown"
+    "done",
+    "cancelled",
+    "closed",
+    "client_gone",
+    "error",
+    "timeout",
+    "stalled_client",
+    "shutdown",
 ]
-"""How a session ended: committed and answered, cancelled, the client left, a server
-error, a timeout (configure/idle), a client that stopped reading, server shutdown."""
+"""How a session ended: committed and answered, cancelled, the client hung up (its close
+frame), the client's connection dropped (no close frame), a server error, a timeout
+(configure/idle), a client that stopped reading, server shutdown."""
 
 
 @attrs.frozen(slots=True)

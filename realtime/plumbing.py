@@ -23,6 +23,7 @@ from realtime.engine import AdmissionRefusal, Engine, EngineError, Waker
 from realtime.engine import Close as CloseCommand
 from realtime.limits import Limits
 from realtime.observe import Observer, SessionOutcome, SessionReport
+from realtime.recording import Recorder, Recording
 
 log = logging.getLogger("realtime.connection")
 
@@ -34,11 +35,19 @@ being awaited by the collector and one more waits in the submitter's send."""
 RELEASE_GRACE: Final = 0.5
 """How long a new client waits for a slot whose previous client has already left."""
 
+RECORDING_CLOSE_SECONDS: Final = 10.0
+"""How long a session's end waits for its call recording's last write (``--record``)."""
+
 Refusal = Literal["server_busy", "engine_unavailable"]
 
 
 class TransportClosed(Exception):
-    """The peer has gone away."""
+    """The peer has gone away: ``code`` is the close code of the client's own close
+    frame (it hung up), None when the connection dropped without one."""
+
+    def __init__(self, code: int | None = None) -> None:
+        super().__init__(code)
+        self.code = code
 
 
 class Transport(Protocol):
@@ -110,6 +119,7 @@ class SessionPlumbing:
         session_id: str,
         shutdown: trio.Event | None = None,
         observer: Observer | None = None,
+        recording: Recording | None = None,
     ) -> None:
         self.transport = transport
         self.engine = engine
@@ -117,6 +127,10 @@ class SessionPlumbing:
         self.session_id = session_id
         self.shutdown = shutdown if shutdown is not None else trio.Event()
         self.observer = observer if observer is not None else Observer()
+        self.recorder = (
+            recording.session(session_id, engine.model.figures) if recording else Recorder()
+        )
+        """``--record``: this session's call recording (by default one that records nothing)."""
         self.close_code: int | None = None
         self._started = trio.current_time()
         self._stop = threading.Event()
@@ -216,17 +230,20 @@ class SessionPlumbing:
         log.info("session %s opened", self.session_id)
         going_away = False
         try:
-            await self.transport.send(self.created_event())
+            created = self.created_event()
+            self.recorder.event("server", created)
+            await self.transport.send(created)
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._until_gone, self._sender, name=self.task_name("sender"))
+                nursery.start_soon(self.recorder.writer, name=self.task_name("recorder"))
                 self.start_tasks(nursery)
                 await self.shutdown.wait()
                 going_away = True
                 self.connection_lost("shutdown", "server shutting down")
                 nursery.cancel_scope.cancel()
-        except TransportClosed:
-            self.client_gone()
+        except TransportClosed as closed:
+            self.client_gone(closed.code)
         finally:
             self.release()
             if going_away and self.close_code is None:
@@ -235,6 +252,10 @@ class SessionPlumbing:
                     await self._close_transport(CLOSE_GOING_AWAY, "server shutting down")
             self.observer.session_ended(self.report())
             log.info("session %s closed (code %s)", self.session_id, self.close_code)
+            # On the worker thread, the client gone; bounded, so a stuck disk cannot
+            # hold this handler (the thread finishes or fails on its own).
+            with trio.CancelScope(shield=True), trio.move_on_after(RECORDING_CLOSE_SECONDS):
+                await self.recorder.close()
 
     async def _reserve(self) -> bool:
         """Take the slot. If its holder has already left and the engine is closing that
@@ -277,9 +298,18 @@ class SessionPlumbing:
         except EngineError:
             pass  # a dead engine has freed the slot already
 
-    def client_gone(self) -> None:
-        log.info("session %s: client went away", self.session_id)
+    def client_gone(self, code: int | None = None) -> None:
+        """The client hung up (its close frame's ``code``: ``closed``) or its connection
+        dropped (``client_gone``); an outcome the rules decided first (``done``, ...)
+        stands, and only a session that really lost its client logs it."""
+        if code is not None:
+            if self.close_code is None:
+                self.close_code = code
+            self.connection_lost("closed", f"client closed ({code})")
+            return
         self.connection_lost("client_gone", "client went away")
+        if self.ending()[0] == "client_gone":
+            log.info("session %s: client went away", self.session_id)
 
     def finish(self) -> None:
         """End the connection: cancel every task of its nursery."""
@@ -290,8 +320,8 @@ class SessionPlumbing:
         whole connection."""
         try:
             await task()
-        except TransportClosed:
-            self.client_gone()
+        except TransportClosed as closed:
+            self.client_gone(closed.code)
             self.finish()
 
     async def _close_transport(self, code: int, reason: str) -> None:
@@ -381,6 +411,7 @@ class SessionPlumbing:
 
     async def _write(self, item: str | Audio) -> None:
         self.sending(trio.current_time())
+        self.recorder.event("server", item if isinstance(item, str) else item.text)
         if isinstance(item, str):
             await self.transport.send(item)
             self.sent(trio.current_time())

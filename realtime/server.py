@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
+from pathlib import Path
 from typing import cast
 
 import trio
@@ -33,6 +34,7 @@ from realtime.logs import SessionLog
 from realtime.metrics import PrometheusObserver
 from realtime.models.base import RealtimeModel
 from realtime.observe import Observer, Observers
+from realtime.recording import Recording
 
 log = logging.getLogger("realtime")
 
@@ -376,6 +378,22 @@ def _leaf(group: BaseExceptionGroup[OSError]) -> OSError:
     return inner
 
 
+def _recording(args: argparse.Namespace) -> Recording | None:
+    """``--record DIR``, its folder made and checked writable now (exit 2 if not)."""
+    if not getattr(args, "record", None):
+        return None
+    directory = Path(args.record).expanduser()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / ".realtime-write-check"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"cannot record to {directory}: {exc.strerror or exc}") from None
+    log.info("recording every call to %s (at most %d bytes)", directory, args.record_max_bytes)
+    return Recording(directory, args.record_max_bytes)
+
+
 def serve_command(args: argparse.Namespace, limits: Limits) -> int:
     # A bad path exits 2 here.
     loader = model_loader(args.model, args.quantize, demo_turns=args.demo_turns)
@@ -386,6 +404,7 @@ def serve_command(args: argparse.Namespace, limits: Limits) -> int:
         raise UsageError(
             f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}"
         ) from None
+    recording = _recording(args)
     metrics = PrometheusObserver()
     observer = Observers((metrics, SessionLog()))
     try:
@@ -404,6 +423,7 @@ def serve_command(args: argparse.Namespace, limits: Limits) -> int:
         allowed_hosts=tuple(args.allowed_host),
         metrics=metrics,
         observer=observer,
+        recording=recording,
     )
 
     async def main() -> None:

@@ -42,6 +42,7 @@ from tests.helpers import (
     noise,
     start_realtime_server,
 )
+from tests.reliability.rawws import RawClient
 
 pytestmark = pytest.mark.slow
 
@@ -74,7 +75,6 @@ def render_config(tmp: Path, front: int, replicas: list[int]) -> tuple[Path, Pat
     text = text.replace("bind 127.0.0.1:8080", f"bind 127.0.0.1:{front}")
     for i, port in enumerate(replicas, start=1):
         text = text.replace(f"127.0.0.1:{8080 + i}", f"127.0.0.1:{port}")
-    text = text.replace("/tmp/realtime-haproxy.sock", str(stats))
     text = text.replace("errors/503.http", str(CONFIG.parent / "errors" / "503.http"))
     path = tmp / "haproxy.cfg"
     path.write_text(text)
@@ -91,6 +91,7 @@ def run_haproxy(
     env = {k: v for k, v in os.environ.items() if k != "REALTIME_MAX_SESSIONS"}
     if max_sessions is not None:
         env["REALTIME_MAX_SESSIONS"] = str(max_sessions)
+    env["REALTIME_HAPROXY_SOCKET"] = str(config.parent / "haproxy.sock")
     with log.open("wb") as sink:
         proc = subprocess.Popen(
             [HAPROXY, "-db", "-f", str(config)], stdout=sink, stderr=subprocess.STDOUT, env=env
@@ -512,3 +513,48 @@ async def test_replicas_with_max_sessions_2_behind_maxconn_2(tmp_path: Path) -> 
         await wait_for(lambda: in_conversations(stats, "scur") == ["0", "0"], "all closed")
     figures["total_s"] = time.monotonic() - started
     print("max-sessions fleet figures:", {k: round(v, 2) for k, v in figures.items()})
+
+
+PUBLIC_NAME = "voice.example.com"
+"""The name clients use for the fleet, as docs/deploy.md starts every replica with."""
+
+
+async def test_the_fleet_answers_its_public_name(tmp_path: Path) -> None:
+    """Replicas started as docs/deploy.md says (``--allowed-host NAME``), clients sending
+    ``Host: NAME`` through HAProxy: a native conversation, an OpenAI session and the
+    HTTP routes are served; a name no replica was given is refused 403 ``forbidden_host``
+    (what every request got before the guide gave the flag). HAProxy's log has each
+    request once."""
+    with contextlib.ExitStack() as stack:
+        _, base, _ = await start_fleet(stack, tmp_path, "--allowed-host", PUBLIC_NAME)
+        front = base.replace("ws://", "http://")
+        host, port = front.removeprefix("http://").rsplit(":", 1)
+        status, body = await ahttp("GET", front + "/v1/models", {"Host": PUBLIC_NAME})
+        assert status == 200, body
+        status, body = await ahttp("GET", front + "/v1/models", {"Host": "other.example.com"})
+        assert status == 403 and body["error"]["code"] == "forbidden_host", body
+        native = await RawClient.connect(host, int(port), host_header=PUBLIC_NAME)
+        assert native.rejected_status is None
+        assert (await native.recv_json() or {}).get("type") == "session.created"
+        await native.send_json({"type": "session.update", "session": {}})
+        await native.send_json(append_msg(noise(1280 * 3)))
+        await native.send_json({"type": "input_audio_buffer.commit"})
+        await native.recv_until("response.done", timeout=30)
+        await native.aclose()
+        openai = await RawClient.connect(
+            host, int(port), host_header=f"{PUBLIC_NAME}:{port}", path=OPENAI_PATH
+        )
+        assert openai.rejected_status is None
+        assert (await openai.recv_json() or {}).get("type") == "session.created"
+        await openai.aclose()
+        refused = await RawClient.connect(host, int(port), host_header="other.example.com")
+        assert refused.rejected_status == 403
+        await refused.aclose()
+    log = (tmp_path / "haproxy.log").read_text().splitlines()
+    requests = [line for line in log if "GET /v1/models" in line]
+    assert len(requests) == 2, requests  # one line per request, not two
+    # HAProxy's own messages ("[WARNING]  (PID) : Server ... is UP") come once, not
+    # again as log lines ("<5>Server ... is UP").
+    printed = {line.split(" : ", 1)[1] for line in log if line.startswith("[")}
+    logged = {line.split(">", 1)[1] for line in log if line.startswith("<")}
+    assert not printed & logged, printed & logged

@@ -135,11 +135,11 @@ class OpenAIRules:
         message = None if failure is None else failure.message
         return self._outputs(self.dialect.opened(message, now), now)
 
-    def fed(self, failure: Failure | None, now: float) -> list[Output]:
+    def fed(self, failure: Failure | None, now: float, tokens: int) -> list[Output]:
         if failure is not None and failure.lost:
             return self._failed(failure, now)
         message = None if failure is None else failure.message
-        return self._outputs(self.dialect.fed(message, now), now)
+        return self._outputs(self.dialect.fed(message, now, tokens), now)
 
     def counted(self, text: str, tokens: int | Exception, now: float) -> list[Output]:
         return self._outputs(self.dialect.counted(text, tokens, now), now)

@@ -35,6 +35,7 @@ from realtime.close_codes import CLOSE_INTERNAL, CLOSE_POLICY, Close
 from realtime.limits import Limits
 from realtime.models.base import (
     VOICECHAT_FIGURES,
+    AssistantTextDelta,
     ModelEvent,
     ModelFigures,
     Samples,
@@ -58,6 +59,7 @@ from realtime.openai.responses import FrameOutput, Responses
 from realtime.openai.states import ModelState, Phase, Trigger, advance
 from realtime.openai.tools import CallReader, Markers
 from realtime.openai.turns import Channels, SpeechStarted, Turns, TurnStep, UserBeat, channels
+from realtime.openai.usage import Context
 from realtime.work import CountTokens
 
 MAX_QUEUED_FEEDS: Final = 4
@@ -160,12 +162,19 @@ class Dialect:
         self._turns = Turns(new_id, figures.frame_seconds)
         self._responses = Responses(new_id, self._log)
         self._feeds_queued = 0
+        """Tool outputs handed to the pipeline and not yet fed (``fed``)."""
         self._counts: dict[str, int | Exception] = {}
         """The latest system prompt the tokenizer counted (or why it could not)."""
         self._pending_update: msg.SessionUpdate | None = None
         """The update waiting for its prompt's count."""
         self._count_budget = Budget(COUNT_BURST, 1.0, COUNT_BURST, now)
-        """Tool outputs handed to the pipeline and not yet fed (``fed``)."""
+        self.usage = Context()
+        """The model's context so far, as every ``response.done``'s ``usage`` counts it."""
+        self._responses = Responses(new_id, self._log, self.usage)
+        self._prompt_tokens = 0
+        """The system prompt's tokens, counted in ``usage`` once the model has opened."""
+        self._function_tokens = 0
+        """Function-channel tokens since the last complete tool call."""
 
     @property
     def closed(self) -> bool:
@@ -428,15 +437,25 @@ class Dialect:
             return []
         self.model_state = advance(self.model_state, Trigger.OPEN)
         self._applied = sess.prefilled(self.session)
-        return [OpenModel(sess.system_prompt(self.session))]
+        prompt = sess.system_prompt(self.session)
+        counted = self._counts.get(prompt) if prompt else 0
+        # Counted off the loop when the prompt was set; a prompt never counted there (the
+        # default instructions) is counted here once.
+        self._prompt_tokens = (
+            counted if isinstance(counted, int) else (self._count_tokens(prompt) if prompt else 0)
+        )
+        return [OpenModel(prompt)]
 
     def _frame(self, samples: Samples, *, silence: bool) -> RunFrame:
         self._frames.submitted += 1
         return RunFrame(samples, silence)
 
-    def opened(self, failure: str | None, now: float) -> list[Output]:
-        """The engine finished opening the model session (``failure``: why not)."""
+    def opened(self, failure: str | None, now: float, *, cached_tokens: int = 0) -> list[Output]:
+        """The engine finished opening the model session (``failure``: why not;
+        ``cached_tokens``: how many of the prompt's tokens came from the prompt cache)."""
         if failure is None:
+            self.usage.text_tokens += self._prompt_tokens
+            self.usage.cached_tokens += min(cached_tokens, self._prompt_tokens)
             self.model_state = advance(self.model_state, Trigger.OPENED)
             self._frames.start = now
             return []
@@ -460,6 +479,7 @@ class Dialect:
         """One frame's events: the dialect's responses and user items for it."""
         number = self._frames.done
         self._frames.done += 1
+        self.usage.audio_frames += 1
         frame = channels(events, number)
         vad = sess.vad(self.session)
         responds = sess.server_responds(self.session)
@@ -474,7 +494,17 @@ class Dialect:
             # Speech the client sent before asking for the response does not cut it.
             out += self._cut("turn_detected")
         calls = [call for delta in frame.functions for call in self._calls.push(delta)]
-        made = FrameOutput(self._model_audio(frame), frame.spoken, tuple(calls))
+        self._function_tokens += len(frame.functions)
+        call_tokens = 0
+        if calls:
+            call_tokens, self._function_tokens = self._function_tokens, 0
+        made = FrameOutput(
+            self._model_audio(frame),
+            frame.spoken,
+            tuple(calls),
+            spoken_tokens=sum(isinstance(event, AssistantTextDelta) for event in events),
+            call_tokens=call_tokens,
+        )
         out += self._model_output(step, made, responds=responds)
         out += self._responses.waited(number, modalities)
         if step.ended and self._responses.speaking:
@@ -511,10 +541,12 @@ class Dialect:
             out += render.user_beat(beat, self._log)
         return out
 
-    def fed(self, failure: str | None, now: float) -> list[Output]:
-        """The engine gave the model a tool's output (``failure``: why it could not)."""
+    def fed(self, failure: str | None, now: float, tokens: int = 0) -> list[Output]:
+        """The engine gave the model a tool's output of ``tokens`` tokens (``failure``: why
+        it could not)."""
         self._feeds_queued -= 1
         if failure is None:
+            self.usage.text_tokens += tokens
             return []
         return [
             ev.error(

@@ -19,6 +19,7 @@ from typing import Any, Final
 import attrs
 
 from realtime.openai.audio import WIRE_RATE
+from realtime.openai.usage import usage as count_usage
 
 Event = dict[str, Any]
 Item = dict[str, Any]
@@ -288,6 +289,7 @@ def response(
     modalities: list[str],
     metadata: Any = None,
     reason: str | None = None,
+    usage: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": response_id,
@@ -299,11 +301,7 @@ def response(
         "conversation_id": "conv_default",
         "max_output_tokens": "inf",
         "metadata": metadata,
-        "usage": {
-            "total_tokens": 0,
-            "input_tokens": 0,
-            "output_tokens": 0,
-        },
+        "usage": usage if usage is not None else count_usage(),
     }
     if reason is not None:
         body["status_details"] = {"type": status, "reason": reason}

@@ -52,6 +52,7 @@ def response_done(
     modalities: list[str],
     metadata: Any,
     reason: str | None,
+    usage: dict[str, Any] | None = None,
 ) -> list[ev.Event]:
     """``response.done`` and the ``rate_limits.updated`` clients expect after it."""
     body = ev.response(
@@ -61,6 +62,7 @@ def response_done(
         modalities=modalities,
         metadata=metadata,
         reason=reason,
+        usage=usage,
     )
     return [
         ev.event("response.done", response=body),

@@ -25,6 +25,7 @@ from realtime.openai import render
 from realtime.openai.audio import encode_pcm16
 from realtime.openai.items import ItemLog
 from realtime.openai.tools import Call
+from realtime.openai.usage import Context, Made, usage
 
 CREATE_TIMEOUT_FRAMES: Final = 100
 """A ``response.create`` the model leaves unanswered for 8 s of its frames (counted
@@ -43,6 +44,10 @@ class FrameOutput:
     """The model's audio at 24 kHz (``None``: the frame had none)."""
     spoken: str
     calls: tuple[Call, ...]
+    spoken_tokens: int = 0
+    """Text-channel tokens behind ``spoken``."""
+    call_tokens: int = 0
+    """Function-channel tokens behind ``calls`` (since the call before them)."""
 
 
 @attrs.define(slots=True)
@@ -64,6 +69,8 @@ class Response:
     after: int = 0
     """The first model frame that counts for it: the frames queued when the client
     created it, so that the model has heard everything sent before."""
+    made: Made = attrs.Factory(Made)
+    """What the model made for it (its ``usage`` output)."""
 
 
 class Responses:
@@ -71,9 +78,13 @@ class Responses:
     the session's ``output_modalities`` as they are now: an update may change them
     between a message's start and its end."""
 
-    def __init__(self, new_id: Callable[[str], str], log: ItemLog) -> None:
+    def __init__(
+        self, new_id: Callable[[str], str], log: ItemLog, context: Context | None = None
+    ) -> None:
         self._new_id = new_id
         self._log = log
+        self.context = context if context is not None else Context()
+        """The session's model context, every response's ``usage`` input."""
         self.active: Response | None = None
         self._held: list[FrameOutput] = []
 
@@ -148,9 +159,14 @@ class Responses:
     def frame(self, frame: FrameOutput, modalities: list[str]) -> list[ev.Event]:
         """One frame's output for the active response (``calls`` may open one)."""
         out = [] if frame.pcm is None else self.audio(frame.pcm, modalities)
-        out += self.said(frame.spoken, modalities)
+        if out and self.active is not None:
+            self.active.made.audio_frames += 1
+        said = self.said(frame.spoken, modalities)
+        if said and self.active is not None:
+            self.active.made.text_tokens += frame.spoken_tokens
+        out += said
         if frame.calls:
-            out += self.calls(list(frame.calls), modalities)
+            out += self.calls(list(frame.calls), modalities, tokens=frame.call_tokens)
         return out
 
     def audio(self, pcm: Samples, modalities: list[str]) -> list[ev.Event]:
@@ -168,13 +184,15 @@ class Responses:
         msg.transcript += spoken
         return [render.text_delta(msg.part, spoken, text=_text(modalities))]
 
-    def calls(self, calls: list[Call], modalities: list[str]) -> list[ev.Event]:
-        """Complete tool calls: items of the active response, or of one of their own."""
+    def calls(self, calls: list[Call], modalities: list[str], *, tokens: int = 0) -> list[ev.Event]:
+        """Complete tool calls (``tokens``: the function-channel tokens that made them):
+        items of the active response, or of one of their own."""
         out: list[ev.Event] = []
         if self.active is None:
             out += self.open(modalities, for_call=True)
         resp = self.active
         assert resp is not None
+        resp.made.text_tokens += tokens
         for name, arguments in calls:
             item_id, call_id = self._new_id("item"), self._new_id("call")
             index = len(resp.output)
@@ -217,6 +235,7 @@ class Responses:
             modalities=modalities,
             metadata=resp.metadata,
             reason=reason,
+            usage=usage(self.context, resp.made),
         )
         return out
 
