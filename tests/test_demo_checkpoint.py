@@ -224,6 +224,53 @@ def test_full_preset_has_the_real_models_dimensions() -> None:
     assert 11.0e9 < parameters < 11.2e9  # the real checkpoints: 11.1 B
 
 
+def test_deep_preset_has_the_real_models_structure_with_tiny_widths(
+    tmp_path: Path, demo_cache_dir: Path
+) -> None:
+    """``--size deep`` keeps every layer count, the layer pattern, the head counts and
+    groupings, the TTS window pattern and the real upload's storage (4-bit language model
+    unless ``--quantize`` says otherwise, bfloat16 rest) of ``full``, with tiny's widths."""
+    from realtime.demo_checkpoint import DEEP, FULL, SMALL
+
+    structure = (
+        "llm_pattern",
+        "llm_heads",
+        "llm_kv_heads",
+        "mamba_groups",
+        "encoder_layers",
+        "encoder_heads",
+        "encoder_ff_factor",
+        "predictor_layers",
+        "tts_layers",
+        "tts_heads",
+        "tts_kv_heads",
+        "tts_window_pattern",
+        "char_layers",
+        "char_heads",
+        "char_kv_heads",
+        "mog_layers",
+        "codec_blocks",
+        "codec_multipliers",
+        "weight_dtype",
+    )
+    for field in structure:
+        assert getattr(DEEP, field) == getattr(FULL, field), field
+    assert (DEEP.llm_hidden, DEEP.tts_hidden, DEEP.vocab) == (
+        SMALL.llm_hidden,
+        SMALL.tts_hidden,
+        SMALL.vocab,
+    )
+    assert DEEP.quantize == 4
+    target = tmp_path / "deep"
+    run = run_realtime(demo_cache_dir, "demo-model", str(target), "--size", "deep")
+    assert run.returncode == 0, run.stderr
+    assert check_model_path(target).quantization_bits == 4
+    assert demo_checkpoint_is_complete(target, 4, DEEP)
+    config = json.loads((target / "config.json").read_text())
+    assert config["text_config"]["num_hidden_layers"] == 56
+    assert sum(p.stat().st_size for p in target.iterdir()) < 16 * 1024**2
+
+
 def test_a_preset_stores_bfloat16_weights_and_extra_vocabulary_rows(tmp_path: Path) -> None:
     """What ``full`` changes beside its dimensions, on tiny dimensions: the unquantized
     tensors in bfloat16 (as the real uploads), vocabulary rows past the tokenizer's that
