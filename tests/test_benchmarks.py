@@ -95,6 +95,10 @@ def test_every_row_runs_and_is_written(demo_cache_dir: Path, tmp_path: Path) -> 
     assert len(per_round["ours"]) == len(per_round["peer"]) == 1
     assert _positive(per_round["peer"][0]["paced.breakdown.overhead_us.p50"])
 
+    shapes = results["graph"]["shapes"]
+    assert [s["shape"] for s in shapes][:2] == ["mlx-vlm B=1", "B=1"]
+    assert all(s["waits"] >= 1 and _positive(s["compute"]) for s in shapes)
+
     printed = done.stdout
     for label in ("1 bare", "2 zero-cost", "3 paced", "4 unpaced", "5 responsive", "6 churn"):
         assert label in printed
