@@ -464,6 +464,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warm", type=int, default=2, help="steps before measuring")
     parser.add_argument("--frames", type=int, default=3, help="steps measured")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument(
+        "--no-cast",
+        action="store_true",
+        help="load the weights as stored (no cast once at load), to compare",
+    )
     return parser
 
 
@@ -472,11 +477,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.warm < 1 or args.frames < 1:
         print("--warm and --frames must be at least 1", file=sys.stderr)
         return 2
-    from realtime.models import load_model
+    from realtime.models.voicechat import load_voicechat
 
     results: dict[str, list[ShapeFigures]] = {}
     for size in args.size:
-        model = load_model(checkpoint(size))
+        model = load_voicechat(checkpoint(size), cast_weights=not args.no_cast)
         results[size] = measure(model, args.shapes, args.warm, args.frames)
         print(f"{size}: measured", file=sys.stderr, flush=True)
     print(table(results))
