@@ -112,15 +112,28 @@ def count_dot(text: str, weights: Mapping[str, Weight]) -> GraphCounts:
         edge = _EDGE.match(line)
         if edge:
             edges.append((edge.group(1), edge.group(2)))
+    producer = {target: source for source, target in edges if source in ops}
+    inputs: dict[str, list[str]] = {}
+    for source, target in edges:
+        if target in ops:
+            inputs.setdefault(target, []).append(source)
+
+    def origin(array: str) -> str:
+        """The array a view chain starts from (a weight, seen through a transpose)."""
+        while array in producer and ops[producer[array]] in VIEW_OPS:
+            array = inputs[producer[array]][0]
+        return array
+
     names = Counter(ops.values())
     views = sum(n for op, n in names.items() if op in VIEW_OPS)
     read = 0
     for source, target in edges:
         weight = weights.get(source)
-        if weight is None or target not in ops:
-            continue
-        read += weight.nbytes
-        if ops[target] == "AsType":  # its float32 copy, written and read again
+        if weight is not None and target in ops:
+            read += weight.nbytes
+    for op, kind in ops.items():
+        weight = weights.get(origin(inputs[op][0])) if kind == "AsType" else None
+        if weight is not None:  # its float32 copy, written and read again
             read += 2 * weight.nbytes * 4 // weight.itemsize
     return GraphCounts(len(ops) - views, views, names["AsType"], read)
 
@@ -281,7 +294,9 @@ Stepper = Callable[[int], None]
 """Runs step ``t`` of a scenario (every row that has a frame at ``t``)."""
 
 
-def _audio(seed: int, frames: int) -> Any:
+def noise_audio(seed: int, frames: int) -> Any:
+    """``frames`` frames of conversation ``seed``'s input: noise, which the random
+    weights answer with text."""
     rng = np.random.default_rng(seed)
     return np.clip(rng.standard_normal(frames * 1280) * 0.1, -1.0, 0.999).astype(np.float32)
 
@@ -291,7 +306,7 @@ def _ours(model: Any, starts: Sequence[int], frames: int) -> Stepper:
     from realtime.models.base import open_session
 
     sessions: list[Any] = [None] * len(starts)
-    audio = [_audio(k, frames) for k in range(len(starts))]
+    audio = [noise_audio(k, frames) for k in range(len(starts))]
 
     def step(t: int) -> None:
         batch = []
@@ -320,7 +335,7 @@ def _mlx_vlm(model: Any, frames: int) -> Stepper:
     key = SessionKey(0)
     with drawing_from(key):
         session = VoiceChatStreamingSession(model.runtime, system_prompt=None, seed=0)
-    audio = _audio(0, frames)
+    audio = noise_audio(0, frames)
 
     def step(t: int) -> None:
         with drawing_from(key):

@@ -15,16 +15,17 @@ def test_a_graph_is_counted_by_kind_and_its_weight_reads() -> None:
     weight = mx.ones((4, 8), dtype=mx.bfloat16)
     x = mx.ones((8,))
     mx.eval(weight, x)
-    y = (weight.astype(mx.float32) @ x).reshape(2, 2)[0] + (weight @ x.astype(mx.bfloat16))[:2]
+    y = (weight.T.astype(mx.float32).T @ x).reshape(2, 2)[0] + (weight @ x.astype(mx.bfloat16))[:2]
     buffer = io.StringIO()
     mx.export_to_dot(buffer, y, w0=weight)
     counts = count_dot(buffer.getvalue(), {"w0": Weight(64, 2)})
     # Casts: the weight, x, the second product; compute: those, two products, the
     # gather of [0], the sum; views: the products' expand and squeeze, the reshape, the
-    # [0] squeeze, the slice. The weight is read twice, its float32 copy once more.
+    # [0] squeeze, the slice. The weight is read twice, its float32 copy (cast through a
+    # transpose) once more.
     assert counts.astype == 3
     assert counts.compute == 3 + 2 + 1 + 1
-    assert counts.views == 2 * 2 + 1 + 1 + 1
+    assert counts.views == 2 + 2 * 2 + 1 + 1 + 1  # and the cast's two transposes
     assert counts.weight_bytes == 64 + 2 * 128 + 64
 
 
