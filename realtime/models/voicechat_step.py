@@ -392,7 +392,7 @@ def _perceive(rows: Sequence[StepRow]) -> tuple[list[Any], list[Any]]:
     for members in groups(
         range(len(rows)), lambda i: plans[i] if plans[i] is not None else ("own", i)
     ):
-        if len(members) == 1:
+        if plans[members[0]] is None:  # a chunk this step does not cut: mlx-audio's push
             i = members[0]
             chunks = rows[i].inner._conformer_stream.push(mels[i], emit_partial=True)
             if len(chunks) != 1 or chunks[0].shape[1] != 1:
@@ -408,9 +408,11 @@ def _perceive(rows: Sequence[StepRow]) -> tuple[list[Any], list[Any]]:
             mels[i] if s.mel_cache is None else mx.concatenate([s.mel_cache, mels[i]], axis=1)
             for i, s in zip(members, streams, strict=True)
         ]
-        win = mx.concatenate(windows, axis=0)
+        win = _stacked(windows)
         width = win.shape[1]
-        sub = lead.encoder.pre_encode(win, mx.array([width] * len(members), dtype=mx.int32))[0]
+        # The widths as a Python list: pre_encode reads each with int(), which on an MLX
+        # array is an evaluation (a wait on the device) per row.
+        sub = lead.encoder.pre_encode(win, [width] * len(members))[0]
         factor = lead.subsampling_factor
         cache_len = 0 if lead.mel_cache is None else lead.mel_cache.shape[1]
         base = (lead.consumed - cache_len) // factor
@@ -432,21 +434,33 @@ def _perceive(rows: Sequence[StepRow]) -> tuple[list[Any], list[Any]]:
                 block,
                 h,
                 lead.encoder.pos_enc,
-                None if attn[0] is None else mx.concatenate(attn, axis=0),
-                None if conv[0] is None else mx.concatenate(conv, axis=0),
+                None if attn[0] is None else _stacked(attn),
+                None if conv[0] is None else _stacked(conv),
                 lead.left_cache,
                 lead.conv_left,
             )
             for position, s in enumerate(streams):
-                s.attn_cache[layer] = attn_next[position : position + 1]
-                s.conv_cache[layer] = conv_next[position : position + 1]
+                s.attn_cache[layer] = _row(attn_next, position, len(streams))
+                s.conv_cache[layer] = _row(conv_next, position, len(streams))
         for position, i in enumerate(members):
-            encoded[i] = h[position : position + 1]
+            encoded[i] = _row(h, position, len(members))
     audio = encoded[0] if len(rows) == 1 else mx.concatenate(encoded, axis=0)
     projected = proj(audio)
     return encoded, [projected[i : i + 1] for i in range(len(rows))] if len(rows) > 1 else [
         projected
     ]
+
+
+def _stacked(parts: Sequence[Any]) -> Any:
+    """``parts`` as one batch (one part as it is: no copy in the graph)."""
+    import mlx.core as mx
+
+    return parts[0] if len(parts) == 1 else mx.concatenate(list(parts), axis=0)
+
+
+def _row(batch: Any, position: int, rows: int) -> Any:
+    """Row ``position`` of a batch of ``rows`` (a batch of one as it is)."""
+    return batch if rows == 1 else batch[position : position + 1]
 
 
 def _predict(lstm: Any, inputs: Any, hidden: tuple[Any, Any] | None) -> tuple[Any, Any]:
