@@ -40,7 +40,7 @@ def test_every_row_runs_and_is_written(demo_cache_dir: Path, tmp_path: Path) -> 
     cmd = [sys.executable, "-m", "benchmarks", "--frames", "5", "--sessions", "5"]
     cmd += ["--zero-cost-frames", "40", "--append-seconds", "1", "--rounds", "1"]
     cmd += ["--concurrent", "1,2", "--json", str(out)]
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=420)
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads(out.read_text())
     for name in ROW_NAMES.values():

@@ -6,10 +6,11 @@ codes, the codec's samples). This step runs the same network — mlx-vlm's loade
 modules and weights, called stage by stage — over a batch of rows, one per
 conversation, with the state of each row kept where mlx-vlm keeps it (the streaming
 session object: its caches, token lists and accumulators), so opening, prefill and
-every cache stay mlx-vlm's own. Per frame it waits on the device twice: once for the
-text tokens (the TTS's character encoder reads them on the host), once at the end for
-everything else; the user transcript's RNN-T loop runs while the language model
-computes.
+every cache stay mlx-vlm's own. Its own code waits on the device for the text tokens
+(the TTS's character encoder reads them on the host) and once at the end for
+everything else; the user transcript's RNN-T loop waits once a round of symbols, and
+mlx-vlm's TTS mask once per spelled-length group (``python -m benchmarks.graph`` counts
+every wait: 5 a frame at B=1, 6-8 batched, docs/performance.md).
 
 Rows are combined only where the result stays bit for bit what each row gets alone
 (tests/test_voicechat_step.py checks every stage against mlx-vlm's own session):
@@ -17,9 +18,9 @@ Rows are combined only where the result stays bit for bit what each row gets alo
 * the log-mel front end runs as one batch for the rows whose sample buffers are laid
   out alike (conversations of equal age, and every conversation fed whole frames from
   its third frame on): :mod:`realtime.models.voicechat_mel`;
-* perception runs per row until a conversation is 70 encoder frames old: the
-  conformer's attention caches differ in length until then and its streaming block
-  has no key-padding mask;
+* perception runs as one batch for the rows whose conformer chunks are alike, i.e.
+  per row until a conversation is 70 encoder frames old: the conformer's attention
+  caches differ in length until then and its streaming block has no key-padding mask;
 * the RNN-T runs one batch per round of symbols over the rows still emitting (each
   emits its own number), its predictor's LSTM layers called batch-first;
 * the language model runs as one batch: its Mamba states are stacked for the step
