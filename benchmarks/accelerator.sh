@@ -16,11 +16,14 @@
 #   benchmarks/accelerator.sh join           (the first step of run, on its own)
 #       Joins the stashed parts, checks them against prepare's digest, unpacks them.
 #   benchmarks/accelerator.sh run [SECONDS]  (on the device, carrying the last part)
-#       Joins and checks the parts, installs the wheels into /tmp/site, builds the
-#       ``full`` checkpoint (the real model's dimensions, 4-bit), then measures the
-#       frame step per batch size against mlx-vlm's and the conversations one server
-#       keeps in real time. Everything lands in $OUT (at most 8 files come back).
-#       SECONDS (default 20) is each conversation count's run in the sessions sweep.
+#       Joins and checks the parts, installs the wheels into /tmp/site, then, within
+#       ACCELERATOR_BUDGET seconds (480): a tiny smoke (both steps, B = 1 and 8; a
+#       failure stops the run), the deep checkpoint's exact counts (benchmarks.graph),
+#       the ``full`` checkpoint (the real model's dimensions, 4-bit) built, its step per
+#       batch size against mlx-vlm's, where batched rows stop being their solo runs'
+#       bits (benchmarks.lastbits), and the conversations one server keeps in real time.
+#       Prints one screen of figures (screen.txt); everything lands in $OUT.
+#       SECONDS (default 10) is each conversation count's run in the sessions sweep.
 set -euo pipefail
 shopt -s nullglob
 cd "$(dirname "$0")/.."
@@ -120,8 +123,30 @@ join() {
 }
 
 run() {
-    local seconds=${1:-20} out=${OUT:-/tmp/accelerator-out}
+    # Everything within BUDGET seconds (default 480: an 8-minute run leaves a 15-minute
+    # loan room for its start and a second try): a tiny smoke first (it stops the run
+    # when the install or the backend is broken), the deep checkpoint's exact counts,
+    # then the full checkpoint; each later stage gets what is left, or is skipped.
+    local seconds=${1:-10} out=${OUT:-/tmp/accelerator-out} budget=${ACCELERATOR_BUDGET:-480}
+    local started=$SECONDS
     mkdir -p "$out"
+    : > "$out/summary.txt"
+    note() { echo "$*" | tee -a "$out/summary.txt"; }
+    stage() {
+        # stage NAME NEED COMMAND...: COMMAND with the seconds left (at least NEED), its
+        # output in NAME.log.
+        local name=$1 need=$2 left
+        shift 2
+        left=$((budget - (SECONDS - started)))
+        if ((left < need)); then
+            note "$name: skipped, ${left} s of the budget left (needs ${need})"
+            return 1
+        fi
+        local begun=$SECONDS code=0
+        timeout "$left" "$@" > "$out/$name.log" 2>&1 || code=$?
+        note "$name: exit $code after $((SECONDS - begun)) s"
+        return "$code"
+    }
     join
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site "$STASH"/wheels/*.whl
@@ -134,7 +159,7 @@ run() {
         LD_LIBRARY_PATH=$(find "$nvidia" -maxdepth 3 -type d -name lib | tr '\n' ':')${LD_LIBRARY_PATH:-}
         export LD_LIBRARY_PATH
     fi
-    export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+    export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 REALTIME_CACHE_DIR=/tmp/accelerator-cache
     {
         date -u
         nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
@@ -144,18 +169,40 @@ print(platform.python_version(), mx.default_device(), \
 a = mx.ones((1024, 1024)); mx.eval(a @ a); print('a matmul ran on', mx.default_device())"
         lscpu | grep -E 'Model name|^CPU\(s\)' || true
     } 2>&1 | tee "$out/machine.txt"
+    # 1. Smoke: the tiny checkpoint through both steps, B = 1 and 8.
+    local tiny=/tmp/accelerator-tiny
+    if ! stage smoke 30 sh -c "python3 -m realtime demo-model $tiny && python3 -m benchmarks.batching \
+            --model $tiny --batch 1,8 --rounds 1 --warmup 2 --frames 5 --json $out/smoke.json"; then
+        tail -n 30 "$out/smoke.log"
+        exit 1
+    fi
+    # 2. The exact counts on deep (the real model's graph; host ms here are the GPU's).
+    stage graph 60 python3 -m benchmarks.graph --size deep --json "$out/graph.json" || true
+    # 3. The full checkpoint: build, the step per batch size, the last bits, the sessions.
     local model=/tmp/accelerator-$SIZE-4bit
-    python3 -m realtime --log-level info demo-model "$model" --size "$SIZE" --quantize 4 \
-        > "$out/build.log" 2>&1 || { tail -n 30 "$out/build.log"; exit 1; }
-    tail -n 2 "$out/build.log"
-    du -sh "$model"
-    # The step alone: mlx-vlm's and ours at B = 1, ours per batch size.
-    python3 -m benchmarks.batching --model "$model" --batch 1,2,4,8,16,32 --rounds 2 \
-        --warmup 3 --frames 10 --json "$out/batching.json" 2>&1 | tee "$out/batching.log" || true
-    # Conversations through the server: the largest N in real time, batched.
-    python3 -m benchmarks.sessions --model "$model" --sessions 1,8,16,24,32,48 \
-        --scheduler batched --seconds "$seconds" --rounds 1 --json "$out/sessions.json" \
-        2>&1 | tee "$out/sessions.log" || true
+    if stage build 150 python3 -m realtime demo-model "$model" --size "$SIZE" --quantize 4; then
+        stage batching 90 python3 -m benchmarks.batching --model "$model" --batch 1,8,32 \
+            --rounds 1 --warmup 3 --frames 8 --json "$out/batching.json" || true
+        stage lastbits 60 python3 -m benchmarks.lastbits --model "$model" --batch 2,8,16,32 \
+            --frames 4 --json "$out/lastbits.json" || true
+        stage sessions $((3 * seconds + 40)) python3 -m benchmarks.sessions --model "$model" \
+            --sessions 1,16,32 --scheduler batched --seconds "$seconds" --rounds 1 \
+            --json "$out/sessions.json" || true
+    fi
+    # One screen: what ran, then each stage's figures.
+    {
+        echo "== $(head -n 1 "$out/machine.txt"); $(sed -n 3p "$out/machine.txt")"
+        cat "$out/summary.txt"
+        for name in smoke batching; do
+            [[ -f "$out/$name.log" ]] && grep -E '^  (mlx-vlm|ours)' "$out/$name.log" | sed "s/^/$name /"
+        done
+        [[ -f "$out/graph.log" ]] && grep -E '^(model|deep) ' "$out/graph.log"
+        [[ -f "$out/lastbits.log" ]] && grep -E '^B=' "$out/lastbits.log"
+        [[ -f "$out/sessions.json" ]] && python3 -c "import json, sys; \
+print('largest N in real time:', json.load(open(sys.argv[1]))['max_realtime_sessions'])" \
+            "$out/sessions.json"
+        echo "== $((SECONDS - started)) s of a ${budget} s budget"
+    } 2>&1 | tee "$out/screen.txt"
 }
 
 case "${1:-}" in

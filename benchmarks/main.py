@@ -3,7 +3,8 @@
 Rows: 1 bare model, 2 zero-cost model through the server, 3 paced stream,
 4 unpaced stream, 5 ping/cancel during a long append, 6 session churn and
 memory, 7 rows 3-5 against mlx-vlm's own ``/v1/realtime`` server, 8 a short sweep of
-concurrent paced conversations on one server (``python -m benchmarks.sessions``).
+concurrent paced conversations on one server (``python -m benchmarks.sessions``), 9 the
+frame step's exact counts: waits, graph nodes, casts (``python -m benchmarks.graph``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, Final, TypeVar
 
 import trio
 
-from benchmarks import breakdown, servers, sessions, streams
+from benchmarks import breakdown, graph, servers, sessions, streams
 from benchmarks.bare import WARMUP_FRAMES, bare_model
 from benchmarks.stats import machine, median_of
 from benchmarks.wire import (
@@ -41,9 +42,10 @@ ROW_NAMES: Final = {
     6: "churn",
     7: "peer",
     8: "sessions",
+    9: "graph",
 }
 ALL_ROWS: Final = tuple(ROW_NAMES)
-MODEL_ROWS: Final = (1, 3, 4, 5, 7, 8)
+MODEL_ROWS: Final = (1, 3, 4, 5, 7, 8, 9)
 """The default rows when ``--model`` names a checkpoint (rows that measure a model)."""
 
 OVERHEAD_TARGET_MS: Final = 1.0
@@ -400,6 +402,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
     else:
         results["sessions"] = skipped
+    if 9 in rows:
+        assert path is not None
+        _log("row 9: the frame step's exact counts")
+        results["graph"] = graph.counts_of(path, frames=2)
+    else:
+        results["graph"] = skipped
     results["load_average_end"] = _loadavg()
     return results
 
@@ -575,6 +583,15 @@ def table(results: dict[str, Any]) -> str:
             str(concurrent["max_realtime_sessions"]),
             f"({concurrent['seconds']:g} s each)",
         )
+    counted = results.get("graph", {"skipped": "not selected"})
+    if "skipped" not in counted:
+        for shape in counted["shapes"]:
+            add(
+                "9 graph",
+                f"{shape['shape']}: waits, compute, views, AsType",
+                ", ".join(f"{shape[k]:,.1f}" for k in ("waits", "compute", "views", "astype")),
+                f"host {shape['host_ms']:.1f} ms (a timing)",
+            )
     headers = ("row", "metric", "value", "target")
     widths = [max([len(h), *(len(line[i]) for line in lines)]) for i, h in enumerate(headers)]
     out = [" | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]

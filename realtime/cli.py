@@ -285,10 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--quantize", type=int, choices=[4, 8], default=None)
     demo.add_argument(
         "--size",
-        choices=["tiny", "medium", "full"],
+        choices=["tiny", "medium", "deep", "full"],
         default="tiny",
         help="tiny: the served demo (about 3 MB); medium: for benchmarks, shaped so a "
-        "frame step is mostly native compute (about 91 MB); full: the real model's "
+        "frame step is mostly native compute (about 91 MB); deep: the real model's layer "
+        "counts and structure with tiny widths, 4-bit language model unless --quantize "
+        "says otherwise, for counting a frame step's graph; full: the real model's "
         "dimensions, 11 B parameters, for accelerators (about 9 GB with --quantize 4) "
         "(default %(default)s)",
     )
@@ -296,8 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def demo_model_command(args: argparse.Namespace) -> int:
-    """``realtime demo-model DIR [--quantize 4|8] [--size tiny|medium|full]``: write a demo
-    checkpoint, print its path.
+    """``realtime demo-model DIR [--quantize 4|8] [--size tiny|medium|deep|full]``: write a
+    demo checkpoint, print its path.
 
     DIR may be new, empty or an earlier demo checkpoint; it is replaced atomically.
     """
@@ -309,8 +311,8 @@ def demo_model_command(args: argparse.Namespace) -> int:
     )
 
     path = Path(args.dir).expanduser()
-    quantize: int | None = args.quantize
     size = SIZES[args.size]
+    quantize: int | None = size.quantize if args.quantize is None else args.quantize
     if path.exists() and not path.is_dir():
         raise UsageError(f"{path} exists and is not a directory")
     if path.is_dir() and any(path.iterdir()) and not is_demo_checkpoint(path):

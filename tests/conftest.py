@@ -87,3 +87,18 @@ def medium_model(tmp_path_factory: pytest.TempPathFactory) -> VoiceChatModel:
     model = load_model(path)
     assert isinstance(model, VoiceChatModel)
     return model
+
+
+@pytest.fixture(scope="session")
+def deep_model(tmp_path_factory: pytest.TempPathFactory) -> VoiceChatModel:
+    """The deep demo checkpoint: the real model's layer counts and structure (4-bit
+    language model, bfloat16 rest) with tiny widths, so its graph is the real one's."""
+    from realtime.demo_checkpoint import DEEP
+    from realtime.models import load_model
+
+    path = write_demo_checkpoint(
+        tmp_path_factory.mktemp("deep") / "deep", quantize=DEEP.quantize, size=DEEP
+    )
+    model = load_model(path)
+    assert isinstance(model, VoiceChatModel)
+    return model

@@ -40,7 +40,7 @@ def test_every_row_runs_and_is_written(demo_cache_dir: Path, tmp_path: Path) -> 
     cmd = [sys.executable, "-m", "benchmarks", "--frames", "5", "--sessions", "5"]
     cmd += ["--zero-cost-frames", "40", "--append-seconds", "1", "--rounds", "1"]
     cmd += ["--concurrent", "1,2", "--json", str(out)]
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=420)
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads(out.read_text())
     for name in ROW_NAMES.values():
@@ -94,6 +94,10 @@ def test_every_row_runs_and_is_written(demo_cache_dir: Path, tmp_path: Path) -> 
     per_round = results["peer"]["per_round"]
     assert len(per_round["ours"]) == len(per_round["peer"]) == 1
     assert _positive(per_round["peer"][0]["paced.breakdown.overhead_us.p50"])
+
+    shapes = results["graph"]["shapes"]
+    assert [s["shape"] for s in shapes][:2] == ["mlx-vlm B=1", "B=1"]
+    assert all(s["waits"] >= 1 and _positive(s["compute"]) for s in shapes)
 
     printed = done.stdout
     for label in ("1 bare", "2 zero-cost", "3 paced", "4 unpaced", "5 responsive", "6 churn"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -224,6 +224,53 @@ def test_full_preset_has_the_real_models_dimensions() -> None:
     assert 11.0e9 < parameters < 11.2e9  # the real checkpoints: 11.1 B
 
 
+def test_deep_preset_has_the_real_models_structure_with_tiny_widths(
+    tmp_path: Path, demo_cache_dir: Path
+) -> None:
+    """``--size deep`` keeps every layer count, the layer pattern, the head counts and
+    groupings, the TTS window pattern and the real upload's storage (4-bit language model
+    unless ``--quantize`` says otherwise, bfloat16 rest) of ``full``, with tiny's widths."""
+    from realtime.demo_checkpoint import DEEP, FULL, SMALL
+
+    structure = (
+        "llm_pattern",
+        "llm_heads",
+        "llm_kv_heads",
+        "mamba_groups",
+        "encoder_layers",
+        "encoder_heads",
+        "encoder_ff_factor",
+        "predictor_layers",
+        "tts_layers",
+        "tts_heads",
+        "tts_kv_heads",
+        "tts_window_pattern",
+        "char_layers",
+        "char_heads",
+        "char_kv_heads",
+        "mog_layers",
+        "codec_blocks",
+        "codec_multipliers",
+        "weight_dtype",
+    )
+    for field in structure:
+        assert getattr(DEEP, field) == getattr(FULL, field), field
+    assert (DEEP.llm_hidden, DEEP.tts_hidden, DEEP.vocab) == (
+        SMALL.llm_hidden,
+        SMALL.tts_hidden,
+        SMALL.vocab,
+    )
+    assert DEEP.quantize == 4
+    target = tmp_path / "deep"
+    run = run_realtime(demo_cache_dir, "demo-model", str(target), "--size", "deep")
+    assert run.returncode == 0, run.stderr
+    assert check_model_path(target).quantization_bits == 4
+    assert demo_checkpoint_is_complete(target, 4, DEEP)
+    config = json.loads((target / "config.json").read_text())
+    assert config["text_config"]["num_hidden_layers"] == 56
+    assert sum(p.stat().st_size for p in target.iterdir()) < 16 * 1024**2
+
+
 def test_a_preset_stores_bfloat16_weights_and_extra_vocabulary_rows(tmp_path: Path) -> None:
     """What ``full`` changes beside its dimensions, on tiny dimensions: the unquantized
     tensors in bfloat16 (as the real uploads), vocabulary rows past the tokenizer's that
@@ -231,6 +278,7 @@ def test_a_preset_stores_bfloat16_weights_and_extra_vocabulary_rows(tmp_path: Pa
     narrower than the encoder. It loads through mlx-vlm and runs, 4-bit too."""
     import attrs
     from mlx.nn.layers.quantized import QuantizedLinear
+    from mlx.utils import tree_flatten
 
     from realtime.demo_checkpoint import SMALL
 
@@ -254,7 +302,14 @@ def test_a_preset_stores_bfloat16_weights_and_extra_vocabulary_rows(tmp_path: Pa
         model = load_model(path)
         assert isinstance(model, VoiceChatModel)
         stt = model.runtime.model.stt_model
-        assert stt.perception.proj.weight.dtype.size == 2  # bfloat16, as stored
+        # Stored bfloat16: the codec keeps it; the perception meets float32 and is cast
+        # to it once at load (realtime/models/voicechat_cast.py).
+        codec = cast(
+            "list[tuple[str, Any]]",
+            tree_flatten(model.runtime.model.tts_model.audio_codec.parameters()),
+        )
+        assert {value.dtype.size for _, value in codec} == {2}
+        assert stt.perception.proj.weight.dtype.size == 4
         assert isinstance(stt.lm_head, QuantizedLinear) == (bits == 4)
         session = open_session(model, system_prompt=None, seed=0, max_streaming_seconds=None)
         events = push_all(session, speechlike(40))

@@ -33,7 +33,11 @@ def _models(request: pytest.FixtureRequest, name: str) -> VoiceChatModel:
     return model
 
 
-MODELS = ["demo_model", pytest.param("medium_model", marks=pytest.mark.slow)]
+MODELS = [
+    "demo_model",
+    pytest.param("medium_model", marks=pytest.mark.slow),
+    pytest.param("deep_model", marks=pytest.mark.slow),
+]
 
 
 def _audio(seed: int, frames: int) -> np.ndarray:
@@ -66,6 +70,7 @@ def mlx_vlm_digest(
         ("demo_model", 3, None, 1000),
         ("demo_model", 5, "Be brief.", 3000),
         pytest.param("medium_model", 3, None, 1000, marks=pytest.mark.slow),
+        pytest.param("deep_model", 5, "Be brief.", 1000, marks=pytest.mark.slow),
     ],
 )
 def test_alone_it_is_mlx_vlms_step_bit_for_bit(

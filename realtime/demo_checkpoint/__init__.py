@@ -15,7 +15,7 @@ replace), ``cache`` (the shared per-user copy).
 from __future__ import annotations
 
 from realtime.demo_checkpoint.cache import cache_root, ensure_demo_checkpoint
-from realtime.demo_checkpoint.config import FULL, MEDIUM, SIZES, SMALL, DemoSize, demo_name
+from realtime.demo_checkpoint.config import DEEP, FULL, MEDIUM, SIZES, SMALL, DemoSize, demo_name
 from realtime.demo_checkpoint.files import (
     BUILDER_VERSION,
     MARKER_FILE,
@@ -27,6 +27,7 @@ from realtime.demo_checkpoint.install import install_atomically
 
 __all__ = [
     "BUILDER_VERSION",
+    "DEEP",
     "FULL",
     "MARKER_FILE",
     "MEDIUM",

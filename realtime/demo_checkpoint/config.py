@@ -83,6 +83,9 @@ class DemoSize:
     as in the real uploads (the network computes in float32 either way)."""
     name: str = "tiny"
     """The preset's name (``--size``); every preset but ``tiny`` adds it to the folder name."""
+    quantize: int | None = None
+    """The bits ``realtime demo-model --size`` quantizes the language model to when
+    ``--quantize`` is not given (``deep``: 4, as the real upload it stands for)."""
 
 
 SMALL = DemoSize()
@@ -181,7 +184,40 @@ thinker config), the rest mlx-vlm's and mlx-audio's defaults, which are the real
 model's. Build it 4-bit (about 9 GB, as the real 4-bit upload); float32 activations
 over bfloat16 weights, as the real uploads store them. Not for a 2-core CPU."""
 
-SIZES: Final = {size.name: size for size in (SMALL, MEDIUM, FULL)}
+DEEP = attrs.evolve(
+    SMALL,
+    name="deep",
+    quantize=4,
+    llm_pattern=NANO_9B_V2_PATTERN,
+    llm_heads=40,
+    llm_kv_heads=8,
+    llm_head_dim=8,
+    mamba_heads=8,
+    mamba_head_dim=16,
+    mamba_groups=8,
+    encoder_layers=24,
+    encoder_width=64,
+    encoder_heads=8,
+    encoder_ff_factor=4,
+    tts_layers=28,
+    tts_heads=16,
+    tts_kv_heads=16,
+    tts_head_dim=8,
+    tts_window_pattern=6,
+    char_heads=16,
+    char_kv_heads=16,
+    char_head_dim=8,
+    mog_layers=3,
+    codec_blocks=3,
+    weight_dtype="bfloat16",
+)
+"""``deep``: the real model's structure with tiny widths, for counting a frame step's
+graph (``python -m benchmarks.graph``): every layer count, the layer pattern, the head
+counts and groupings, the TTS window pattern and the storage of the real 4-bit upload
+(a 4-bit language model, bfloat16 for the rest), so its graph has the real model's
+nodes, waits and casts; widths are tiny's, so it runs on a 2-core CPU."""
+
+SIZES: Final = {size.name: size for size in (SMALL, MEDIUM, DEEP, FULL)}
 """The presets by name, as ``realtime demo-model --size`` and ``--size`` of the
 benchmarks spell them."""
 

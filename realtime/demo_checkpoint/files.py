@@ -241,8 +241,10 @@ def is_demo_checkpoint(directory: str | Path) -> bool:
 
 
 def _dimensions(size: DemoSize) -> dict[str, Any]:
-    """The preset's dimensions as JSON values (tuples as lists), for the marker."""
-    return json.loads(json.dumps(attrs.asdict(size)))  # type: ignore[no-any-return]
+    """The preset's dimensions as JSON values (tuples as lists), for the marker (its
+    default ``quantize`` is not one: the marker records the bits it was built with)."""
+    fields = attrs.asdict(size, filter=lambda field, _: field.name != "quantize")
+    return json.loads(json.dumps(fields))  # type: ignore[no-any-return]
 
 
 def demo_checkpoint_is_complete(

@@ -7,8 +7,10 @@ about a millisecond of Python and evaluation a conversation on a 2-core CPU.
 :func:`push_frames` advances every row's front end exactly as
 its own ``push`` would and computes the mel frames of the rows whose buffers are laid
 out alike (conversations of equal age, and every conversation fed whole frames from
-its third frame on) as one batch, with one wait for all the retained tails
-(docs/performance.md, fifth pass: 3-10 % of a tiny eight-row step).
+its third frame on) as one batch (a row alone as a batch of one), and submits the
+retained tails without waiting for them (``mx.async_eval``: the same arrays evaluated,
+no wait on the device; docs/performance.md, fifth pass: 3-10 % of a tiny eight-row
+step).
 
 Why the batch gives each row its own bits: the pre-emphasis, padding, window, power,
 log and transposes are element by element; the real FFT runs each frame's transform on
@@ -78,12 +80,11 @@ def _batchable(stream: Any, samples: Any) -> bool:
 def push_frames(streams: Sequence[Any], frames: Sequence[Any]) -> list[Any]:
     """``[stream.push(frame) for ...]``, each row's new ``(1, T, features)`` mel frames
     and its front end advanced as that push advances it; rows laid out alike are
-    computed as one batch, any other row (a buffer laid out unlike every other row's,
-    a closed stream, an empty or multi-channel chunk) by mlx-audio's own ``push``."""
+    computed as one batch (a row laid out unlike the others as a batch of one), any
+    other row (a closed stream, an empty or multi-channel chunk, a chunk that emits no
+    mel frame) by mlx-audio's own ``push``."""
     import mlx.core as mx
 
-    if len(streams) == 1:
-        return [streams[0].push(frames[0])]
     out: list[Any] = [None] * len(streams)
     plans: list[_Plan | None] = [
         _Plan(stream, frame) if _batchable(stream, frame) else None
@@ -96,8 +97,6 @@ def push_frames(streams: Sequence[Any], frames: Sequence[Any]) -> list[Any]:
         batches.setdefault(plan.key, []).append(i)
     retained: list[Any] = []
     for members in batches.values():
-        if len(members) == 1:
-            continue
         windows = []
         for i in members:
             stream, plan = streams[i], plans[i]
@@ -116,13 +115,15 @@ def push_frames(streams: Sequence[Any], frames: Sequence[Any]) -> list[Any]:
                 retained.append(stream._samples)
         lead = plans[members[0]]
         assert lead is not None
-        mels = log_mel_frames(mx.stack(windows), streams[members[0]].args, lead.first, lead.last)
+        stacked = windows[0][None] if len(windows) == 1 else mx.stack(windows)
+        mels = log_mel_frames(stacked, streams[members[0]].args, lead.first, lead.last)
         for position, i in enumerate(members):
-            out[i] = mels[position : position + 1]
+            out[i] = mels if len(members) == 1 else mels[position : position + 1]
     if retained:
         # mlx-audio materializes each retained tail (so a long stream's lazy graph
-        # cannot keep old audio alive); one wait for all of them.
-        mx.eval(*retained)
+        # cannot keep old audio alive); submitted here without waiting for it (the
+        # same arrays evaluated, so the same bits; no wait on the device).
+        mx.async_eval(*retained)  # type: ignore[no-untyped-call]
     for i, stream in enumerate(streams):
         if out[i] is None:
             out[i] = stream.push(frames[i])

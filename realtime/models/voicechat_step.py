@@ -6,10 +6,11 @@ codes, the codec's samples). This step runs the same network — mlx-vlm's loade
 modules and weights, called stage by stage — over a batch of rows, one per
 conversation, with the state of each row kept where mlx-vlm keeps it (the streaming
 session object: its caches, token lists and accumulators), so opening, prefill and
-every cache stay mlx-vlm's own. Per frame it waits on the device twice: once for the
-text tokens (the TTS's character encoder reads them on the host), once at the end for
-everything else; the user transcript's RNN-T loop runs while the language model
-computes.
+every cache stay mlx-vlm's own. Its own code waits on the device for the text tokens
+(the TTS's character encoder reads them on the host) and once at the end for
+everything else; the user transcript's RNN-T loop waits once a round of symbols, and
+mlx-vlm's TTS mask once per spelled-length group (``python -m benchmarks.graph`` counts
+every wait: 5 a frame at B=1, 6-8 batched, docs/performance.md).
 
 Rows are combined only where the result stays bit for bit what each row gets alone
 (tests/test_voicechat_step.py checks every stage against mlx-vlm's own session):
@@ -17,9 +18,9 @@ Rows are combined only where the result stays bit for bit what each row gets alo
 * the log-mel front end runs as one batch for the rows whose sample buffers are laid
   out alike (conversations of equal age, and every conversation fed whole frames from
   its third frame on): :mod:`realtime.models.voicechat_mel`;
-* perception runs per row until a conversation is 70 encoder frames old: the
-  conformer's attention caches differ in length until then and its streaming block
-  has no key-padding mask;
+* perception runs as one batch for the rows whose conformer chunks are alike, i.e.
+  per row until a conversation is 70 encoder frames old: the conformer's attention
+  caches differ in length until then and its streaming block has no key-padding mask;
 * the RNN-T runs one batch per round of symbols over the rows still emitting (each
   emits its own number), its predictor's LSTM layers called batch-first;
 * the language model runs as one batch: its Mamba states are stacked for the step
@@ -392,7 +393,7 @@ def _perceive(rows: Sequence[StepRow]) -> tuple[list[Any], list[Any]]:
     for members in groups(
         range(len(rows)), lambda i: plans[i] if plans[i] is not None else ("own", i)
     ):
-        if len(members) == 1:
+        if plans[members[0]] is None:  # a chunk this step does not cut: mlx-audio's push
             i = members[0]
             chunks = rows[i].inner._conformer_stream.push(mels[i], emit_partial=True)
             if len(chunks) != 1 or chunks[0].shape[1] != 1:
@@ -408,9 +409,11 @@ def _perceive(rows: Sequence[StepRow]) -> tuple[list[Any], list[Any]]:
             mels[i] if s.mel_cache is None else mx.concatenate([s.mel_cache, mels[i]], axis=1)
             for i, s in zip(members, streams, strict=True)
         ]
-        win = mx.concatenate(windows, axis=0)
+        win = _stacked(windows)
         width = win.shape[1]
-        sub = lead.encoder.pre_encode(win, mx.array([width] * len(members), dtype=mx.int32))[0]
+        # The widths as a Python list: pre_encode reads each with int(), which on an MLX
+        # array is an evaluation (a wait on the device) per row.
+        sub = lead.encoder.pre_encode(win, [width] * len(members))[0]
         factor = lead.subsampling_factor
         cache_len = 0 if lead.mel_cache is None else lead.mel_cache.shape[1]
         base = (lead.consumed - cache_len) // factor
@@ -432,21 +435,33 @@ def _perceive(rows: Sequence[StepRow]) -> tuple[list[Any], list[Any]]:
                 block,
                 h,
                 lead.encoder.pos_enc,
-                None if attn[0] is None else mx.concatenate(attn, axis=0),
-                None if conv[0] is None else mx.concatenate(conv, axis=0),
+                None if attn[0] is None else _stacked(attn),
+                None if conv[0] is None else _stacked(conv),
                 lead.left_cache,
                 lead.conv_left,
             )
             for position, s in enumerate(streams):
-                s.attn_cache[layer] = attn_next[position : position + 1]
-                s.conv_cache[layer] = conv_next[position : position + 1]
+                s.attn_cache[layer] = _row(attn_next, position, len(streams))
+                s.conv_cache[layer] = _row(conv_next, position, len(streams))
         for position, i in enumerate(members):
-            encoded[i] = h[position : position + 1]
+            encoded[i] = _row(h, position, len(members))
     audio = encoded[0] if len(rows) == 1 else mx.concatenate(encoded, axis=0)
     projected = proj(audio)
     return encoded, [projected[i : i + 1] for i in range(len(rows))] if len(rows) > 1 else [
         projected
     ]
+
+
+def _stacked(parts: Sequence[Any]) -> Any:
+    """``parts`` as one batch (one part as it is: no copy in the graph)."""
+    import mlx.core as mx
+
+    return parts[0] if len(parts) == 1 else mx.concatenate(list(parts), axis=0)
+
+
+def _row(batch: Any, position: int, rows: int) -> Any:
+    """Row ``position`` of a batch of ``rows`` (a batch of one as it is)."""
+    return batch if rows == 1 else batch[position : position + 1]
 
 
 def _predict(lstm: Any, inputs: Any, hidden: tuple[Any, Any] | None) -> tuple[Any, Any]:
