@@ -77,6 +77,9 @@ exit status:
 """
 
 
+RETRY_HINT: Final = "--retry N waits and tries again up to N times"
+
+
 def exit_code(exc: ClientError) -> int:
     """The script's exit status for ``exc`` (see :data:`EXIT_EPILOG`)."""
     for kind, code in EXIT_CODES:
@@ -86,8 +89,10 @@ def exit_code(exc: ClientError) -> int:
 
 
 def report(exc: ClientError, err: TextIO | None = None) -> int:
-    """Print ``exc`` as one line on stderr; return its exit status."""
-    print(f"error: {exc}", file=err if err is not None else sys.stderr)
+    """Print ``exc`` as one line on stderr; return its exit status. A busy server's
+    line ends with the flag that waits for it."""
+    hint = f" ({RETRY_HINT})" if isinstance(exc, ServerBusy) else ""
+    print(f"error: {exc}{hint}", file=err if err is not None else sys.stderr)
     return exit_code(exc)
 
 

@@ -296,8 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Send a WAV through /v1/realtime and write the spoken answer as a WAV.",
     )
     p.add_argument("url", metavar="URL", help="ws://HOST:PORT/v1/realtime")
-    p.add_argument("input", metavar="IN.wav", type=Path)
-    p.add_argument("output", metavar="OUT.wav", type=Path)
+    p.add_argument("input", metavar="IN.wav", type=Path, help="the question (any rate)")
+    p.add_argument("output", metavar="OUT.wav", type=Path, help="where the spoken answer goes")
     add_answer_options(p, seed=_seed, extra_seconds=_non_negative)  # as `realtime generate`
     p.add_argument(
         "--realtime",

@@ -279,7 +279,8 @@ class Console:
             return
         if self._run is not None and self._run[0] != channel:
             self._end_run()
-        text = (self._run[1] if self._run else "") + event.delta.replace("\n", " ")
+        delta = event.delta.replace("\n", " ")
+        text = self._run[1] + delta if self._run else delta.lstrip()
         self._run = (channel, text)
 
     def _end_run(self) -> None:
@@ -1039,8 +1040,19 @@ def build_parser() -> argparse.ArgumentParser:
         "Live conversation over /v1/realtime: microphone in, speaker out.",
     )
     p.add_argument("url", metavar="URL", nargs="?", help="ws://HOST:PORT/v1/realtime")
-    p.add_argument("--system-prompt", default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--system-prompt",
+        default=None,
+        metavar="TEXT",
+        help="the model's instructions for this session (default: the server's)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the session's random seed: the same seed and audio give the same answer (default 0)",
+    )
     add_connection_options(p)
     p.add_argument("--input-device", default=None, metavar="NAME|INDEX", help="see --list-devices")
     p.add_argument("--output-device", default=None, metavar="NAME|INDEX", help="see --list-devices")

@@ -191,7 +191,11 @@ async def test_file_client_script_exit_codes(engine: Engine, tmp_path: Path) -> 
         async with connect(server.url) as holder:
             await holder.configure()
             results["busy"] = await script(server.url)
-    expected = {"wrong path": (4, "HTTP 404"), "origin": (6, "HTTP 403"), "busy": (7, "busy")}
+    expected = {
+        "wrong path": (4, "the endpoint is ws://HOST:PORT/v1/realtime"),
+        "origin": (6, "HTTP 403"),
+        "busy": (7, "--retry N"),
+    }
     for name, (code, needle) in expected.items():
         rc, err = results[name]
         assert rc == code, (name, err)

@@ -466,9 +466,8 @@ class DemoTurnSession:
 
     def answer(self, text: str) -> None:
         """Start an answer of ``text`` on the next frame."""
-        spaced = " " + text if self._text.text else text
         self._text.next_answer()
-        self._state = answer_now(self._state, self.model.speller.encode(spaced))
+        self._state = answer_now(self._state, self.model.speller.encode(text))
 
     def _next_energy(self, pad: bool) -> float:
         size = self._figures.frame_samples
@@ -498,10 +497,8 @@ class DemoTurnSession:
         return out
 
     def _reply(self, seconds: float) -> list[int]:
-        text = reply_text(seconds)
-        spaced = " " + text if self._text.text else text
         self._text.next_answer()
-        return self.model.speller.encode(spaced)
+        return self.model.speller.encode(reply_text(seconds))
 
     def _frame(self, audio: AudioDelta, plan: Plan) -> list[ModelEvent]:
         index = audio.frame_index
@@ -509,7 +506,7 @@ class DemoTurnSession:
         if plan.hear is not Hear.NOTHING:
             said = HEARD_MORE
             if plan.hear is Hear.STARTED:
-                said = " " + HEARD_START if self._heard else HEARD_START
+                said = HEARD_START  # a turn's first delta: no space before it
             self._heard += said
             out.append(UserTranscriptDelta(frame_index=index, delta=said, transcript=self._heard))
         if plan.token is not None:
