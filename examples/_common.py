@@ -40,7 +40,7 @@ from realtime.client import (
     Unauthorized,
     UpgradeRejected,
 )
-from realtime.models.base import VOICECHAT_FIGURES, Samples
+from realtime.models.base import VOICECHAT_FIGURES
 from realtime.transcript import TranscriptPrinter as BaseTranscriptPrinter
 
 PCM16 = npt.NDArray[np.int16]
@@ -273,28 +273,3 @@ class FrameFramer:
         """The partial frame left over (the server pads it on commit)."""
         rest, self._pending = self._pending, np.zeros(0, dtype=np.int16)
         return rest
-
-
-class StreamResampler:
-    """Chunk-by-chunk resampling without clicks at chunk edges.
-
-    ``realtime.audio.resample`` resamples a whole signal at once; a live stream
-    arrives in 80 ms pieces and resampling each piece alone would put an edge
-    artefact every 80 ms, so this keeps soxr's filter state between chunks.
-    """
-
-    def __init__(self, from_rate: int, to_rate: int) -> None:
-        self.from_rate = from_rate
-        self.to_rate = to_rate
-        self._stream: Any = None
-        if from_rate != to_rate:
-            import soxr
-
-            self._stream = soxr.ResampleStream(from_rate, to_rate, 1, dtype="float32")
-
-    def process(self, samples: Samples, *, last: bool = False) -> Samples:
-        x = np.asarray(samples, dtype=np.float32)
-        if self._stream is None:
-            return x
-        out = self._stream.resample_chunk(x, last=last)
-        return np.asarray(out, dtype=np.float32)

@@ -7,8 +7,9 @@
 
 The first Ctrl-C sends ``input_audio_buffer.commit`` and waits for
 ``response.done`` and for the speaker to play what is buffered; a second Ctrl-C
-quits at once. There is no echo cancellation: use headphones, or the model hears
-itself.
+quits at once. The speaker's echo is taken out of the microphone
+(``realtime.client.echo``, when LiveKit's SDK is installed: ``realtime[clients]``),
+so speakers work; ``--no-echo-cancellation`` turns it off (then use headphones).
 
 Device I/O sits behind two small seams (:class:`AudioInput`, :class:`AudioOutput`)
 so tests drive :func:`run_microphone_client` with numpy arrays instead of a sound
@@ -38,19 +39,16 @@ import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from types import ModuleType
-from typing import Any, Final, Protocol, TextIO, TypeVar, cast
+from typing import Any, TextIO, TypeVar
 
 import numpy as np
 import trio
 from _common import (
     CHANNELS,
     EXIT_USAGE,
-    FRAME_SECONDS,
     PCM16,
     AudioDeltaChecker,
     FrameFramer,
-    StreamResampler,
     TranscriptPrinter,
     add_connection_options,
     checked,
@@ -58,7 +56,6 @@ from _common import (
     report,
     retrying_busy,
 )
-from _playback import JitterBuffer as JitterBuffer  # re-exported for the tests
 
 from realtime.audio import float_to_pcm16, pcm16_to_float, to_mono
 from realtime.client import (
@@ -77,6 +74,21 @@ from realtime.client import (
     check_url,
     connect,
 )
+from realtime.client.devices import (
+    AudioInput,
+    AudioOutput,
+    AudioUnavailable,
+    Deliver,
+    SoundDeviceInput,
+    SoundDeviceOutput,
+    StreamResampler,
+    device_arg,
+    device_call,
+    list_devices,
+    load_sounddevice,
+)
+from realtime.client.echo import echo_canceller
+from realtime.client.playback import JitterBuffer
 from realtime.models.base import VOICECHAT_FIGURES, Samples
 
 ECHO_WARNING = (
@@ -84,46 +96,6 @@ ECHO_WARNING = (
 )
 
 T = TypeVar("T")
-
-Deliver = Callable[[Samples], None]
-"""Called by an input with each captured block, (frames,) or (frames, channels), on
-any thread; it must return at once."""
-
-
-class AudioInput(Protocol):
-    """Where speech comes from: a microphone, or arrays in tests."""
-
-    @property
-    def sample_rate(self) -> int: ...
-
-    def start(self, deliver: Deliver) -> None:
-        """Begin calling ``deliver`` with captured blocks (about 80 ms each)."""
-        ...
-
-    def stop(self) -> None: ...
-
-
-class AudioOutput(Protocol):
-    """Where the answer goes: a speaker through a jitter buffer, or a list in tests."""
-
-    @property
-    def sample_rate(self) -> int: ...
-
-    def start(self) -> None: ...
-
-    def play(self, samples: Samples) -> int:
-        """Queue mono float32 at ``sample_rate`` without blocking; returns samples dropped."""
-        ...
-
-    def finish(self) -> None:
-        """No more audio will come: play out what is queued, even below the prebuffer."""
-        ...
-
-    def pending_seconds(self) -> float:
-        """Audio queued but not yet played (the drain waits for 0)."""
-        ...
-
-    def stop(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -323,20 +295,6 @@ class Console:
             self._clear()
         else:
             self.printer.finish()
-
-
-async def device_call(fn: Callable[[], None], seconds: float) -> bool:
-    """Run a blocking audio-device call (start, stop) off the trio thread, bounded.
-
-    True when it returned in time. Otherwise the call is abandoned: its worker
-    thread stays blocked inside PortAudio (a stalled device's ``stop()`` may never
-    return) while the client goes on and exits; that one thread is the only one
-    this client leaves behind, and only in that case.
-    """
-    with trio.move_on_after(seconds):
-        await trio.to_thread.run_sync(fn, abandon_on_cancel=True)
-        return True
-    return False
 
 
 def jitter_of(sink: AudioOutput) -> JitterBuffer | None:
@@ -788,6 +746,7 @@ async def run_microphone_client(
     meter: bool = False,
     stall_seconds: float = STALL_SECONDS,
     device_stop_seconds: float = DEVICE_STOP_SECONDS,
+    echo_cancelled: bool = False,
 ) -> MicrophoneResult:
     """One live session: capture -> frame appends, deltas -> ``sink``, text -> ``out``.
 
@@ -808,7 +767,8 @@ async def run_microphone_client(
         stall_seconds=stall_seconds,
         device_stop_seconds=device_stop_seconds,
     )
-    print(ECHO_WARNING, file=err, flush=True)
+    if not echo_cancelled:
+        print(ECHO_WARNING, file=err, flush=True)
     async with connect(url, api_key=api_key, origin=origin) as conn:
         with trio.fail_after(event_timeout):
             updated = await conn.configure(system_prompt=system_prompt, seed=seed)
@@ -820,207 +780,6 @@ async def run_microphone_client(
 
 
 # --- sounddevice implementations of the seams -------------------------------------
-
-
-class AudioUnavailable(Exception):
-    """No PortAudio or no usable device: a one-line message and exit 2."""
-
-
-def load_sounddevice() -> ModuleType:
-    """Import sounddevice, turning a missing PortAudio library into AudioUnavailable."""
-    try:
-        import sounddevice
-    except OSError as exc:  # raised by sounddevice itself when libportaudio is absent
-        raise AudioUnavailable(
-            f"audio is unavailable: {exc} (install PortAudio, e.g. "
-            "'apt-get install libportaudio2' or 'brew install portaudio')"
-        ) from None
-    except ImportError:
-        raise AudioUnavailable(
-            "audio is unavailable: the sounddevice package is not installed "
-            "(pip install 'realtime[clients]')"
-        ) from None
-    return cast(ModuleType, sounddevice)
-
-
-def pick_rate(
-    check: Callable[..., None],
-    device: Any,
-    *,
-    requested: int | None,
-    preferred: int,
-    default: float,
-    what: str,
-) -> tuple[int, str | None]:
-    """The device's rate and, when it is not the one asked for, a notice saying why.
-
-    ``requested`` (a ``--*-rate`` flag) first, then the model's own rate
-    (``preferred``), then the device's default; audio is resampled to and from
-    the model's rates whichever is used.
-    """
-
-    def takes(rate: float) -> bool:
-        try:
-            check(device=device, samplerate=rate, channels=1, dtype="float32")
-            return True
-        except Exception:
-            return False
-
-    if requested is not None:
-        if takes(requested):
-            return requested, None
-        fallback = preferred if takes(preferred) else int(default)
-        return fallback, (
-            f"the {what} device does not support {requested} Hz; using {fallback} Hz "
-            f"(resampled to and from the model's {preferred} Hz automatically)"
-        )
-    if takes(preferred):
-        return preferred, None
-    return int(default), None
-
-
-PREFERRED_RATES: Final = {
-    "input": VOICECHAT_FIGURES.input_sample_rate,
-    "output": VOICECHAT_FIGURES.output_sample_rate,
-}
-"""VoiceChat's rates, asked of a device first. The devices open before there is a
-session, so this is only a preference: audio is resampled to and from whatever rates
-``session.updated`` states."""
-
-
-def _choose_rate(
-    sd: ModuleType, device: str | int | None, kind: str, requested: int | None
-) -> tuple[int, str | None, str]:
-    """The ``kind`` ("input" or "output") device's rate, its notice and its name."""
-    info = sd.query_devices(device, kind)
-    rate, notice = pick_rate(
-        sd.check_input_settings if kind == "input" else sd.check_output_settings,
-        device,
-        requested=requested,
-        preferred=PREFERRED_RATES[kind],
-        default=info["default_samplerate"],
-        what=kind,
-    )
-    return rate, notice, str(info["name"])
-
-
-def _close_stream(stream: Any) -> None:
-    """Stop and close a PortAudio stream; blocks (see :func:`device_call`)."""
-    if stream is not None:
-        stream.stop()
-        stream.close()
-
-
-class SoundDeviceInput:
-    """A PortAudio input stream delivering ~80 ms mono float32 blocks."""
-
-    def __init__(self, sd: ModuleType, device: str | int | None, rate: int | None = None) -> None:
-        self._sd = sd
-        self._device = device
-        self._rate, self.notice, self.name = _choose_rate(sd, device, "input", rate)
-        self._stream: Any = None
-
-    @property
-    def sample_rate(self) -> int:
-        return self._rate
-
-    def start(self, deliver: Deliver) -> None:
-        def callback(indata: Any, frames: int, time: Any, status: Any) -> None:
-            deliver(indata[:, 0])
-
-        self._stream = self._sd.InputStream(
-            device=self._device,
-            samplerate=self._rate,
-            channels=1,
-            dtype="float32",
-            blocksize=int(self._rate * FRAME_SECONDS),
-            callback=callback,
-        )
-        self._stream.start()
-
-    def stop(self) -> None:
-        """Blocks until PortAudio has stopped the stream (forever on some stalled
-        devices): the client calls it through :func:`device_call`."""
-        stream, self._stream = self._stream, None
-        _close_stream(stream)
-
-
-class BufferedOutput:
-    """An :class:`AudioOutput` fed through a :class:`JitterBuffer`; a subclass starts and
-    stops whatever pulls from the buffer (a PortAudio callback, a thread in tests)."""
-
-    def __init__(self, sample_rate: int, buffer: JitterBuffer) -> None:
-        self._rate = sample_rate
-        self.buffer = buffer
-
-    @property
-    def sample_rate(self) -> int:
-        return self._rate
-
-    def play(self, samples: Samples) -> int:
-        return self.buffer.push(samples)
-
-    def finish(self) -> None:
-        self.buffer.finish()
-
-    def pending_seconds(self) -> float:
-        return self.buffer.buffered / self._rate
-
-
-class SoundDeviceOutput(BufferedOutput):
-    """A PortAudio output stream fed from an adaptive :class:`JitterBuffer`."""
-
-    def __init__(
-        self,
-        sd: ModuleType,
-        device: str | int | None,
-        rate: int | None = None,
-        *,
-        buffer_seconds: float = 3.0,
-        prebuffer_seconds: float = 0.16,
-    ) -> None:
-        self._sd = sd
-        self._device = device
-        chosen, self.notice, self.name = _choose_rate(sd, device, "output", rate)
-        super().__init__(
-            chosen,
-            JitterBuffer(
-                int(buffer_seconds * chosen), int(prebuffer_seconds * chosen), sample_rate=chosen
-            ),
-        )
-        self._stream: Any = None
-
-    def start(self) -> None:
-        def callback(outdata: Any, frames: int, time: Any, status: Any) -> None:
-            outdata[:, 0] = self.buffer.pull(frames)
-
-        self._stream = self._sd.OutputStream(
-            device=self._device,
-            samplerate=self._rate,
-            channels=1,
-            dtype="float32",
-            callback=callback,
-        )
-        self._stream.start()
-
-    def stop(self) -> None:
-        stream, self._stream = self._stream, None
-        _close_stream(stream)
-
-
-def _device_arg(text: str | None) -> str | int | None:
-    """Device by index when numeric, else by (a unique part of) its name, as
-    sounddevice matches it; ``--list-devices`` shows both."""
-    if text is None:
-        return None
-    return int(text) if text.strip().isdigit() else text
-
-
-def list_devices(sd: ModuleType, out: TextIO) -> None:
-    devices = sd.query_devices()
-    if len(devices) == 0:
-        raise AudioUnavailable("no audio devices found")
-    print(devices, file=out)
 
 
 async def _forward_signals(signals: Any, send: trio.MemorySendChannel[None]) -> None:
@@ -1076,6 +835,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="a live level/latency line (default: on when stderr is a terminal)",
     )
+    p.add_argument(
+        "--echo-cancellation",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="take the speaker's echo out of the microphone (WebRTC's canceller, from "
+        "LiveKit's SDK in realtime[clients]), so the model does not hear itself "
+        "(default: on when installed; --no-echo-cancellation: use headphones)",
+    )
+    p.add_argument(
+        "--noise-suppression",
+        action="store_true",
+        help="with echo cancellation: also suppress steady background noise",
+    )
     p.add_argument("--list-devices", action="store_true", help="list audio devices and exit")
     return p
 
@@ -1084,16 +856,24 @@ def _open_devices(args: argparse.Namespace) -> tuple[SoundDeviceInput, SoundDevi
     """The two PortAudio devices the flags name; AudioUnavailable when there are none."""
     sd = load_sounddevice()
     try:
-        source = SoundDeviceInput(sd, _device_arg(args.input_device), args.input_rate)
-        sink = SoundDeviceOutput(sd, _device_arg(args.output_device), args.output_rate)
+        source = SoundDeviceInput(sd, device_arg(args.input_device), args.input_rate)
+        sink = SoundDeviceOutput(sd, device_arg(args.output_device), args.output_rate)
     except (ValueError, sd.PortAudioError) as exc:
         raise AudioUnavailable(f"no usable audio device: {exc} (see --list-devices)") from None
-    for notice in (source.notice, sink.notice):
+    notices = [source.notice, sink.notice]
+    if args.echo_cancellation:
+        canceller, why = echo_canceller(
+            source.sample_rate, noise_suppression=args.noise_suppression
+        )
+        source.echo = sink.echo = canceller
+        notices.append(why and f"{why}; running without (use headphones)")
+    for notice in notices:
         if notice:
             print(f"note: {notice}", file=sys.stderr)
+    cancelling = "on" if source.echo is not None else "off"
     print(
         f"input: {source.name} at {source.sample_rate} Hz; "
-        f"output: {sink.name} at {sink.sample_rate} Hz",
+        f"output: {sink.name} at {sink.sample_rate} Hz; echo cancellation {cancelling}",
         file=sys.stderr,
     )
     return source, sink
@@ -1120,6 +900,7 @@ async def _session(
                     api_key=args.api_key,
                     origin=args.origin,
                     meter=meter,
+                    echo_cancelled=getattr(source, "echo", None) is not None,
                 )
             except (ClientError, Interrupted) as exc:
                 failure = exc  # re-raised outside the nursery: no ExceptionGroup
