@@ -14,14 +14,6 @@ OUT_RATE = 22_050
 BLOCK = 1280  # the microphone's 80 ms blocks
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def room(far: np.ndarray, delay: int) -> np.ndarray:
     """The echo a microphone hears: the speaker ``delay`` samples late, with three
     reflections, quieter."""
@@ -37,8 +29,7 @@ def run(
     """Play speech through the canceller's output side and capture its echo, 10 ms
     callbacks out and 80 ms blocks in, on one clock."""
     pytest.importorskip("livekit.rtc", reason="livekit is not installed (realtime[clients])")
-    clock = Clock()
-    canceller = EchoCanceller(RATE, output_latency=output_latency, clock=clock)
+    canceller = EchoCanceller(RATE, output_latency=output_latency)
     frames = int(seconds / 0.08)
     far16 = speechlike(frames, seed=5)
     from realtime.audio import resample
@@ -52,7 +43,6 @@ def run(
         for _ in range(8):
             canceller.played(far_out[played : played + out_step], OUT_RATE)
             played += out_step
-            clock.now += 0.01
         piece = heard[block * BLOCK : (block + 1) * BLOCK]
         captured.append(piece)
         cleaned.append(canceller.clean(piece))
@@ -64,7 +54,10 @@ def test_the_echo_of_what_is_played_is_taken_out() -> None:
     erle = erle_db(captured, cleaned, skip_seconds=2.0, rate=RATE)
     print(f"ERLE after the first 2 s: {erle:.1f} dB (synthetic room)")
     assert erle >= 15.0
-    assert canceller.pieces == canceller.far_pieces == captured.size // 160
+    assert canceller.pieces == captured.size // 160
+    assert (
+        canceller.pieces - 10 <= canceller.far_pieces <= canceller.pieces
+    )  # the resampler's delay
 
 
 def test_the_canceller_refuses_what_it_cannot_do() -> None:

@@ -211,6 +211,7 @@ class SoundDeviceInput:
             channels=1,
             dtype="float32",
             blocksize=int(self._rate * FRAME_SECONDS),
+            latency="high" if echo is None else "low",
             callback=callback,
         )
         if echo is not None:
@@ -286,6 +287,7 @@ class SoundDeviceOutput(BufferedOutput):
             channels=1,
             dtype="float32",
             blocksize=0 if echo is None else int(self._rate * ECHO_BLOCK_SECONDS),
+            latency="high" if echo is None else "low",
             callback=callback,
         )
         if echo is not None:

@@ -9,16 +9,16 @@ and Windows, and already what LiveKit's agents run on. It is optional: install
 ``realtime[clients]``; without it :func:`echo_canceller` says why and the client
 runs without.
 
-The canceller works on 10 ms pieces at the capture rate. What the speaker plays is
-handed to :meth:`EchoCanceller.played` from the output callback, resampled to the
-capture rate and laid on a timeline at the time it will be heard (now plus the
-output device's reported latency); each captured block is handed to
-:meth:`EchoCanceller.clean` from the input callback and laid on the same timeline at
-the time it was heard (now less the input latency and the block). Every 10 ms of
-capture is then processed right after the 10 ms of far end played at the same time,
-so the module only has the room's echo path left to find. Both sides run on
-PortAudio's threads and meet under one short lock; the module itself is only called
-from the capture side.
+The canceller works on 10 ms pieces at the capture rate, as WebRTC's module is meant
+to be driven: what the speaker plays goes to :meth:`EchoCanceller.played` from the
+output callback (which runs every 10 ms while a canceller listens), resampled to the
+capture rate and handed to the module at once as the far end; each captured block
+goes to :meth:`EchoCanceller.clean` from the input callback, 10 ms at a time, with
+the devices' reported latencies (output plus input) as the module's delay hint.
+The module's own delay estimator finds the rest of the echo path. Its two sides run
+on PortAudio's two threads and take turns under one short lock. The streams ask for
+PortAudio's low latency while a canceller listens: a deep output buffer (PulseAudio's
+default is over a second) is a delay the hint does not know.
 
 Limits: the two devices' clocks are assumed to run at the same rate (a long session
 on two devices with different crystals drifts; WebRTC's delay estimator follows a
@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import importlib
 import threading
-import time
-from collections.abc import Callable
 from typing import Any, Final
 
 import numpy as np
@@ -45,11 +43,6 @@ RATES: Final = (8000, 16000, 32000, 48000)
 
 PIECE_SECONDS: Final = 0.01
 """The module's frame: 10 ms."""
-
-MAX_FAR_SECONDS: Final = 2.0
-"""Far-end audio kept ahead of the capture side at most (the rest is old)."""
-
-Clock = Callable[[], float]
 
 
 class EchoUnavailable(Exception):
@@ -70,10 +63,11 @@ def load_apm() -> Any:
 class EchoCanceller:
     """WebRTC's echo canceller between a speaker and a microphone at ``rate`` Hz.
 
-    ``played(samples, rate)`` is called with what the speaker plays, ``clean(block)``
-    with what the microphone captured; it returns the block with the speaker's echo
-    taken out (float32 in [-1, 1], the same length). ``output_latency`` and
-    ``input_latency`` are the devices' reported latencies in seconds.
+    ``played(samples, rate)`` is called with what the speaker plays, as it is handed
+    to the device; ``clean(block)`` with what the microphone captured, as it arrives;
+    it returns the block with the speaker's echo taken out (float32 in [-1, 1], the
+    same length). ``output_latency`` and ``input_latency`` are the devices' reported
+    latencies in seconds: their sum is the module's delay hint.
     """
 
     def __init__(
@@ -83,7 +77,6 @@ class EchoCanceller:
         noise_suppression: bool = False,
         output_latency: float = 0.0,
         input_latency: float = 0.0,
-        clock: Clock = time.monotonic,
         rtc: Any = None,
     ) -> None:
         if rate not in RATES:
@@ -100,39 +93,45 @@ class EchoCanceller:
         self._apm = self.rtc.AudioProcessingModule(
             echo_cancellation=True, noise_suppression=noise_suppression, high_pass_filter=True
         )
-        self._clock = clock
         self._lock = threading.Lock()
+        """One call into the module at a time (the two sides run on two threads)."""
         self._resamplers: dict[int, StreamResampler] = {}
-        self._far = np.zeros(0, np.float32)
-        self._far_start: float | None = None
-        """The time the first sample of ``_far`` is heard."""
-        self._near_at: float | None = None
-        """The time the next captured sample was heard (counted in samples since the
-        first block, so the capture side's timeline does not jitter)."""
+        self._far_pending = np.zeros(0, np.float32)
         self._near_pending = np.zeros(0, np.float32)
         self.pieces = 0
         """10 ms pieces of capture cleaned."""
         self.far_pieces = 0
-        """10 ms pieces of far end given to the module (silence where none was played)."""
+        """10 ms pieces of far end given to the module."""
+
+    @property
+    def delay_ms(self) -> int:
+        """The module's delay hint: from a sample handed to the speaker to its echo
+        handed back by the microphone, as the devices report their latencies."""
+        return round((self.output_latency + self.input_latency) * 1000)
+
+    def _frame(self, piece: Samples) -> Any:
+        """10 ms as LiveKit's PCM16 frame (the module cleans it in place)."""
+        return self.rtc.AudioFrame(_pcm(piece), self.rate, 1, self.piece)
 
     # --- the output side ------------------------------------------------------------
 
     def played(self, samples: Samples, rate: int) -> None:
-        """``samples`` (mono float) go to the speaker now, at ``rate`` Hz; on the output
-        callback's thread."""
+        """``samples`` (mono float at ``rate`` Hz) go to the speaker now; on the output
+        callback's thread. Each whole 10 ms goes to the module at once."""
         resampler = self._resamplers.get(rate)
         if resampler is None:
             resampler = self._resamplers[rate] = StreamResampler(rate, self.rate)
         x = resampler.process(np.asarray(samples, np.float32).reshape(-1))
-        heard_at = self._clock() + self.output_latency
-        with self._lock:
-            if self._far_start is None:
-                self._far_start = heard_at
-            self._far = np.concatenate([self._far, x])
-            excess = self._far.size - int(MAX_FAR_SECONDS * self.rate)
-            if excess > 0:
-                self._far = self._far[excess:]
-                self._far_start += excess / self.rate
+        data = np.concatenate([self._far_pending, x])
+        whole = data.size // self.piece * self.piece
+        for start in range(0, whole, self.piece):
+            frame = self.rtc.AudioFrame(
+                _pcm(data[start : start + self.piece]), self.rate, 1, self.piece
+            )
+            with self._lock:
+                self._apm.process_reverse_stream(frame)
+                self.far_pieces += 1
+        self._far_pending = data[whole:]
 
     # --- the input side -------------------------------------------------------------
 
@@ -141,52 +140,23 @@ class EchoCanceller:
         on the input callback's thread. Whole 10 ms pieces are processed; a block that
         is not a multiple of 10 ms comes back delayed by its remainder."""
         x = np.asarray(block, np.float32).reshape(-1)
-        if self._near_at is None:
-            self._near_at = self._clock() - self.input_latency - x.size / self.rate
         data = np.concatenate([self._near_pending, x])
         whole = data.size // self.piece * self.piece
         out = np.empty(whole, np.float32)
         for start in range(0, whole, self.piece):
-            far = self._far_at(self._near_at)
-            out[start : start + self.piece] = self._process(data[start : start + self.piece], far)
-            self._near_at += self.piece / self.rate
+            frame = self.rtc.AudioFrame(
+                _pcm(data[start : start + self.piece]), self.rate, 1, self.piece
+            )
+            with self._lock:
+                self._apm.set_stream_delay_ms(self.delay_ms)
+                self._apm.process_stream(frame)
+                self.pieces += 1
+            cleaned = np.frombuffer(bytes(frame.data), dtype=np.int16)
+            out[start : start + self.piece] = cleaned.astype(np.float32) / 32768.0
         self._near_pending = data[whole:]
         if out.size == x.size:
             return out
-        return np.concatenate([np.zeros(x.size - out.size, np.float32), out])[-x.size :]
-
-    def _far_at(self, heard_at: float) -> Samples | None:
-        """The 10 ms of far end heard at ``heard_at``; what was played before it is let
-        go. None while nothing was played then."""
-        with self._lock:
-            if self._far_start is None:
-                return None
-            skip = round((heard_at - self._far_start) * self.rate)
-            if skip < 0:
-                return None  # heard before the speaker's first sample
-            if skip >= self._far.size:
-                self._far_start += self._far.size / self.rate
-                self._far = self._far[:0]
-                return None
-            piece = self._far[skip : skip + self.piece]
-            self._far = self._far[skip + piece.size :]
-            self._far_start += (skip + piece.size) / self.rate
-        if piece.size < self.piece:
-            piece = np.concatenate([piece, np.zeros(self.piece - piece.size, np.float32)])
-        return piece
-
-    def _process(self, near: Samples, far: Samples | None) -> Samples:
-        rtc = self.rtc
-        reverse = far if far is not None else np.zeros(self.piece, np.float32)
-        frame = rtc.AudioFrame(_pcm(reverse), self.rate, 1, self.piece)
-        self._apm.process_reverse_stream(frame)
-        self.far_pieces += 1
-        frame = rtc.AudioFrame(_pcm(near), self.rate, 1, self.piece)
-        self._apm.set_stream_delay_ms(0)  # aligned on the timeline above
-        self._apm.process_stream(frame)
-        self.pieces += 1
-        cleaned = np.frombuffer(bytes(frame.data), dtype=np.int16)
-        return cleaned.astype(np.float32) / 32768.0
+        return np.concatenate([np.zeros(x.size, np.float32), out])[-x.size :]
 
 
 def _pcm(x: Samples) -> bytearray:
