@@ -407,6 +407,9 @@ def test_browser_page_streams_in_headless_chromium(
     assert page.text_content("#stat-rtf") == DASH
     assert page.text_content("#stat-rtt").startswith(DASH + " (median ")
     assert "underruns" in ended and page.text_content("#stat-dropped").endswith(" ms")
+    played = {k: final.get(k) for k in ("underruns", "caughtUpMs", "droppedMs")}
+    played |= {f"live {k}": figures.get(k) for k in ("targetMs", "latencyMs", "bufferedMs")}
+    print(f"\nplayback in the plain exchange: {played}")  # figures, not asserts
 
     # Every turn plays again: a mono WAV of its stretch of the timeline.
     replays = page.locator("#conversation .turn .replay")
@@ -918,7 +921,7 @@ def test_browser_page_follows_the_session_figures(
     assert server.appends and all(a == (server.IN_RATE, server.FRAME) for a in server.appends)
     assert "(40 ms PCM16 each)" in page.text_content("#log")
     assert "(40 ms of silence each, after Stop)" in page.text_content("#log")
-    assert "You · 1.0 s" in page.text_content("#conversation")
+    assert "You · at 1.0 s" in page.text_content("#conversation")
     assert int(final["audioDeltas"]) == len(server.appends) == int(final["lastFrameIndex"]) + 1
     page.wait_for_selector("#downloads:not([hidden])")
     with page.expect_download() as wav_download:

@@ -458,3 +458,11 @@ async def test_file_client_retry_waits_for_the_busy_server(tmp_path: Path) -> No
         engine.shutdown()
     assert retried.returncode == 0, retried.stderr
     assert "retrying in 1 s (1 of 5)" in retried.stderr
+
+
+def test_every_client_flag_has_help() -> None:
+    import voicechat_microphone
+
+    for parser in (fc.build_parser(), voicechat_microphone.build_parser()):
+        for action in parser._actions:
+            assert action.help, (parser.prog, action.option_strings or action.dest)
