@@ -16,17 +16,13 @@ import trio
 import trio_websocket
 
 from realtime.audio import load_input_wav, write_wav_pcm16
+from realtime.client import ClientError, ServerBusy
+from realtime.client import files as fc
+from realtime.client.cli import TranscriptPrinter
 from realtime.engine import Engine
 from realtime.models.base import VOICECHAT_FIGURES
 from realtime.models.fake import FakeModel, FakeOptions
 from tests.helpers import REPO, ServerProcess, connect, running_server, start_realtime_server
-
-sys.path.insert(0, str(REPO / "examples"))
-
-import voicechat_file_client as fc
-from _common import TranscriptPrinter
-
-from realtime.client import ClientError, ServerBusy
 
 SCRIPT = REPO / "examples" / "voicechat_file_client.py"
 FRAME_SAMPLES = VOICECHAT_FIGURES.frame_samples
@@ -399,9 +395,8 @@ def test_concurrent_file_clients_each_equal_generate_stream(
 
 async def test_retrying_busy_waits_as_told_then_gives_up(autojump_clock: object) -> None:
     """Retry-After when the server sent one, else 1, 2, 4 ... s; the last busy raised."""
-    from _common import retrying_busy
-
     from realtime.client import BusyUpgrade
+    from realtime.client.cli import retrying_busy
 
     attempts: list[float] = []
 
@@ -461,8 +456,9 @@ async def test_file_client_retry_waits_for_the_busy_server(tmp_path: Path) -> No
 
 
 def test_every_client_flag_has_help() -> None:
-    import voicechat_microphone
+    import runpy
 
-    for parser in (fc.build_parser(), voicechat_microphone.build_parser()):
+    for script in ("voicechat_file_client.py", "voicechat_microphone.py"):
+        parser = runpy.run_path(str(REPO / "examples" / script))["build_parser"]()
         for action in parser._actions:
             assert action.help, (parser.prog, action.option_strings or action.dest)

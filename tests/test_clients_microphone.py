@@ -29,6 +29,7 @@ from realtime.client import (
     TranscriptDelta,
     encode_pcm16,
 )
+from realtime.client import live as mic
 from realtime.client.devices import (
     BufferedOutput,
     SoundDeviceInput,
@@ -41,10 +42,6 @@ from realtime.engine import Engine
 from realtime.models.base import VOICECHAT_FIGURES, Samples
 from realtime.models.fake import FakeModel, FakeOptions
 from tests.helpers import REPO, ServerProcess, running_server
-
-sys.path.insert(0, str(REPO / "examples"))
-
-import voicechat_microphone as mic
 
 SCRIPT = REPO / "examples" / "voicechat_microphone.py"
 FRAME_SAMPLES = VOICECHAT_FIGURES.frame_samples

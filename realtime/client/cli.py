@@ -1,29 +1,21 @@
-"""What the two example clients share beyond :mod:`realtime.client`: exit codes and
-their flags, audio checks, live transcript printing, framing and stream resampling.
+"""What command-line clients share beyond the protocol: exit codes and their flags,
+retrying a busy server, audio checks, live transcript printing and framing.
 
-``voicechat_file_client.py`` and ``voicechat_microphone.py`` speak ``/v1/realtime``
-through :mod:`realtime.client` (see docs/client.md); what is left here is what a
-command-line client needs on top of it. Both scripts import it before :mod:`realtime`:
-run from a checkout where ``realtime`` is not installed, it puts the checkout on
-``sys.path``.
+``examples/voicechat_file_client.py`` and ``examples/voicechat_microphone.py`` are
+built on it (see docs/client.md); so can any other terminal client.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
-import importlib.util
 import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any, Final, TextIO, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 import trio
-
-if importlib.util.find_spec("realtime") is None:  # a script run from an uninstalled checkout
-    sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from realtime.client import (
     AudioDelta,
