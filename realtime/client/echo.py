@@ -33,6 +33,7 @@ import threading
 from typing import Any, Final
 
 import numpy as np
+import numpy.typing as npt
 
 from realtime.audio import float_to_pcm16
 from realtime.client.devices import StreamResampler
@@ -183,7 +184,9 @@ def echo_canceller(
     return canceller, None
 
 
-def erle_db(captured: Samples, cleaned: Samples, *, skip_seconds: float, rate: int) -> float:
+def erle_db(
+    captured: npt.ArrayLike, cleaned: npt.ArrayLike, *, skip_seconds: float, rate: int
+) -> float:
     """Echo return loss enhancement: how far the canceller took the echo down, in dB
     (captured power over cleaned power), leaving out the first ``skip_seconds`` (the
     canceller's convergence). Measured over echo alone (no near-end speech)."""

@@ -86,12 +86,12 @@ async def _livekit(http: str) -> Result:
     rtc = importlib.import_module("livekit.rtc")
     called: list[dict[str, Any]] = []
 
-    @llm.function_tool
-    async def get_weather(city: City) -> str:
+    async def handler(city: City) -> str:
         """The weather in a city."""
         called.append({"city": city})
         return weather(city)
 
+    get_weather = llm.function_tool(handler, name="get_weather")
     tools = llm.ToolContext([get_weather])
     async with session(http) as (conversation, seen):
         await conversation.update_tools([get_weather])
@@ -132,11 +132,12 @@ async def _agents(ws_url: str) -> Result:
 
     called: list[dict[str, Any]] = []
 
-    @function_tool
-    def get_weather(city: City) -> str:
+    def handler(city: City) -> str:
         """The weather in a city."""
         called.append({"city": city})
         return weather(city)
+
+    get_weather = function_tool(handler, name_override="get_weather")
 
     agent: RealtimeAgent[Any] = RealtimeAgent(name="assistant", tools=[get_weather])
     config: Any = {"url": ws_url, "api_key": API_KEY, "initial_model_settings": {}}
