@@ -149,8 +149,12 @@ def add_answer_options(
     the silence appended. ``realtime generate`` and the example file client, whose
     output must match it byte for byte, spell them alike; each checks the values with
     its own messages (``seed``, ``extra_seconds``)."""
-    parser.add_argument("--system-prompt", default=None)
-    parser.add_argument("--seed", type=seed, default=0)
+    parser.add_argument(
+        "--system-prompt", default=None, metavar="TEXT", help="the model's instructions"
+    )
+    parser.add_argument(
+        "--seed", type=seed, default=0, metavar="N", help="random seed (default %(default)s)"
+    )
     parser.add_argument(
         "--extra-seconds",
         type=extra_seconds,

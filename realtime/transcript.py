@@ -33,6 +33,7 @@ class TranscriptPrinter:
                 self.out.write("\n")
             self.out.write(f"[{channel}] ")
             self.channel = channel
+            delta = delta.lstrip()  # a turn's first token may carry the word's space
         self.out.write(delta.replace("\n", " "))
         self.out.flush()
 

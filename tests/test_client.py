@@ -229,7 +229,8 @@ async def test_http_503_before_the_upgrade_is_busy_with_its_retry_after(
     timeout) is busy, like 1013: ServerBusy, its message and wait kept."""
     import trio_websocket
 
-    body = json.dumps({"error": {"code": "server_busy", "message": "no realtime replica is free"}})
+    said = "no realtime replica is free; try again in a few seconds"  # HAProxy's page
+    body = json.dumps({"error": {"code": "server_busy", "message": said}})
 
     async def handler(request: trio_websocket.WebSocketRequest) -> None:
         await request.reject(503, extra_headers=headers, body=body.encode())
@@ -244,10 +245,31 @@ async def test_http_503_before_the_upgrade_is_busy_with_its_retry_after(
     busy = caught.value
     assert isinstance(busy, rc.BusyUpgrade) and isinstance(busy, rc.UpgradeRejected)
     assert busy.status == 503 and busy.retry_after == wait
-    assert busy.message == "no realtime replica is free"
+    assert busy.message == said
     text = str(busy)
     assert text.startswith("server busy (HTTP 503") and "no realtime replica is free" in text
     assert ("try again in 5 s" if wait else "try again later") in text
+    assert text.count("try again") == 1, text  # one retry hint, not the page's and ours
+
+
+async def test_a_wrong_path_is_told_the_endpoint(engine: Engine) -> None:
+    """No path (HTTP 400 from the page's route) and an unknown one (404) both name the
+    endpoint."""
+    async with running_server(engine) as server:
+        root = server.url.removesuffix("/v1/realtime")
+        for url in (root + "/", root + "/v1/realtim"):
+            with pytest.raises(rc.UpgradeRejected) as caught:
+                async with rc.connect(url):
+                    pass
+            assert "the endpoint is ws://HOST:PORT/v1/realtime" in str(caught.value), url
+
+
+def test_every_other_refused_upgrade_says_what_to_check() -> None:
+    import trio_websocket
+
+    refused = trio_websocket.ConnectionRejected(500, (), b"boom")
+    text = str(rc._rejected("ws://h:1/v1/realtime", refused))
+    assert "HTTP 500" in text and "check the URL" in text
 
 
 def test_check_url_refuses_what_connect_would() -> None:

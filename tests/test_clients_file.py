@@ -16,17 +16,13 @@ import trio
 import trio_websocket
 
 from realtime.audio import load_input_wav, write_wav_pcm16
+from realtime.client import ClientError, ServerBusy
+from realtime.client import files as fc
+from realtime.client.cli import TranscriptPrinter
 from realtime.engine import Engine
 from realtime.models.base import VOICECHAT_FIGURES
 from realtime.models.fake import FakeModel, FakeOptions
 from tests.helpers import REPO, ServerProcess, connect, running_server, start_realtime_server
-
-sys.path.insert(0, str(REPO / "examples"))
-
-import voicechat_file_client as fc
-from _common import TranscriptPrinter
-
-from realtime.client import ClientError, ServerBusy
 
 SCRIPT = REPO / "examples" / "voicechat_file_client.py"
 FRAME_SAMPLES = VOICECHAT_FIGURES.frame_samples
@@ -191,7 +187,11 @@ async def test_file_client_script_exit_codes(engine: Engine, tmp_path: Path) -> 
         async with connect(server.url) as holder:
             await holder.configure()
             results["busy"] = await script(server.url)
-    expected = {"wrong path": (4, "HTTP 404"), "origin": (6, "HTTP 403"), "busy": (7, "busy")}
+    expected = {
+        "wrong path": (4, "the endpoint is ws://HOST:PORT/v1/realtime"),
+        "origin": (6, "HTTP 403"),
+        "busy": (7, "--retry N"),
+    }
     for name, (code, needle) in expected.items():
         rc, err = results[name]
         assert rc == code, (name, err)
@@ -398,9 +398,8 @@ def test_concurrent_file_clients_each_equal_generate_stream(
 
 async def test_retrying_busy_waits_as_told_then_gives_up(autojump_clock: object) -> None:
     """Retry-After when the server sent one, else 1, 2, 4 ... s; the last busy raised."""
-    from _common import retrying_busy
-
     from realtime.client import BusyUpgrade
+    from realtime.client.cli import retrying_busy
 
     attempts: list[float] = []
 
@@ -457,3 +456,12 @@ async def test_file_client_retry_waits_for_the_busy_server(tmp_path: Path) -> No
         engine.shutdown()
     assert retried.returncode == 0, retried.stderr
     assert "retrying in 1 s (1 of 5)" in retried.stderr
+
+
+def test_every_client_flag_has_help() -> None:
+    import runpy
+
+    for script in ("voicechat_file_client.py", "voicechat_microphone.py"):
+        parser = runpy.run_path(str(REPO / "examples" / script))["build_parser"]()
+        for action in parser._actions:
+            assert action.help, (parser.prog, action.option_strings or action.dest)

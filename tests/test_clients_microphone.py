@@ -29,15 +29,19 @@ from realtime.client import (
     TranscriptDelta,
     encode_pcm16,
 )
+from realtime.client import live as mic
+from realtime.client.devices import (
+    BufferedOutput,
+    SoundDeviceInput,
+    SoundDeviceOutput,
+    StreamResampler,
+    pick_rate,
+)
+from realtime.client.playback import JitterBuffer
 from realtime.engine import Engine
 from realtime.models.base import VOICECHAT_FIGURES, Samples
 from realtime.models.fake import FakeModel, FakeOptions
 from tests.helpers import REPO, ServerProcess, running_server
-
-sys.path.insert(0, str(REPO / "examples"))
-
-import voicechat_microphone as mic
-from _common import StreamResampler
 
 SCRIPT = REPO / "examples" / "voicechat_microphone.py"
 FRAME_SAMPLES = VOICECHAT_FIGURES.frame_samples
@@ -76,12 +80,12 @@ class ArrayInput:
         self.stopped.set()
 
 
-class ArrayOutput(mic.BufferedOutput):
+class ArrayOutput(BufferedOutput):
     """A 'speaker': a real JitterBuffer emptied by a thread at (sped-up) device pace."""
 
     def __init__(self, sample_rate: int, speed: float = 4.0) -> None:
         super().__init__(
-            sample_rate, mic.JitterBuffer(capacity=10 * sample_rate, prebuffer=sample_rate // 10)
+            sample_rate, JitterBuffer(capacity=10 * sample_rate, prebuffer=sample_rate // 10)
         )
         self.pushed: list[Samples] = []
         self.played: list[Samples] = []
@@ -186,7 +190,7 @@ async def test_microphone_second_interrupt_quits() -> None:
 
 
 def test_jitter_buffer_prebuffers_and_counts_underruns() -> None:
-    jb = mic.JitterBuffer(capacity=100, prebuffer=30)
+    jb = JitterBuffer(capacity=100, prebuffer=30)
     jb.push(np.ones(20, np.float32))
     assert not jb.pull(10).any()  # still below the prebuffer: silence, nothing consumed
     assert jb.buffered == 20
@@ -199,7 +203,7 @@ def test_jitter_buffer_prebuffers_and_counts_underruns() -> None:
 
 
 def test_jitter_buffer_drops_oldest_on_overflow() -> None:
-    jb = mic.JitterBuffer(capacity=10, prebuffer=0)
+    jb = JitterBuffer(capacity=10, prebuffer=0)
     assert jb.push(np.arange(6, dtype=np.float32)) == 0
     assert jb.push(np.arange(6, 12, dtype=np.float32)) == 2
     assert jb.pull(10).tolist() == list(range(2, 12))
@@ -208,7 +212,7 @@ def test_jitter_buffer_drops_oldest_on_overflow() -> None:
 
 
 def test_jitter_buffer_finish_plays_below_prebuffer() -> None:
-    jb = mic.JitterBuffer(capacity=100, prebuffer=50)
+    jb = JitterBuffer(capacity=100, prebuffer=50)
     jb.push(np.ones(10, np.float32))
     assert not jb.pull(10).any()
     jb.finish()
@@ -363,8 +367,8 @@ class _FakePortAudio:
 async def test_sounddevice_seam_resamples_and_plays(engine: Engine) -> None:
     """The real PortAudio adapters, on a fake PortAudio that only offers 48 kHz."""
     fake = _FakePortAudio(_speech_like(0.5, 48_000, channels=1), 48_000)
-    source = mic.SoundDeviceInput(fake, None)  # type: ignore[arg-type]
-    sink = mic.SoundDeviceOutput(fake, None)  # type: ignore[arg-type]
+    source = SoundDeviceInput(fake, None)  # type: ignore[arg-type]
+    sink = SoundDeviceOutput(fake, None)  # type: ignore[arg-type]
     assert source.sample_rate == 48_000 and sink.sample_rate == 48_000  # 16k/22k refused
     send, recv = trio.open_memory_channel[None](1)
     async with running_server(engine) as server:
@@ -442,12 +446,16 @@ def OutputStream(**kw):
 """
 
 
-async def test_microphone_script_first_ctrl_c_commits(engine: Engine, tmp_path: Path) -> None:
-    """The real script and its SIGINT handling, on a fake PortAudio module."""
+@pytest.mark.parametrize("flags", [(), ("--no-echo-cancellation",)])
+async def test_microphone_script_first_ctrl_c_commits(
+    engine: Engine, tmp_path: Path, flags: tuple[str, ...]
+) -> None:
+    """The real script and its SIGINT handling, on a fake PortAudio module; echo
+    cancellation on by default (LiveKit's SDK is a dev dependency), or off."""
     env = _fake_sounddevice(tmp_path, FAKE_PORTAUDIO_MODULE)
     async with running_server(engine) as server:
         proc = await trio.lowlevel.open_process(
-            [sys.executable, str(SCRIPT), server.url, "--system-prompt", "Hi."],
+            [sys.executable, str(SCRIPT), server.url, "--system-prompt", "Hi.", *flags],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
@@ -469,7 +477,9 @@ async def test_microphone_script_first_ctrl_c_commits(engine: Engine, tmp_path: 
     text = err.decode()
     assert code == 0, text
     assert "committed" in text and "Traceback" not in text
-    assert "no echo cancellation" in text and "at 48000 Hz" in text
+    cancelling = not flags
+    assert ("no echo cancellation" in text) is not cancelling and "at 48000 Hz" in text
+    assert f"echo cancellation {'on' if cancelling else 'off'}" in text
     sent = int(re.search(r"sent (\d+) frames", text).group(1))  # type: ignore[union-attr]
     received = int(re.search(r"received (\d+) audio frames", text).group(1))  # type: ignore[union-attr]
     assert sent >= 3 and received == sent
@@ -498,10 +508,10 @@ PULL = 441  # 20 ms device blocks
 
 def _simulate(
     schedule: Callable[[int], int], seconds: float = 12.0
-) -> tuple[mic.JitterBuffer, list[tuple[float, float, float]]]:
+) -> tuple[JitterBuffer, list[tuple[float, float, float]]]:
     """Play ``seconds`` of 20 ms pulls; before pull ``i``, ``schedule(i)`` 80 ms frames
     arrive. Returns the buffer and (time, latency on arrival, target) per arrival."""
-    jb = mic.JitterBuffer(3 * RATE, int(0.16 * RATE), sample_rate=RATE)
+    jb = JitterBuffer(3 * RATE, int(0.16 * RATE), sample_rate=RATE)
     seen: list[tuple[float, float, float]] = []
     for i in range(int(seconds * RATE / PULL)):
         frames = schedule(i)
@@ -560,7 +570,7 @@ def test_jitter_buffer_bursty_delivery_does_not_accumulate() -> None:
 
 
 def test_jitter_buffer_target_rises_after_underruns_and_is_capped() -> None:
-    jb = mic.JitterBuffer(RATE, int(0.1 * RATE), sample_rate=RATE, max_target_seconds=0.3)
+    jb = JitterBuffer(RATE, int(0.1 * RATE), sample_rate=RATE, max_target_seconds=0.3)
     for _ in range(6):
         jb.push(np.ones(int(0.4 * RATE), np.float32))
         while jb.buffered:
@@ -665,13 +675,13 @@ def test_requested_rate_the_device_refuses_is_resampled_with_a_notice() -> None:
         if kwargs["samplerate"] != 48_000:
             raise ValueError("Invalid sample rate")
 
-    rate, notice = mic.pick_rate(
+    rate, notice = pick_rate(
         only_48k, None, requested=44_100, preferred=16_000, default=48_000.0, what="input"
     )
     assert rate == 48_000
     assert notice is not None and "does not support 44100 Hz; using 48000 Hz" in notice
     assert "resampled" in notice
-    assert mic.pick_rate(
+    assert pick_rate(
         only_48k, None, requested=48_000, preferred=16_000, default=48_000.0, what="input"
     ) == (48_000, None)
 
@@ -721,7 +731,7 @@ def test_stall_watch_reports_a_stall_once_and_the_recovery() -> None:
 
 def test_meter_figures_line() -> None:
     trips = mic.RoundTrips()
-    jitter = mic.JitterBuffer(RATE, int(0.16 * RATE), sample_rate=RATE)
+    jitter = JitterBuffer(RATE, int(0.16 * RATE), sample_rate=RATE)
     meter = mic.Meter(jitter, trips)
     meter.input_db, meter.output_db = -30.0, -100.0
     assert meter.figures() == (

@@ -48,7 +48,9 @@ from realtime.models.demo import (
     TurnRules,
     TurnState,
     decide,
+    declared_tool,
     demo_turns,
+    example_value,
     frame_energy_db,
     initial_state,
     reply_text,
@@ -397,6 +399,77 @@ def test_rows_step_in_one_inner_call_and_are_rewritten() -> None:
     assert [a.frame_index for a in events[0] if isinstance(a, AudioDelta) and a.end_of_turn] == [
         said[-1].frame_index + 1
     ]
+
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "examples": ["Paris"]},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            "days": {"type": "integer", "default": 3},
+            "alerts": {"type": ["boolean", "null"]},
+            "where": {"type": "object", "properties": {"lat": {"type": "number"}}},
+        },
+        "required": ["city"],
+    },
+}
+
+
+def test_a_session_with_tools_answers_a_turn_with_a_call_then_the_result() -> None:
+    """The call is VoiceChat's own format on the function channel, complete on the frame
+    the user's turn ends, so the OpenAI dialect's reader takes it whole; the demo says
+    nothing until the tool's result comes back, and that answer calls nothing."""
+    from realtime.openai.tools import CallReader, render_prompt
+
+    model, _ = _wrapped()
+    other = {"type": "function", "name": "second", "parameters": {"type": "object"}}
+    prompt = render_prompt("Be brief.", [WEATHER, other])
+    session = open_session(model, system_prompt=prompt, seed=0, max_streaming_seconds=None)
+    events: list[ModelEvent] = []
+    for piece in _frames(np.concatenate([speechlike(12), silence(3.0)])):
+        events += session.push_audio(piece, 16000)
+    calls = [e for e in events if isinstance(e, FunctionDelta)]
+    said = [e for e in events if isinstance(e, AssistantTextDelta)]
+    assert calls and not said and len({e.frame_index for e in calls}) == 1
+    assert not [e for e in events if isinstance(e, AudioDelta) and e.samples.any()]
+    reader = CallReader()
+    taken = [call for e in calls for call in reader.push(e.delta)]
+    arguments = {"city": "Paris", "unit": "celsius", "days": 3, "alerts": True}
+    assert [(name, json.loads(args)) for name, args in taken] == [
+        ("get_weather", {**arguments, "where": {"lat": 1.0}})
+    ]
+    assert calls[-1].text.startswith("<TOOLCALL>") and calls[-1].text.endswith("</TOOLCALL>")
+    assert isinstance(session, DemoTurnSession)
+    session.answer("(demo) The tool said: sunny")
+    after = [e for piece in _frames(silence(3.0)) for e in session.push_audio(piece, 16000)]
+    assert not [e for e in after if isinstance(e, FunctionDelta)]
+    words = "".join(e.delta for e in after if isinstance(e, AssistantTextDelta))
+    assert words == "(demo) The tool said: sunny"
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        None,
+        "Be brief.",
+        "<AVAILABLE_TOOLS>not json</AVAILABLE_TOOLS>",
+        "<AVAILABLE_TOOLS>[{}]</AVAILABLE_TOOLS>",
+    ],
+)
+def test_no_tool_declared_no_call(prompt: str | None) -> None:
+    assert declared_tool(prompt) is None
+
+
+def test_example_values_of_a_schema() -> None:
+    assert example_value({"type": "string", "default": "x"}) == "x"
+    assert example_value({"const": 4}) == 4
+    assert example_value({"type": "array"}) == []
+    assert example_value({"properties": {"a": {"type": "integer"}}}) == {"a": 1}
+    assert example_value("nonsense") == "example"
 
 
 def test_a_failing_row_keeps_its_error_and_the_others_their_frame() -> None:

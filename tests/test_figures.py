@@ -8,7 +8,6 @@ import argparse
 import io
 import json
 import shutil
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,9 +19,12 @@ import pytest
 import trio
 import trio_websocket
 
+from benchmarks.wire import figures_for, frame_messages
 from realtime import client as rc
 from realtime import protocol
 from realtime.audio import prepare_input
+from realtime.client import files as fc
+from realtime.client.cli import AudioDeltaChecker, FrameFramer
 from realtime.demo_checkpoint.config import demo_config
 from realtime.models import ModelLoadError, load_model
 from realtime.models import base as model_base
@@ -31,14 +33,6 @@ from realtime.models.fake import FakeModel, FakeOptions, FakeSession, NullModel,
 from realtime.models.voicechat import VoiceChatModel, checkpoint_figures, figures_of
 from realtime.offline import generate_command, stream_session, stream_slices
 from realtime.openai.audio import InputFramer
-from tests.helpers import REPO
-
-sys.path.insert(0, str(REPO / "examples"))
-
-import voicechat_file_client as fc
-from _common import AudioDeltaChecker, FrameFramer
-
-from benchmarks.wire import figures_for, frame_messages
 
 OTHER = attrs.evolve(
     VOICECHAT_FIGURES,

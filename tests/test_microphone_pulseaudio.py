@@ -10,6 +10,7 @@ unless ``REALTIME_REQUIRE_AUDIO=1``.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -115,6 +116,31 @@ def spoken(tmp_path_factory: pytest.TempPathFactory, pulse: dict[str, str]) -> b
     return load_input_wav(wav).astype("<i2").tobytes()
 
 
+@pytest.fixture
+def room(pulse: dict[str, str]) -> Iterator[dict[str, str]]:
+    """The speaker looped back into the microphone: a null sink ("room") that both the
+    pipe source and the speaker's monitor play into, its monitor the default source,
+    as a laptop's microphone hears its own speakers."""
+
+    def pactl(*args: str) -> str:
+        done = subprocess.run(["pactl", *args], env=pulse, check=True, capture_output=True)
+        return done.stdout.decode().strip()
+
+    loop = ("load-module", "module-loopback", "sink=room", "latency_msec=20")
+    modules = [
+        pactl("load-module", "module-null-sink", "sink_name=room", f"rate={INPUT_SAMPLE_RATE}"),
+        pactl(*loop, "source=mic"),
+        pactl(*loop, "source=speaker.monitor"),
+    ]
+    pactl("set-default-source", "room.monitor")
+    try:
+        yield pulse
+    finally:
+        pactl("set-default-source", "mic")
+        for module in reversed(modules):
+            pactl("unload-module", module)
+
+
 class Microphone:
     """Writes into the pipe source at real-time pace: ``speech``, then silence until
     stopped, or nothing at all after the speech when ``stall`` (a stalled device)."""
@@ -183,7 +209,9 @@ class Speaker:
 class Client:
     """The script, its stderr collected line by line as it comes."""
 
-    def __init__(self, url: str, env: dict[str, str]) -> None:
+    def __init__(
+        self, url: str, env: dict[str, str], *flags: str, stdout: Path | None = None
+    ) -> None:
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -194,10 +222,11 @@ class Client:
                 "--output-device",
                 "pulse",
                 "--no-meter",
+                *flags,
             ],
             env=env,
             cwd=REPO,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL if stdout is None else stdout.open("w"),
             stderr=subprocess.PIPE,
             text=True,
         )
@@ -278,3 +307,60 @@ def test_stalled_microphone_ends_cleanly(
     assert code == 0, err
     assert "committed" in err and "summary: sent" in err and "Traceback" not in err
     assert took < 8.0, (took, err)
+
+
+LONG_SPEECH = (
+    "The weather today is mild, with a light breeze from the west. Later this afternoon "
+    "clouds will gather over the hills, and by the evening a little rain may fall."
+)
+
+
+def test_echo_cancellation_on_a_speaker_looped_into_the_microphone(
+    room: dict[str, str], tmp_path: Path
+) -> None:
+    """Speech played through the client library's output device comes back through
+    the room into its input device; the canceller takes it out. ERLE (captured over
+    cleaned power after the first 2 s) is printed: the target is 15 dB."""
+    pytest.importorskip("livekit.rtc", reason="livekit is not installed (realtime[clients])")
+    wav = tmp_path / "far.wav"
+    subprocess.run(["espeak-ng", "-w", str(wav), LONG_SPEECH], check=True)
+    seconds = 8.0
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.echo_room", str(wav), str(seconds)],
+        env=room,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"\necho cancellation on the PulseAudio loopback: {figures}")
+    assert figures["captured_dbfs"] > -50, figures  # the speaker reached the microphone
+    assert figures["pieces"] >= (seconds - 2) * 100, figures
+    assert figures["erle_db"] >= 10.0, figures
+
+
+FULL_ANSWER = re.compile(r"\[assistant\] \(demo\) I heard you for \d+\.\d s\.\n")
+
+
+def test_the_demo_answers_whole_through_speakers(
+    room: dict[str, str], spoken: bytes, demo_server: ServerProcess, tmp_path: Path
+) -> None:
+    """Speakers, no headphones: the demo's answer comes back into the microphone, and
+    the canceller takes it out; the one answer is said whole. (Without the canceller the
+    demo's random-weight voice, which its turn policy reads as steady noise, does not
+    cut it short either: the figure that shows the echo going is the ERLE above.)"""
+    pytest.importorskip("livekit.rtc", reason="livekit is not installed (realtime[clients])")
+    printed = tmp_path / "out.txt"
+    client = Client(demo_server.url, room, stdout=printed)
+    with Microphone(room["REALTIME_TEST_FIFO"], spoken, client.listening) as mic:
+        _wait_for(client, mic.spoken.is_set, 60)
+        time.sleep(5.0)  # the answer (about 2 s) and its echo
+        client.proc.send_signal(signal.SIGINT)
+        code, err = client.finish(60)
+    said = printed.read_text()
+    assert code == 0, err
+    assert "echo cancellation on" in err and "no echo cancellation" not in err
+    answers = re.findall(r"\[assistant\] [^\n]*\n", said)
+    assert len(answers) == 1 and FULL_ANSWER.fullmatch(answers[0]), said

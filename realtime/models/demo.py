@@ -25,8 +25,10 @@ a real checkpoint decides its turns by itself.
 from __future__ import annotations
 
 import enum
+import json
 import math
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 import attrs
@@ -358,6 +360,75 @@ def tool_reply_text(output: str) -> str:
     return f"(demo) The tool said: {short}"
 
 
+# --- tool calls: the first declared tool, called in VoiceChat's own format ---------------
+
+_DECLARED_TOOLS: Final = re.compile(r"<AVAILABLE_TOOLS>(.*?)</AVAILABLE_TOOLS>", re.DOTALL)
+"""The tools a system prompt declares, as VoiceChat was trained to read them (the
+OpenAI endpoint renders a session's ``tools`` so)."""
+
+_PLACEHOLDERS: Final[dict[str, Any]] = {
+    "string": "example",
+    "integer": 1,
+    "number": 1.0,
+    "boolean": True,
+    "array": [],
+    "null": None,
+}
+
+
+def declared_tool(system_prompt: str | None) -> Mapping[str, Any] | None:
+    """The first tool ``system_prompt`` declares (``<AVAILABLE_TOOLS>[...]``), or None
+    (none declared, or a listing that does not parse)."""
+    found = _DECLARED_TOOLS.search(system_prompt or "")
+    if found is None:
+        return None
+    try:
+        tools = json.loads(found.group(1))
+    except ValueError:
+        return None
+    if not isinstance(tools, list):
+        return None
+    named = (t for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str))
+    return next(named, None)
+
+
+def example_value(schema: object, depth: int = 0) -> Any:
+    """A value for a JSON schema: its first example, else its default, else its first
+    enum or const, else a placeholder of its type (an object's properties filled in
+    the same way)."""
+    if not isinstance(schema, Mapping):
+        return _PLACEHOLDERS["string"]
+    examples = schema.get("examples")
+    if isinstance(examples, list) and examples:
+        return examples[0]
+    for key in ("default", "const"):
+        if key in schema:
+            return schema[key]
+    enum_values = schema.get("enum")
+    if isinstance(enum_values, list) and enum_values:
+        return enum_values[0]
+    kind = schema.get("type")
+    if isinstance(kind, list):  # ["string", "null"]: the first that is not null
+        kind = next((k for k in kind if k != "null"), "null")
+    properties = schema.get("properties")
+    if kind == "object" or (kind is None and isinstance(properties, Mapping)):
+        if depth >= 8 or not isinstance(properties, Mapping):
+            return {}
+        return {str(k): example_value(v, depth + 1) for k, v in properties.items()}
+    return _PLACEHOLDERS.get(kind, _PLACEHOLDERS["string"]) if isinstance(kind, str) else "example"
+
+
+def tool_call_text(tool: Mapping[str, Any], figures: ModelFigures) -> str:
+    """One call of ``tool`` on the function channel, in VoiceChat's format
+    (``<TOOLCALL>[{"name": ..., "arguments": {...}}]</TOOLCALL>``: the spelled-out
+    markers the figures name last), its arguments from the tool's parameter schema."""
+    arguments = example_value(tool.get("parameters", {"type": "object"}))
+    if not isinstance(arguments, dict):
+        arguments = {}
+    call = json.dumps([{"name": tool["name"], "arguments": arguments}], ensure_ascii=False)
+    return f"{figures.tool_call_start[-1]}{call}{figures.tool_call_end[-1]}"
+
+
 HEARD_START: Final = "(demo) speech"
 """The user transcript when speech is confirmed (the demo recognises no words)."""
 HEARD_MORE: Final = "."
@@ -424,7 +495,9 @@ class DemoTurnSession:
     frame), so each audio frame the network returns meets its own input's energy.
     """
 
-    def __init__(self, inner: ModelSession, model: DemoTurnModel) -> None:
+    def __init__(
+        self, inner: ModelSession, model: DemoTurnModel, tool: Mapping[str, Any] | None = None
+    ) -> None:
         self.inner = inner
         self.model = model
         self._figures = model.figures
@@ -432,6 +505,13 @@ class DemoTurnSession:
         self._state = initial_state(model.rules)
         self._pending = np.zeros(0, dtype=np.float32)
         self._text = _Channel(model.speller)
+        self._function = _Channel(model.speller)
+        self._call: tuple[int, ...] = ()
+        if tool is not None:
+            self._call = tuple(model.speller.encode(tool_call_text(tool, self._figures)))
+        """The function channel's tokens of the call that answers each of the user's
+        turns (none when the session declares no tool): the tool's result, once a
+        client sends it, is answered in words (:meth:`begin_tool_result`)."""
         self._heard = ""
         self._silence = np.zeros(self._figures.output_frame_samples, dtype=np.float32)
         self._silence.flags.writeable = False
@@ -468,9 +548,8 @@ class DemoTurnSession:
 
     def answer(self, text: str) -> None:
         """Start an answer of ``text`` on the next frame."""
-        spaced = " " + text if self._text.text else text
         self._text.next_answer()
-        self._state = answer_now(self._state, self.model.speller.encode(spaced))
+        self._state = answer_now(self._state, self.model.speller.encode(text))
 
     def _next_energy(self, pad: bool) -> float:
         size = self._figures.frame_samples
@@ -500,10 +579,10 @@ class DemoTurnSession:
         return out
 
     def _reply(self, seconds: float) -> list[int]:
-        text = reply_text(seconds)
-        spaced = " " + text if self._text.text else text
+        if self._call:
+            return []  # the call is the answer; the tool's result brings the words
         self._text.next_answer()
-        return self.model.speller.encode(spaced)
+        return self.model.speller.encode(reply_text(seconds))
 
     def _frame(self, audio: AudioDelta, plan: Plan) -> list[ModelEvent]:
         index = audio.frame_index
@@ -511,9 +590,11 @@ class DemoTurnSession:
         if plan.hear is not Hear.NOTHING:
             said = HEARD_MORE
             if plan.hear is Hear.STARTED:
-                said = " " + HEARD_START if self._heard else HEARD_START
+                said = HEARD_START  # a turn's first delta: no space before it
             self._heard += said
             out.append(UserTranscriptDelta(frame_index=index, delta=said, transcript=self._heard))
+        if plan.heard_seconds is not None and self._call:
+            out += self._calling(index)
         if plan.token is not None:
             delta = self._text.add(plan.token)
             out.append(
@@ -532,6 +613,18 @@ class DemoTurnSession:
                     end_of_turn=plan.end_of_turn,
                 )
             )
+        return out
+
+    def _calling(self, index: int) -> list[ModelEvent]:
+        """The call, a token a delta, whole on the frame the user's turn ended (one
+        frame, not a few tokens a frame as the real model: a client's tool handler runs
+        at once)."""
+        self._function.next_answer()
+        out: list[ModelEvent] = []
+        for token in self._call:
+            delta = self._function.add(token)
+            text = self._function.text
+            out.append(FunctionDelta(frame_index=index, token_id=token, delta=delta, text=text))
         return out
 
 
@@ -553,13 +646,16 @@ class _DemoToolFeed:
 class DemoTurnOpening:
     """The inner model's opening; its session comes out wrapped."""
 
-    def __init__(self, inner: Opening, model: DemoTurnModel) -> None:
+    def __init__(
+        self, inner: Opening, model: DemoTurnModel, tool: Mapping[str, Any] | None = None
+    ) -> None:
         self._inner = inner
         self._model = model
+        self._tool = tool
 
     def advance(self) -> DemoTurnSession | None:
         session = self._inner.advance()
-        return None if session is None else DemoTurnSession(session, self._model)
+        return None if session is None else DemoTurnSession(session, self._model, self._tool)
 
     def abandon(self) -> None:
         self._inner.abandon()
@@ -620,7 +716,7 @@ class DemoTurnModel:
         opening = self.inner.begin_session(
             system_prompt=system_prompt, seed=seed, max_streaming_seconds=max_streaming_seconds
         )
-        return DemoTurnOpening(opening, self)
+        return DemoTurnOpening(opening, self, declared_tool(system_prompt))
 
     def step(self, frames: Sequence[Frame]) -> list[RowResult]:
         """Unwrap the rows, run the inner model's step on all of them at once, rewrite
@@ -679,8 +775,11 @@ __all__ = [
     "TurnRules",
     "TurnState",
     "decide",
+    "declared_tool",
     "demo_turns",
+    "example_value",
     "frame_energy_db",
     "initial_state",
     "reply_text",
+    "tool_call_text",
 ]

@@ -768,6 +768,11 @@ export class EventLog {
   }
 }
 
+// A turn's replay button: what it does and how long the audio is.
+function replayLabel(seconds) {
+  return `▶ replay ${seconds.toFixed(1)} s`;
+}
+
 // One replay at a time: a turn's ▶ button plays its audio from a WAV blob.
 class Replays {
   constructor() {
@@ -784,8 +789,8 @@ class Replays {
     button.dataset.src = url;
     button.dataset.durationMs = String(Math.round(seconds * 1000));
     button.setAttribute("aria-pressed", "false");
-    button.textContent = `▶ ${seconds.toFixed(1)} s`;
-    button.title = "Play this turn again";
+    button.textContent = replayLabel(seconds);
+    button.title = `Play this turn's audio again (${seconds.toFixed(1)} s long)`;
     button.addEventListener("click", () => this.toggle(button));
     return button;
   }
@@ -797,7 +802,7 @@ class Replays {
     const audio = new Audio(button.dataset.src);
     const done = () => {
       button.setAttribute("aria-pressed", "false");
-      button.textContent = `▶ ${(Number(button.dataset.durationMs) / 1000).toFixed(1)} s`;
+      button.textContent = replayLabel(Number(button.dataset.durationMs) / 1000);
       if (this.playing && this.playing.audio === audio) this.playing = null;
     };
     audio.addEventListener("ended", done);
@@ -893,8 +898,9 @@ class Transcript {
     head.className = "who";
     const name = document.createElement("span");
     const known = frameIndex !== null && frameIndex >= 0 && this.frameMs > 0;
-    const at = known ? ` · ${((frameIndex * this.frameMs) / 1000).toFixed(1)} s` : "";
+    const at = known ? ` · at ${((frameIndex * this.frameMs) / 1000).toFixed(1)} s` : "";
     name.textContent = (role === "user" ? "You" : "Assistant") + at;
+    if (known) name.title = "When this turn began, counted from the start of the call";
     head.append(name);
     const body = document.createElement("p");
     li.append(head, body);
@@ -959,11 +965,16 @@ class Waveform {
 
   start(traces) {
     this.traces = traces;
+    this.canvas.hidden = false;
     requestAnimationFrame(() => this.draw());
   }
 
+  // Drawn while a call is on; with no call there is nothing to draw, so it is not shown.
   draw() {
     const { canvas } = this;
+    const analysers = this.traces();
+    canvas.hidden = !analysers;
+    if (!analysers) return;
     const g = canvas.getContext("2d");
     const { width: w, height: h } = canvas;
     g.clearRect(0, 0, w, h);
@@ -973,8 +984,6 @@ class Waveform {
     g.moveTo(0, h / 2);
     g.lineTo(w, h / 2);
     g.stroke();
-    const analysers = this.traces();
-    if (!analysers) return;
     const colors = [styles.getPropertyValue("--accent"), styles.getPropertyValue("--model")];
     analysers.forEach((analyser, k) => this.trace(g, analyser, colors[k]));
     requestAnimationFrame(() => this.draw());

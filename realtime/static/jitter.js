@@ -15,6 +15,11 @@
 // - What it removes is counted apart: `caughtUpMs` (pieces cut by catching up; the
 //   audio around them plays, a little faster) and `droppedMs` (audio discarded whole:
 //   a jump above `hardLimitMs`, or the oldest audio past `capacityMs`).
+// - It watches how unevenly the audio arrives (each push's arrival on the pull
+//   clock against its place in the stream) and keeps the target at least at the
+//   `jitterQuantile` of that lateness over the last `jitterWindowMs`, plus
+//   `safetyMs`: on a busy machine the target rises before the first underrun
+//   instead of after it, and falls back once delivery is even again.
 // - When it sits below the target (bursty delivery drained it), playback slows
 //   down by repeating a piece the same way, at most `maxSlowdown` (10 %), so the
 //   margin the target stands for is really there before the next gap.
@@ -39,6 +44,8 @@ export const JITTER_DEFAULTS = Object.freeze({
   minCutMs: 2.5, // shortest and longest piece cut out (pitch periods)
   maxCutMs: 12.5,
   fadeMs: 3, // fade in/out around gaps
+  jitterWindowMs: 8000, // arrivals remembered for the lateness estimate (0: off)
+  jitterQuantile: 0.9, // the lateness the target covers (a lone stall is left out)
 });
 
 export class JitterBuffer {
@@ -75,6 +82,10 @@ export class JitterBuffer {
     this.cooldown = 0;
     this.windowMin = Infinity;
     this.windowLen = 0;
+    this.clock = 0; // samples pulled: the device's clock
+    this.pushed = 0; // samples pushed: the stream's
+    this.arrivals = []; // [clock, clock - stream position, lateness] of recent pushes
+    this.jitterMs = 0; // the lateness the target covers
   }
 
   get size() {
@@ -106,6 +117,7 @@ export class JitterBuffer {
   push(samples) {
     let x = samples;
     if (x.length === 0) return;
+    this.arrived(x.length);
     this.finished = false;
     const room = this.buf.length - this.historyMax;
     if (x.length > room) {
@@ -127,9 +139,36 @@ export class JitterBuffer {
     this.end += x.length;
   }
 
+  // One push of `n` samples arrived now: how much later, for its place in the
+  // stream, than the earliest arrival remembered before it (a sender slightly
+  // faster than the device is never late; a stall's frames are).
+  arrived(n) {
+    const o = this.o;
+    if (o.jitterWindowMs <= 0) return;
+    const window = o.jitterWindowMs * this.perMs;
+    while (this.arrivals.length && this.arrivals[0][0] < this.clock - window) this.arrivals.shift();
+    const offset = this.clock - this.pushed;
+    const earliest = this.arrivals.reduce((m, a) => Math.min(m, a[1]), offset);
+    this.arrivals.push([this.clock, offset, offset - earliest]);
+    this.pushed += n;
+    const late = this.arrivals.map((a) => a[2]).sort((a, b) => a - b);
+    const k = Math.min(late.length - 1, Math.floor(o.jitterQuantile * late.length));
+    this.jitterMs = late[k] / this.perMs;
+  }
+
+  // The least target the arrivals call for.
+  get jitterFloorMs() {
+    const o = this.o;
+    if (this.jitterMs <= 0) return o.minTargetMs;
+    return Math.min(o.maxTargetMs, Math.max(o.minTargetMs, this.jitterMs + o.safetyMs));
+  }
+
   pull(out) {
     const n = out.length;
     out.fill(0);
+    this.clock += n;
+    const floor = this.jitterFloorMs;
+    if (floor > this.targetMs) this.targetMs = floor;
     if (!this.playing && this.size > 0) {
       if (this.finished || this.size >= this.targetMs * this.perMs) {
         this.playing = true;
@@ -180,7 +219,7 @@ export class JitterBuffer {
       const headroom = this.windowMin - excess - o.safetyMs;
       if (headroom > 0) {
         const step = Math.min(o.decayMsPerS * seconds, headroom);
-        this.targetMs = Math.max(o.minTargetMs, this.targetMs - step);
+        this.targetMs = Math.max(o.minTargetMs, this.jitterFloorMs, this.targetMs - step);
       }
     }
     this.windowMin = Infinity;
@@ -291,6 +330,7 @@ export class JitterBuffer {
       droppedMs: this.droppedMs,
       caughtUpMs: this.caughtUpMs,
       stretchedMs: this.stretchedSamples / this.perMs,
+      jitterMs: this.jitterMs,
       playedMs: this.playedMs,
       playing: this.playing,
       finished: this.finished,

@@ -112,7 +112,7 @@ def at(frame: int, act: Any) -> Any:
     return lambda n: act() if n == frame else None
 
 
-async def generated(conversation: Any) -> Any:
+async def generated(conversation: Any, timeout: float = STEP) -> Any:
     """The next generation the server opens by itself."""
     created: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
@@ -122,7 +122,7 @@ async def generated(conversation: Any) -> Any:
 
     conversation.on("generation_created", on_created)
     try:
-        return await asyncio.wait_for(created, STEP)
+        return await asyncio.wait_for(created, timeout)
     finally:
         conversation.off("generation_created", on_created)
 

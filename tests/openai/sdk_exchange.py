@@ -55,6 +55,14 @@ def _until(conn: Any, log: list[dict[str, Any]], type_: str) -> dict[str, Any]:
             return event
 
 
+def next_done(conn: Any, log: list[dict[str, Any]], first: dict[str, Any]) -> dict[str, Any]:
+    """The next ``response.done`` of a response other than ``first``'s."""
+    while True:
+        done = _recv(conn, log)
+        if done["type"] == "response.done" and done["response"]["id"] != first["response"]["id"]:
+            return done
+
+
 def _send_audio(conn: Any, pcm: bytes, chunk_ms: int = 20) -> None:
     step = RATE * chunk_ms // 1000 * 2
     for i in range(0, len(pcm), step):
@@ -154,13 +162,7 @@ def tool_round_trip(ws_base: str) -> list[dict[str, Any]]:
             }
         )
         conn.response.create()
-        while True:
-            done = _recv(conn, log)
-            if (
-                done["type"] == "response.done"
-                and done["response"]["id"] != first["response"]["id"]
-            ):
-                break
+        next_done(conn, log, first)
     return log
 
 

@@ -1,29 +1,21 @@
-"""What the two example clients share beyond :mod:`realtime.client`: exit codes and
-their flags, audio checks, live transcript printing, framing and stream resampling.
+"""What command-line clients share beyond the protocol: exit codes and their flags,
+retrying a busy server, audio checks, live transcript printing and framing.
 
-``voicechat_file_client.py`` and ``voicechat_microphone.py`` speak ``/v1/realtime``
-through :mod:`realtime.client` (see docs/client.md); what is left here is what a
-command-line client needs on top of it. Both scripts import it before :mod:`realtime`:
-run from a checkout where ``realtime`` is not installed, it puts the checkout on
-``sys.path``.
+``examples/voicechat_file_client.py`` and ``examples/voicechat_microphone.py`` are
+built on it (see docs/client.md); so can any other terminal client.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
-import importlib.util
 import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any, Final, TextIO, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 import trio
-
-if importlib.util.find_spec("realtime") is None:  # a script run from an uninstalled checkout
-    sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from realtime.client import (
     AudioDelta,
@@ -40,7 +32,7 @@ from realtime.client import (
     Unauthorized,
     UpgradeRejected,
 )
-from realtime.models.base import VOICECHAT_FIGURES, Samples
+from realtime.models.base import VOICECHAT_FIGURES
 from realtime.transcript import TranscriptPrinter as BaseTranscriptPrinter
 
 PCM16 = npt.NDArray[np.int16]
@@ -77,6 +69,9 @@ exit status:
 """
 
 
+RETRY_HINT: Final = "--retry N waits and tries again up to N times"
+
+
 def exit_code(exc: ClientError) -> int:
     """The script's exit status for ``exc`` (see :data:`EXIT_EPILOG`)."""
     for kind, code in EXIT_CODES:
@@ -86,8 +81,10 @@ def exit_code(exc: ClientError) -> int:
 
 
 def report(exc: ClientError, err: TextIO | None = None) -> int:
-    """Print ``exc`` as one line on stderr; return its exit status."""
-    print(f"error: {exc}", file=err if err is not None else sys.stderr)
+    """Print ``exc`` as one line on stderr; return its exit status. A busy server's
+    line ends with the flag that waits for it."""
+    hint = f" ({RETRY_HINT})" if isinstance(exc, ServerBusy) else ""
+    print(f"error: {exc}{hint}", file=err if err is not None else sys.stderr)
     return exit_code(exc)
 
 
@@ -268,28 +265,3 @@ class FrameFramer:
         """The partial frame left over (the server pads it on commit)."""
         rest, self._pending = self._pending, np.zeros(0, dtype=np.int16)
         return rest
-
-
-class StreamResampler:
-    """Chunk-by-chunk resampling without clicks at chunk edges.
-
-    ``realtime.audio.resample`` resamples a whole signal at once; a live stream
-    arrives in 80 ms pieces and resampling each piece alone would put an edge
-    artefact every 80 ms, so this keeps soxr's filter state between chunks.
-    """
-
-    def __init__(self, from_rate: int, to_rate: int) -> None:
-        self.from_rate = from_rate
-        self.to_rate = to_rate
-        self._stream: Any = None
-        if from_rate != to_rate:
-            import soxr
-
-            self._stream = soxr.ResampleStream(from_rate, to_rate, 1, dtype="float32")
-
-    def process(self, samples: Samples, *, last: bool = False) -> Samples:
-        x = np.asarray(samples, dtype=np.float32)
-        if self._stream is None:
-            return x
-        out = self._stream.resample_chunk(x, last=last)
-        return np.asarray(out, dtype=np.float32)

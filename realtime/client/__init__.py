@@ -702,11 +702,26 @@ def _summarise_body(body: bytes | None) -> str:
     return " ".join(text.split())[:200]
 
 
+ENDPOINT_HINT: Final = "the endpoint is ws://HOST:PORT/v1/realtime"
+
 _REJECTION_HINTS: Final = {
+    400: f"no WebSocket endpoint at this path: {ENDPOINT_HINT}",
     401: "the server needs an API key: pass --api-key KEY (or api_key=)",
     403: "the server refused this client (Origin not allowed? see --allowed-origin)",
-    404: "nothing at this path: the endpoint is ws://HOST:PORT/v1/realtime",
+    404: f"nothing at this path: {ENDPOINT_HINT}",
 }
+"""What to do about a refused upgrade, by status; any other status gets
+:data:`OTHER_REJECTION_HINT`."""
+
+OTHER_REJECTION_HINT: Final = f"check the URL and the server's log ({ENDPOINT_HINT})"
+
+
+def _without_retry_hint(text: str) -> str:
+    """``text`` less its clauses that say when to retry (a balancer's 503 page says
+    "try again in a few seconds"): the client adds the one hint it knows best."""
+    clauses = [c.strip() for c in text.split(";")]
+    kept = [c for c in clauses if c and not c.lower().startswith(("try again", "retry"))]
+    return "; ".join(kept)
 
 
 def retry_after(headers: Sequence[tuple[bytes, bytes]]) -> float | None:
@@ -727,10 +742,11 @@ def _rejected(url: str, exc: trio_websocket.ConnectionRejected) -> UpgradeReject
     if status == 503:
         wait = retry_after(exc.headers or ())
         hint = f"try again in {wait:g} s" if wait is not None else "try again later"
-        said = f": {body}" if body else ""
+        said = _without_retry_hint(body)
+        said = f": {said}" if said else ""
         return BusyUpgrade(status, body, f"server busy (HTTP 503 at {url}){said}; {hint}", wait)
     parts = [f"server rejected the WebSocket upgrade at {url}: HTTP {status}"]
-    parts += [p for p in (body, _REJECTION_HINTS.get(status, "")) if p]
+    parts += [p for p in (body, _REJECTION_HINTS.get(status, OTHER_REJECTION_HINT)) if p]
     kind = {401: Unauthorized, 403: Forbidden}.get(status, UpgradeRejected)
     return kind(status, body, "; ".join(parts))
 
