@@ -20,10 +20,16 @@ nox.options.default_venv_backend = "uv"
 
 PYTHON = os.environ.get("REALTIME_NOX_PYTHON") or None
 
-PYTEST_DEFAULTS = ["--durations=25", "-n", os.environ.get("REALTIME_TEST_WORKERS", "2")]
-"""Without arguments the suite runs as CI runs it: its 25 slowest tests in the log, and two
-workers, each test group (``xdist_group``) on one of them (``--dist loadgroup`` is in
-``addopts``; ``REALTIME_TEST_WORKERS=0`` runs it in one process)."""
+PYTEST_DEFAULTS = [
+    "--durations=25",
+    "-n",
+    os.environ.get("REALTIME_TEST_WORKERS", "2"),
+    "--dist",
+    "loadgroup",
+]
+"""Without arguments the suite runs as CI runs it: its 25 slowest tests in the log, on two
+worker processes, the tests of one group (tests/groups.py) on one worker
+(``REALTIME_TEST_WORKERS=0`` runs it in one process)."""
 
 BOUNDED = ("hypercorn", "wsproto", "h11", "quart", "quart-trio", "mlx", "mlx-vlm", "mlx-audio")
 """The dependencies whose internals the project touches (upper bounds in pyproject.toml)."""
