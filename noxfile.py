@@ -77,13 +77,15 @@ def prepare_environments(session: nox.Session) -> str:
     return str(root)
 
 
-def versions(requirements: str) -> dict[str, str]:
-    """``name==version`` lines (markers and comments dropped) as a name -> version map."""
-    found: dict[str, str] = {}
+def versions(requirements: str) -> dict[str, set[str]]:
+    """``name==version`` lines as name -> versions (markers and comments dropped: the lock
+    may hold two versions of one package, for two Python versions or platforms)."""
+    found: dict[str, set[str]] = {}
     for line in requirements.splitlines():
         name, sep, version = line.split(";")[0].strip().partition("==")
         if sep and not name.startswith("#"):
-            found[name.lower().replace("_", "-").replace(".", "-")] = version.strip()
+            key = name.lower().replace("_", "-").replace(".", "-")
+            found.setdefault(key, set()).add(version.strip())
     return found
 
 
@@ -91,9 +93,9 @@ def changes(locked: str, installed: str) -> list[str]:
     """What ``latest`` runs on that the lock does not: one line per changed package."""
     was, now = versions(locked), versions(installed)
     return [
-        f"{name}: {was[name]} (uv.lock) -> {now[name]}"
+        f"{name}: {' or '.join(sorted(was[name]))} (uv.lock) -> {' '.join(sorted(now[name]))}"
         for name in sorted(was.keys() & now.keys())
-        if was[name] != now[name]
+        if not now[name] <= was[name]
     ] or ["every package is at its uv.lock version"]
 
 
