@@ -47,9 +47,14 @@ def engine(fake_model: FakeModel) -> Iterator[Engine]:
 def demo_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A private ``REALTIME_CACHE_DIR`` holding the built demo checkpoint, for the run.
 
-    Built here once, so server subprocesses started by tests find it ready.
+    Built here once, so server subprocesses started by tests find it ready; under
+    ``pytest -n`` the workers share one (the first builds it, the others wait on its lock).
     """
-    root = tmp_path_factory.mktemp("realtime-cache")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = tmp_path_factory.getbasetemp().parent / "realtime-cache"
+        root.mkdir(exist_ok=True)
+    else:
+        root = tmp_path_factory.mktemp("realtime-cache")
     previous = os.environ.get("REALTIME_CACHE_DIR")
     os.environ["REALTIME_CACHE_DIR"] = str(root)
     try:
