@@ -6,9 +6,10 @@ set up once per worker that runs a test using it. Tests that share a costly fixt
 server process, a browser, a checkpoint built and loaded) are therefore kept on one worker
 as an ``xdist_group``; every other test is handed to whichever worker is free.
 
-To join: a costly session fixture gets a line in :data:`SHARED`; a module-scoped fixture
-needs nothing (its module's tests are grouped by themselves); any test can also name its
-group itself with ``@pytest.mark.xdist_group("name")`` (docs/testing.md).
+To join: a costly session fixture gets a line in :data:`SHARED`, a module whose tests must
+take turns a line in :data:`MODULES`; a module-scoped fixture needs nothing (its module's
+tests are grouped by themselves); any test can also name its group itself with
+``@pytest.mark.xdist_group("name")`` (docs/testing.md).
 """
 
 from __future__ import annotations
@@ -24,6 +25,13 @@ SHARED: dict[str, str] = {
 """Session fixture -> the group of every test that uses it, directly or through a
 parameter that names it (``request.getfixturevalue``)."""
 
+MODULES: dict[str, str] = {
+    "tests/test_benchmarks.py": "benchmarks",
+}
+"""Module -> the group of all its tests. The benchmark smoke tests each run a server,
+its clients and mlx-vlm's peer in subprocesses that keep both cores busy: two at once
+only slow each other towards pytest's timeout, so they take turns on one worker."""
+
 
 @attrs.frozen(slots=True)
 class Fixture:
@@ -36,8 +44,11 @@ class Fixture:
 
 def group_for(module: str, fixtures: Iterable[Fixture], parameters: Iterable[object]) -> str | None:
     """The ``xdist_group`` of a test in ``module`` using ``fixtures`` with parameter values
-    ``parameters``: a shared session fixture's group first, else its module when the module
-    defines a module-scoped fixture the test uses, else none (any free worker)."""
+    ``parameters``: its module's group if listed, else a shared session fixture's group,
+    else its module when the module defines a module-scoped fixture the test uses, else
+    none (any free worker)."""
+    if module in MODULES:
+        return MODULES[module]
     used = list(fixtures)
     for fixture in used:
         if fixture.name in SHARED:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.groups import SHARED, Fixture, group_for
+from tests.groups import MODULES, SHARED, Fixture, group_for
 
 MODULE = "tests/test_x.py"
 
@@ -32,3 +32,9 @@ def test_the_session_fixture_wins_over_the_module() -> None:
 def test_everything_else_goes_to_any_free_worker() -> None:
     fixtures = [Fixture("demo_model", "session", False), Fixture("engine", "function", True)]
     assert group_for(MODULE, fixtures, [1, "x"]) is None
+
+
+def test_a_listed_module_is_one_group() -> None:
+    module = next(iter(MODULES))
+    fixtures = [Fixture("demo_server", "session", False)]
+    assert group_for(module, fixtures, []) == group_for(module, [], []) == MODULES[module]
