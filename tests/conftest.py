@@ -10,7 +10,26 @@ from realtime.demo_checkpoint import ensure_demo_checkpoint, write_demo_checkpoi
 from realtime.engine import Engine
 from realtime.models.fake import FakeModel
 from realtime.models.voicechat import VoiceChatModel
+from tests.groups import Fixture, group_for
 from tests.helpers import ServerProcess, running_engine, start_realtime_server
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests sharing a costly fixture run on one worker under ``-n`` (tests/groups.py)."""
+    for item in items:
+        if not isinstance(item, pytest.Function) or item.get_closest_marker("xdist_group"):
+            continue
+        module = item.nodeid.split("::")[0]
+        fixtures = [
+            Fixture(name, definitions[-1].scope, definitions[-1].baseid == module)
+            for name, definitions in item._fixtureinfo.name2fixturedefs.items()
+            if definitions
+        ]
+        callspec = getattr(item, "callspec", None)
+        parameters = list(callspec.params.values()) if callspec is not None else []
+        group = group_for(module, fixtures, parameters)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture
@@ -28,9 +47,14 @@ def engine(fake_model: FakeModel) -> Iterator[Engine]:
 def demo_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A private ``REALTIME_CACHE_DIR`` holding the built demo checkpoint, for the run.
 
-    Built here once, so server subprocesses started by tests find it ready.
+    Built here once, so server subprocesses started by tests find it ready; under
+    ``pytest -n`` the workers share one (the first builds it, the others wait on its lock).
     """
-    root = tmp_path_factory.mktemp("realtime-cache")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = tmp_path_factory.getbasetemp().parent / "realtime-cache"
+        root.mkdir(exist_ok=True)
+    else:
+        root = tmp_path_factory.mktemp("realtime-cache")
     previous = os.environ.get("REALTIME_CACHE_DIR")
     os.environ["REALTIME_CACHE_DIR"] = str(root)
     try:
