@@ -26,7 +26,7 @@ from realtime import client as rc
 from realtime.admission import MIN_SAMPLES
 from realtime.engine import Close, Engine, EngineError, Open, Push, ToolResult
 from realtime.limits import Limits
-from realtime.models.base import ModelSession, Opening
+from realtime.models.base import ModelSession, Opening, ToolInput
 from realtime.models.fake import FakeModel, FakeOptions
 from realtime.observe import Observer
 from realtime.server import engine_for
@@ -37,8 +37,8 @@ from tests.reliability.rawws import RawClient
 
 FRAME = np.zeros(1280, dtype=np.float32)
 RATE = 16000
-WORDS = " ".join(["word"] * 300)
-"""A tool output of 301 fake steps."""
+WORDS = ToolInput(" ".join(["word"] * 300), ())
+"""A tool output of 301 fake steps (the fake model steps once a word)."""
 
 
 class Lateness(Observer):
@@ -295,7 +295,11 @@ async def test_an_openai_client_that_leaves_during_a_tool_feed_frees_its_slot_at
                 await client.send_json({"type": "input_audio_buffer.append", "audio": audio})
             args = (await client.recv_until("response.function_call_arguments.done"))[-1]
             model.options.frame_delay = 0.02
-            item = {"type": "function_call_output", "call_id": args["call_id"], "output": WORDS}
+            item = {
+                "type": "function_call_output",
+                "call_id": args["call_id"],
+                "output": WORDS.text,
+            }
             await client.send_json({"type": "conversation.item.create", "item": item})
             with trio.fail_after(10):
                 while tool_steps(model) < 3:
