@@ -185,3 +185,13 @@ def test_no_prompt_and_a_blank_prompt_are_not_cached(model: VoiceChatModel) -> N
     assert session.prompt_use == PromptUse(0, 0)
     assert model.prompt_cache_figures().entries == 0
     assert np.isfinite(model.prompt_cache_figures().max_bytes)
+
+
+def test_a_longer_prompt_carries_on_from_a_shorter_ones_voice_part(
+    model: VoiceChatModel,
+) -> None:
+    """The TTS steps of a prefill depend only on the seed and their count: a new prompt
+    runs the stored shorter prefill's steps as language-model steps alone and the
+    whole timeline steps only past it, and still equals mlx-vlm's constructor."""
+    opened(model, 6, "Be brief.")
+    assert ours(model, 6, LONG_PROMPT) == theirs(model, 6, LONG_PROMPT)

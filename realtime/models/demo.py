@@ -51,6 +51,7 @@ from realtime.models.base import (
     ToolResultFeed,
     UserTranscriptDelta,
 )
+from realtime.models.prompt_cache import CacheFigures, CachesPrompts
 
 SILENT_DB: Final = -100.0
 """The energy of digital silence (and the lowest any frame is given)."""
@@ -646,6 +647,16 @@ class DemoTurnModel:
 
     def count_tokens(self, text: str) -> int:
         return self.inner.count_tokens(text)
+
+    def prompt_cache_figures(self) -> CacheFigures:
+        """The inner model's prompt cache (the demo turns change no prompt state)."""
+        if isinstance(self.inner, CachesPrompts):
+            return self.inner.prompt_cache_figures()
+        return CacheFigures(0, 0, 0, 0, 0, 0, 0)
+
+    def set_prompt_cache_bytes(self, max_bytes: int) -> None:
+        if isinstance(self.inner, CachesPrompts):
+            self.inner.set_prompt_cache_bytes(max_bytes)
 
     def clear_cache(self) -> None:
         self.inner.clear_cache()

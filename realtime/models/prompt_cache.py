@@ -16,13 +16,9 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
-from typing import Final, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 import attrs
-
-DEFAULT_PROMPT_CACHE_BYTES: Final = 1 << 30
-"""1 GiB: some forty 4,096-token prompts of the medium demo checkpoint, a handful of
-the real 11B's (docs/performance.md, "Opening a conversation")."""
 
 
 @attrs.frozen(slots=True)
@@ -109,6 +105,11 @@ class PromptCache(Generic[K, V]):
             self._bytes += nbytes
             return True
 
+    def held(self) -> list[K]:
+        """The keys held, least recently used first."""
+        with self._lock:
+            return list(self._entries)
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
@@ -147,4 +148,4 @@ class CachesPrompts(Protocol):
         ...
 
 
-__all__ = ["DEFAULT_PROMPT_CACHE_BYTES", "CacheFigures", "CachesPrompts", "PromptCache"]
+__all__ = ["CacheFigures", "CachesPrompts", "PromptCache"]

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 import attrs
 import numpy as np
 
+from realtime.limits import PROMPT_CACHE_BYTES
 from realtime.models.base import (
     VOICECHAT_FIGURES,
     AssistantTextDelta,
@@ -45,7 +46,7 @@ from realtime.models.checkpoint import (
     model_id_for,
     one_line,
 )
-from realtime.models.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES, CacheFigures
+from realtime.models.prompt_cache import CacheFigures
 from realtime.models.voicechat_prompt import LanguagePart, Prefill, PromptStates, VoicePart
 
 if TYPE_CHECKING:
@@ -648,7 +649,7 @@ class VoiceChatModel:
 
     def __init__(self, runtime: Any, path: Path, figures: ModelFigures | None = None) -> None:
         self._runtime = runtime  # mlx-vlm VoiceChatSession: model + tokenizer
-        self._prompts = PromptStates(DEFAULT_PROMPT_CACHE_BYTES)
+        self._prompts = PromptStates(PROMPT_CACHE_BYTES)
         self._path = path
         self._model_id = model_id_for(path)
         self._figures = figures_of(runtime.model.config) if figures is None else figures

@@ -199,6 +199,7 @@ class Prefill:
         self._key: SessionKey | None = None
         self._embeds: Any = None
         self._next = 0
+        self._voice_from = 0
         self._known_voice: VoicePart | None = None
 
     @property
@@ -206,13 +207,15 @@ class Prefill:
         return self.language is not None and self.voice is not None
 
     @property
-    def language_only(self) -> bool:
-        """Its voice part was stored already: only the language model's steps run."""
-        return self._known_voice is not None
+    def voice_from(self) -> int:
+        """Steps whose voice part came stored (a prefill of as many or fewer tokens from
+        the same seed): only their language-model steps run."""
+        return self._voice_from
 
     def advance(self) -> None:
-        """Run the next slice: the session first, then a token (the whole timeline step)
-        or :data:`LANGUAGE_STEPS_PER_SLICE` tokens (the language model's steps alone)."""
+        """Run the next slice: the session first, then up to
+        :data:`LANGUAGE_STEPS_PER_SLICE` language-model steps while the voice part is
+        stored, then one whole timeline step a slice."""
         if self.error is not None:
             raise self.error
         if self.done:
@@ -220,7 +223,7 @@ class Prefill:
         try:
             if self._inner is None:
                 self._begin()
-            elif self._known_voice is not None:
+            elif self._next < self._voice_from:
                 self._language_steps()
             else:
                 self._timeline_step()
@@ -232,14 +235,26 @@ class Prefill:
             raise
 
     def _begin(self) -> None:
+        """The session, carrying on from the longest voice part stored for this seed
+        (its TTS steps depend on nothing but the seed and their count)."""
         import mlx.core as mx
 
-        voice = self._store.get(VoiceKey(self.seed, len(self.ids)))
-        self._known_voice = voice if isinstance(voice, VoicePart) else None
         self._inner, self._key = construct(self._runtime, self.seed, None, False)
         self._embeds = self._inner.model.stt_model.embed_tokens(
             mx.array([list(self.ids)], dtype=mx.int32)
         )
+        stored = [
+            key.tokens
+            for key in self._store.held()
+            if isinstance(key, VoiceKey) and key.seed == self.seed and key.tokens <= len(self.ids)
+        ]
+        if stored:
+            voice = self._store.get(VoiceKey(self.seed, max(stored)))
+            if isinstance(voice, VoicePart):
+                put_voice(voice, self._inner, self._key)
+                self._voice_from = len(voice.text_tokens)
+                if self._voice_from == len(self.ids):
+                    self._known_voice = voice
 
     def _timeline_step(self) -> None:
         from realtime.models.keys import drawing_from
@@ -262,7 +277,7 @@ class Prefill:
         stt = inner.model.stt_model
         pad = mx.array([[inner.config.pad_token_id]], dtype=mx.int32)
         weight = inner.config.function_channel_weight
-        end = min(self._next + LANGUAGE_STEPS_PER_SLICE, len(self.ids))
+        end = min(self._next + LANGUAGE_STEPS_PER_SLICE, self._voice_from)
         for index in range(self._next, end):
             fused = stt.embed_tokens(pad) + self._embeds[:, index : index + 1]
             fused = fused + weight * stt.embed_tokens(pad)
