@@ -43,10 +43,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("realtime.models.voicechat")
 
-LANGUAGE_STEPS_PER_SLICE: Final = 4
-"""Language-model-only prefill steps run as one graph per opening slice: the steps are
-chained through the caches, so evaluating four at once computes exactly the same
-values with a quarter of the waits."""
+STEPS_PER_SLICE: Final = 4
+"""Prefill steps run as one graph per opening slice: the steps are chained through the
+caches, so evaluating four at once computes exactly the same values with a quarter of
+the waits."""
 
 
 @attrs.frozen(slots=True)
@@ -214,7 +214,7 @@ class Prefill:
 
     def advance(self) -> None:
         """Run the next slice: the session first, then up to
-        :data:`LANGUAGE_STEPS_PER_SLICE` language-model steps while the voice part is
+        :data:`STEPS_PER_SLICE` language-model steps while the voice part is
         stored, then one whole timeline step a slice."""
         if self.error is not None:
             raise self.error
@@ -226,7 +226,7 @@ class Prefill:
             elif self._next < self._voice_from:
                 self._language_steps()
             else:
-                self._timeline_step()
+                self._timeline_steps()
             if self._next == len(self.ids):
                 self._finish()
         except Exception as exc:
@@ -256,33 +256,66 @@ class Prefill:
                 if self._voice_from == len(self.ids):
                     self._known_voice = voice
 
-    def _timeline_step(self) -> None:
+    def _timeline_steps(self) -> None:
+        """Up to :data:`STEPS_PER_SLICE` of ``_run_timeline_step``'s prefill steps
+        (nothing generated, no audio decoded) as one graph: the language model's part
+        (:meth:`_language_steps`), then the TTS's step with the pad token and its own
+        previous code (none on the timeline's first step), the same operations in the
+        same order, evaluated once at the end instead of after every step."""
+        import mlx.core as mx
+
         from realtime.models.keys import drawing_from
 
         assert self._key is not None
-        index = self._next
+        inner = self._inner
+        config = inner.config
+        tts = inner.model.tts_model.tts_model
+        end = min(self._next + STEPS_PER_SLICE, len(self.ids))
         with drawing_from(self._key):
-            self._inner._run_timeline_step(
-                self._embeds[:, index : index + 1], generate_channels=False, decode_audio=False
+            for index in range(self._next, end):
+                self._language_step(index)
+                inner._text_tokens.append(config.pad_token_id)
+                inner._function_tokens.append(config.pad_token_id)
+                if inner._timeline_index > 0:
+                    current = mx.array([[config.pad_token_id]], dtype=mx.int32)
+                    inner._previous_code = tts.step(
+                        inner._previous_code,
+                        current,
+                        mx.ones(current.shape, dtype=mx.bool_),
+                        inner._tts_cache,
+                        guidance=True,
+                    ).codes
+                inner._timeline_index += 1
+            mx.eval(
+                *arrays(inner._language_cache),
+                *arrays(inner._tts_cache),
+                inner._previous_code,
+                self._key._key,
             )
-        self._next += 1
+        self._next = end
 
-    def _language_steps(self) -> None:
-        """The language model's part of ``_run_timeline_step`` with nothing generated:
-        the same fused input, in the same order of operations, through the same cache;
-        the outputs' heads are never evaluated (no later step reads them)."""
+    def _language_step(self, index: int) -> None:
+        """The language model's part of a prefill step: ``embed(pad) + prompt[index] +
+        w * embed(pad)`` through the session's cache (the heads' outputs are never
+        evaluated: no later step reads them)."""
         import mlx.core as mx
 
         inner = self._inner
         stt = inner.model.stt_model
         pad = mx.array([[inner.config.pad_token_id]], dtype=mx.int32)
-        weight = inner.config.function_channel_weight
-        end = min(self._next + LANGUAGE_STEPS_PER_SLICE, self._voice_from)
+        fused = stt.embed_tokens(pad) + self._embeds[:, index : index + 1]
+        fused = fused + inner.config.function_channel_weight * stt.embed_tokens(pad)
+        inner._language_step(fused)
+
+    def _language_steps(self) -> None:
+        """Up to :data:`STEPS_PER_SLICE` language-model steps as one graph (their voice
+        part is stored)."""
+        import mlx.core as mx
+
+        end = min(self._next + STEPS_PER_SLICE, self._voice_from)
         for index in range(self._next, end):
-            fused = stt.embed_tokens(pad) + self._embeds[:, index : index + 1]
-            fused = fused + weight * stt.embed_tokens(pad)
-            inner._language_step(fused)
-        mx.eval(*arrays(inner._language_cache))
+            self._language_step(index)
+        mx.eval(*arrays(self._inner._language_cache))
         self._next = end
 
     def _finish(self) -> None:
