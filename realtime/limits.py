@@ -146,7 +146,7 @@ class Limits:
         int,
         PROMPT_CACHE_BYTES,
         "memory kept for the states system prompts leave in the model, so a prompt seen "
-        "before (or warmed with --warm-prompt) opens at once; least recently used first "
+        "before (or warmed at start) opens at once; least recently used first "
         "out; 0 keeps none",
         zero_allowed=True,
     )
