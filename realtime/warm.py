@@ -116,6 +116,7 @@ def prepare_model(model: RealtimeModel, limits: Limits, prompts: Sequence[WarmPr
         model.set_prompt_cache_bytes(limits.prompt_cache_bytes)
     elif prompts:
         raise ValueError(f"{model.model_id} keeps no prompt states to warm")
+    warmed = 0
     for prompt in prompts:
         text = system_prompt_of(prompt, model, limits)
         started = time.perf_counter()
@@ -125,13 +126,14 @@ def prepare_model(model: RealtimeModel, limits: Limits, prompts: Sequence[WarmPr
         session.cancel()
         model.clear_cache()
         tokens = model.count_tokens(text) if text is not None else 0
+        warmed += tokens
         log.info(
             "warmed prompt %s (%d tokens) in %.1f s",
             prompt.source,
             tokens,
             time.perf_counter() - started,
         )
-    if prompts and isinstance(model, CachesPrompts):
+    if warmed and isinstance(model, CachesPrompts):
         figures = model.prompt_cache_figures()
         if figures.bytes == 0:
             log.warning("no warmed prompt fits --prompt-cache-bytes %d", figures.max_bytes)
