@@ -20,9 +20,10 @@ MAX_CHARS_PER_TOKEN: Final = 64
 """No token of a real tokenizer spans more characters: a longer prompt is refused
 without tokenizing it (tokenizing megabytes would stall every connection)."""
 
-PROMPT_CACHE_BYTES: Final = 1 << 30
-"""1 GiB of prompt states by default (docs/performance.md, "Opening a conversation":
-about 0.4 MB a token on the medium demo checkpoint, an estimated ... on the real 11B)."""
+PROMPT_CACHE_BYTES: Final = 4 << 30
+"""4 GiB of prompt states by default: one 4,096-token agent prompt of the real 11B
+(estimated 1.2-2.3 GB, mostly its TTS caches) with room to spare, thousands on the demo
+checkpoints (docs/performance.md, "Opening a conversation")."""
 
 
 @attrs.frozen(slots=True)

@@ -44,12 +44,14 @@ from realtime.models.base import (
     ModelFigures,
     ModelSession,
     Opening,
+    PromptUse,
     RealtimeModel,
     RowResult,
     Samples,
     TakesToolResults,
     ToolResultFeed,
     UserTranscriptDelta,
+    UsesPrompt,
 )
 from realtime.models.prompt_cache import CacheFigures, CachesPrompts
 
@@ -434,6 +436,11 @@ class DemoTurnSession:
         self._heard = ""
         self._silence = np.zeros(self._figures.output_frame_samples, dtype=np.float32)
         self._silence.flags.writeable = False
+
+    @property
+    def prompt_use(self) -> PromptUse:
+        """The inner session's (:class:`realtime.models.base.UsesPrompt`)."""
+        return self.inner.prompt_use if isinstance(self.inner, UsesPrompt) else PromptUse()
 
     @property
     def state(self) -> TurnState:

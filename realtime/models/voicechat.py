@@ -635,6 +635,11 @@ class VoiceChatOpening:
             put_language(language, inner)
             put_voice(voice, inner, key)
         _check_streaming(inner, self._figures)
+        log.info(
+            "session opened: %d prompt tokens, %d from the prompt cache",
+            self._use.tokens,
+            self._use.cached,
+        )
         return VoiceChatSession(inner, self._figures, key, self._use)
 
     def abandon(self) -> None:
