@@ -11,6 +11,7 @@ one full model step per token, so the slope is the per-token cost.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -43,16 +44,25 @@ WORDS: Final = tuple(
 )
 
 
+@functools.cache
+def _tokenizer(path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def prompt_of_count(path: Path, text: str) -> int:
+    """Prefill steps of ``text`` as VoiceChatModel.count_tokens counts them: ids + BOS + EOS."""
+    return len(_tokenizer(path).encode(text, add_special_tokens=False)) + 2
+
+
 def prompt_of(path: Path, tokens: int) -> str:
     """A prompt that the model counts as exactly ``tokens`` prefill steps (0: none)."""
     if tokens == 0:
         return ""
-    from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-
-    def count(text: str) -> int:  # as VoiceChatModel.count_tokens: ids + BOS + EOS
-        return len(tokenizer.encode(text, add_special_tokens=False)) + 2
+    def count(text: str) -> int:
+        return prompt_of_count(path, text)
 
     words: list[str] = []
     while count(" ".join(words)) < tokens:
@@ -119,6 +129,96 @@ def run(path: Path, tokens: Sequence[int], rounds: int, repeats: int, peer: bool
     return result
 
 
+# --- in process: the prompt-state cache (--states) ---------------------------------------
+
+STATE_TOKENS: Final = (0, 128, 512, 2048, 4096)
+
+
+def _timed(call: Any) -> tuple[float, Any]:
+    began = time.perf_counter()
+    value = call()
+    return time.perf_counter() - began, value
+
+
+def _frame_step(model: Any) -> float:
+    """The median unpaced frame step of one session alone (seconds)."""
+    import numpy as np
+
+    from realtime.models.base import open_session
+
+    session = open_session(model, system_prompt="", seed=0, max_streaming_seconds=None)
+    frame = np.zeros(model.figures.frame_samples, dtype=np.float32)
+    times = [_timed(lambda: session.push_audio(frame, 16000))[0] for _ in range(24)]
+    session.cancel()
+    return statistics.median(times[4:])
+
+
+def states(path: Path, tokens: Sequence[int], peer: bool) -> dict[str, Any]:
+    """Open times by prompt length on the model itself (no sockets): cold (nothing
+    stored), cached (the same prompt again), warmed (opened after ``prepare_model``),
+    a new prompt of a length whose voice part is stored (its language-model steps
+    alone), and mlx-vlm's own constructor; the bytes a stored prompt holds."""
+    from mlx_vlm.models.nemotron_voicechat.streaming import VoiceChatStreamingSession
+
+    from realtime.limits import Limits
+    from realtime.models import load_model
+    from realtime.models.base import open_session
+    from realtime.warm import WarmPrompt, prepare_model
+
+    model: Any = load_model(path)
+    frame = _frame_step(model)
+    rows: list[dict[str, Any]] = []
+
+    def open_(prompt: str, seed: int) -> float:
+        seconds, session = _timed(
+            lambda: open_session(model, system_prompt=prompt, seed=seed, max_streaming_seconds=None)
+        )
+        session.cancel()
+        return seconds
+
+    for n in tokens:
+        prompt, other = prompt_of(path, n), _other_prompt(path, n)
+        print(f"start --states: {n} tokens", file=sys.stderr, flush=True)
+        model.set_prompt_cache_bytes(1 << 40)
+        row: dict[str, Any] = {"tokens": n, "cold_s": open_(prompt, 1)}
+        row["bytes"] = model.prompt_cache_figures().bytes
+        row["cached_s"] = open_(prompt, 1)
+        row["voice_stored_s"] = open_(other, 1) if other is not None else None
+        model.set_prompt_cache_bytes(1 << 40)
+        prepare_model(model, Limits(prompt_cache_bytes=1 << 40), [WarmPrompt("b", text=prompt)])
+        row["warmed_s"] = open_(prompt, 0)
+        if peer:
+            row["mlx_vlm_s"] = _timed(
+                functools.partial(
+                    VoiceChatStreamingSession, model.runtime, system_prompt=prompt, seed=1
+                )
+            )[0]
+        if n:
+            row["cold_per_token_frames"] = row["cold_s"] / n / frame
+            if row["voice_stored_s"] is not None:
+                row["voice_stored_per_token_frames"] = row["voice_stored_s"] / n / frame
+            row["bytes_per_token"] = row["bytes"] / n
+        rows.append(row)
+    model.set_prompt_cache_bytes(0)
+    return {"frame_step_s": frame, "rows": rows}
+
+
+def _other_prompt(path: Path, tokens: int) -> str | None:
+    """Another prompt of exactly ``tokens`` prefill steps (``None`` for 0)."""
+    if tokens == 0:
+        return None
+    text = prompt_of(path, tokens)
+    for i, ch in enumerate(text):
+        if ch.isalpha():
+            swapped = text[:i] + ("b" if ch != "b" else "c") + text[i + 1 :]
+            try:
+                if prompt_of_count(path, swapped) == tokens:
+                    return swapped
+            except ValueError:
+                continue
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.start", description=__doc__)
     parser.add_argument("--model", type=Path, help="checkpoint folder (default: the demo one)")
@@ -132,6 +232,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument(
+        "--states",
+        action="store_true",
+        help="measure opening on the model in this process instead (the prompt-state "
+        "cache: cold, cached, warmed, voice part stored, mlx-vlm's constructor; default "
+        "tokens 0,128,512,2048,4096)",
+    )
     parser.add_argument("--json", type=Path)
     return parser
 
@@ -145,6 +252,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         path = ensure_demo_checkpoint(size=SIZES[args.size])
     started = time.perf_counter()
+    if args.states:
+        tokens = STATE_TOKENS if args.tokens == DEFAULT_TOKENS else args.tokens
+        result = states(path, tokens, not args.no_peer)
+        result["model"] = str(path)
+        result["seconds"] = time.perf_counter() - started
+        print(f"frame step {result['frame_step_s'] * 1e3:.1f} ms")
+        for row in result["rows"]:
+            print(json.dumps(row))
+        if args.json is not None:
+            args.json.write_text(json.dumps(result, indent=2) + "\n")
+        return 0
     result = run(path, args.tokens, args.rounds, args.repeats, not args.no_peer)
     result["model"] = str(path)
     result["seconds"] = time.perf_counter() - started

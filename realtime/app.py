@@ -29,6 +29,7 @@ from realtime.limits import Limits
 from realtime.logs import SessionLog
 from realtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from realtime.metrics import PrometheusObserver
+from realtime.models.prompt_cache import CachesPrompts
 from realtime.observe import HTTPRefusalReason, Observer, Observers, RefusalReason
 from realtime.openai.connection import OpenAIConnection
 from realtime.plumbing import TransportClosed
@@ -558,6 +559,8 @@ def create_http_app(state: ServerState) -> QuartTrio:
             "cpu_blas": cpu_blas.active().name,
             "version": __version__,
         }
+        if isinstance(model, CachesPrompts):
+            body["prompt_cache"] = attrs.asdict(model.prompt_cache_figures())
         if not alive:
             body["reason"] = engine.dead_reason
         return body, 200 if alive else 503

@@ -108,6 +108,24 @@ def _add_batch_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_warm_option(parser: argparse.ArgumentParser) -> None:
+    """``--warm-prompt FILE`` (repeatable); unset, ``REALTIME_WARM_PROMPT`` decides
+    (:mod:`realtime.warm`)."""
+    from realtime.warm import WARM_PROMPT_ENV
+
+    parser.add_argument(
+        "--warm-prompt",
+        metavar="FILE",
+        action="append",
+        default=None,
+        help="read this system prompt into the model's prompt cache (seed 0) before "
+        "/ready says ready, so the first conversation with it opens at once: a text "
+        "file is a native session.system_prompt, a .json file an OpenAI session object "
+        "(its instructions and tools); repeatable (default: "
+        f"${WARM_PROMPT_ENV}, files separated by '{os.pathsep}')",
+    )
+
+
 def _add_cpu_blas_option(parser: argparse.ArgumentParser) -> None:
     """``--cpu-blas``: which CBLAS MLX's Linux CPU backend multiplies with
     (:mod:`realtime.cpu_blas`); installed in :func:`main` before MLX loads."""
@@ -257,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo_turns_option(serve)
     _add_limit_options(serve)
     _add_batch_option(serve)
+    _add_warm_option(serve)
     _add_cpu_blas_option(serve)
 
     gen = sub.add_parser("generate", help="run a WAV through the model offline")

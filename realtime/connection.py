@@ -54,6 +54,7 @@ from realtime.models.base import (
     InferenceError,
     ModelEvent,
     PreparesToolResults,
+    PromptUse,
     RealtimeModel,
     Samples,
 )
@@ -123,7 +124,9 @@ class Rules(Protocol):
         self, tag: int, events: list[ModelEvent] | None, now: float
     ) -> Sequence[Output]: ...
     def slice_failed(self, tag: int, failure: Failure, now: float) -> Sequence[Output]: ...
-    def opened(self, failure: Failure | None, now: float) -> Sequence[Output]: ...
+    def opened(
+        self, failure: Failure | None, now: float, *, prompt: PromptUse | None = None
+    ) -> Sequence[Output]: ...
     def flushed(
         self, result: list[ModelEvent] | Failure | None, now: float
     ) -> Sequence[Output]: ...
@@ -498,7 +501,8 @@ class Connection(SessionPlumbing):
                 return
             self.observer.session_opened(time.perf_counter() - started)
             self.backlog.finished(trio.current_time())
-            await self._apply(rules.opened(None, trio.current_time()))
+            prompt = self.engine.prompt_use(sid)
+            await self._apply(rules.opened(None, trio.current_time(), prompt=prompt))
             return
         result: Ended = None
         if rules.session_open:

@@ -30,6 +30,7 @@ from realtime.models.base import (
     Done,
     ModelEvent,
     ModelFigures,
+    PromptUse,
 )
 from realtime.observe import SessionOutcome
 
@@ -318,8 +319,11 @@ class Conversation:
         self._failed_append = append_id
         return [protocol.error_event(error_code_for(failure), failure.message)]
 
-    def opened(self, failure: work.Failure | None, now: float) -> list[Output]:
-        """The engine finished the open: ``session.updated``, or the error."""
+    def opened(
+        self, failure: work.Failure | None, now: float, *, prompt: PromptUse | None = None
+    ) -> list[Output]:
+        """The engine finished the open: ``session.updated``, or the error (``prompt``: not
+        reported on this endpoint)."""
         self.update_in_flight = False
         update = self._asked
         assert update is not None, "opened without a session.update"

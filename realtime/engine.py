@@ -42,6 +42,7 @@ from realtime.models.base import (
     ModelEvent,
     ModelSession,
     Opening,
+    PromptUse,
     RealtimeModel,
     RowResult,
     Samples,
@@ -531,6 +532,15 @@ class Engine:
         admission compares with margin x frame."""
         with self._state_lock:
             return self._frame_cost(len(self._reserved) + 1)
+
+    def prompt_use(self, session_id: str) -> PromptUse:
+        """How an open session read its system prompt (set once when it opened and never
+        changed, so the event loop may read it once its ``Open`` has returned)."""
+        active = self._sessions.get(session_id)
+        session = None if active is None else active.session
+        if isinstance(session, model.UsesPrompt):
+            return session.prompt_use
+        return PromptUse()
 
     @property
     def queue_depth(self) -> int:

@@ -20,6 +20,11 @@ MAX_CHARS_PER_TOKEN: Final = 64
 """No token of a real tokenizer spans more characters: a longer prompt is refused
 without tokenizing it (tokenizing megabytes would stall every connection)."""
 
+PROMPT_CACHE_BYTES: Final = 4 << 30
+"""4 GiB of prompt states by default: one 4,096-token agent prompt of the real 11B
+(estimated 1.2-2.3 GB, mostly its TTS caches) with room to spare, thousands on the demo
+checkpoints (docs/performance.md, "Opening a conversation")."""
+
 
 @attrs.frozen(slots=True)
 class Setting:
@@ -131,13 +136,23 @@ class Limits:
     """Outgoing events buffered per connection before the model waits for the client."""
     max_system_prompt_tokens: int = _limit(
         int,
-        512,
+        4096,
         "longest system prompt accepted (session.system_prompt; on the OpenAI endpoint "
         "the instructions with the declared tools), in the model's tokens",
     )
     """Opening a session prefills the prompt one model step per token, so its length is
     session-open time: longer prompts are refused before any model work
     (:func:`prompt_refusal`)."""
+    prompt_cache_bytes: int = _limit(
+        int,
+        PROMPT_CACHE_BYTES,
+        "memory kept for the states system prompts leave in the model, so a prompt seen "
+        "before (or warmed at start) opens at once; least recently used first "
+        "out; 0 keeps none",
+        zero_allowed=True,
+    )
+    """The model's prompt-state cache (realtime.models.prompt_cache): a hit opens a
+    conversation bit for bit as a cold open would, in one engine slice."""
     max_step_seconds: float = _limit(
         float,
         30.0,

@@ -40,6 +40,7 @@ from prometheus_client.registry import Collector
 
 from realtime import __version__, cpu_blas
 from realtime.engine import Engine
+from realtime.models.prompt_cache import CachesPrompts
 from realtime.observe import (
     CommandKind,
     ErrorPlace,
@@ -287,6 +288,44 @@ class PrometheusObserver(Observer):
         self.batch_step.labels(str(rows)).observe(seconds)
 
 
+def _prompt_cache(engine: Engine | None) -> Iterable[Metric]:
+    """The model's prompt-state cache (--prompt-cache-bytes), when it keeps one."""
+    model = engine.loaded_model if engine is not None else None
+    if not isinstance(model, CachesPrompts):
+        return
+    figures = model.prompt_cache_figures()
+    yield CounterMetricFamily(
+        "realtime_prompt_cache_hits",
+        "Openings whose system prompt's state was copied from the prompt cache.",
+        value=figures.hits,
+    )
+    yield CounterMetricFamily(
+        "realtime_prompt_cache_misses",
+        "Openings that read their system prompt through the model (or shared such a read).",
+        value=figures.misses,
+    )
+    yield CounterMetricFamily(
+        "realtime_prompt_cache_shared",
+        "Of the misses, openings that shared another opening's read of the same prompt.",
+        value=figures.shared,
+    )
+    yield CounterMetricFamily(
+        "realtime_prompt_cache_evictions",
+        "Prompt states dropped to stay within --prompt-cache-bytes.",
+        value=figures.evictions,
+    )
+    yield GaugeMetricFamily(
+        "realtime_prompt_cache_bytes",
+        "Memory held by the prompt cache's states.",
+        value=figures.bytes,
+    )
+    yield GaugeMetricFamily(
+        "realtime_prompt_cache_entries",
+        "Prompt states held (each prompt keeps a language part and a voice part).",
+        value=figures.entries,
+    )
+
+
 class _ScrapeTime(Collector):
     """Values read when Prometheus scrapes: engine alive, draining, slot, build info."""
 
@@ -357,6 +396,7 @@ class _ScrapeTime(Collector):
             "(NaN until enough frames ran).",
             value=float("nan") if predicted is None else predicted,
         )
+        yield from _prompt_cache(engine)
         owner = self._owner
         yield CounterMetricFamily(
             "realtime_frames",

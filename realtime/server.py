@@ -15,7 +15,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import cast
@@ -35,6 +35,7 @@ from realtime.metrics import PrometheusObserver
 from realtime.models.base import RealtimeModel
 from realtime.observe import Observer, Observers
 from realtime.recording import Recording
+from realtime.warm import WarmPrompt, preparing, read_warm_prompts, warm_prompts_from_env
 
 log = logging.getLogger("realtime")
 
@@ -152,16 +153,18 @@ def engine_for(
     observer: Observer | None = None,
     *,
     batch_frames: bool | None = None,
+    warm: Sequence[WarmPrompt] = (),
 ) -> Engine:
     """The engine the limits ask for: ``max_sessions`` slots, admission by load past one
     (``admission_margin``) only when more than one conversation may run, and batched
     frames as ``batch_frames`` says (``None``: on past one conversation,
     :func:`realtime.limits.batching`). With admission by load the engine measures its
     step before it reports ready (``Engine.warm_up``), so ``/ready`` and the first
-    clients are answered by measurement."""
+    clients are answered by measurement. Its loader also bounds the model's prompt cache
+    and warms ``warm`` into it (:func:`realtime.warm.preparing`)."""
     margin = limits.admission_margin if limits.max_sessions > 1 else 0.0
     return Engine(
-        loader,
+        preparing(loader, limits, warm),
         observer=observer,
         capacity=limits.max_sessions,
         admission_margin=margin,
@@ -176,6 +179,7 @@ def start_engine(
     limits: Limits | None = None,
     *,
     batch_frames: bool | None = None,
+    warm: Sequence[WarmPrompt] = (),
 ) -> Engine:
     """Load the model on a new engine thread (serving ``limits.max_sessions``
     conversations); the engine once it is ready.
@@ -187,7 +191,7 @@ def start_engine(
     on the loading thread (ml-explore/mlx#3126). SIGTERM has no handler before
     serving, so its default action ends a loading process as it always has.
     """
-    engine = engine_for(loader, limits or Limits(), observer, batch_frames=batch_frames)
+    engine = engine_for(loader, limits or Limits(), observer, batch_frames=batch_frames, warm=warm)
     started = time.perf_counter()
     try:
         model = engine.start()
@@ -394,9 +398,20 @@ def _recording(args: argparse.Namespace) -> Recording | None:
     return Recording(directory, args.record_max_bytes)
 
 
+def warm_prompts_from_args(paths: Sequence[str] | None) -> tuple[WarmPrompt, ...]:
+    """``--warm-prompt`` files, else ``REALTIME_WARM_PROMPT``'s; a bad file exits 2."""
+    try:
+        if paths is None:
+            return warm_prompts_from_env(os.environ)
+        return read_warm_prompts(paths)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def serve_command(args: argparse.Namespace, limits: Limits) -> int:
     # A bad path exits 2 here.
     loader = model_loader(args.model, args.quantize, demo_turns=args.demo_turns)
+    warm = warm_prompts_from_args(getattr(args, "warm_prompt", None))
     config = hypercorn_config(args.host, args.port, limits)
     try:
         bind_now(config)  # a port in use exits 2 here, before the model loads
@@ -409,7 +424,11 @@ def serve_command(args: argparse.Namespace, limits: Limits) -> int:
     observer = Observers((metrics, SessionLog()))
     try:
         engine = start_engine(
-            loader, observer, limits, batch_frames=getattr(args, "batch_frames", None)
+            loader,
+            observer,
+            limits,
+            batch_frames=getattr(args, "batch_frames", None),
+            warm=warm,
         )
     except BaseException:
         _close_bound(config)

@@ -356,3 +356,18 @@ def test_accelerator_parts_join_back_only_when_all_are_there(tmp_path: Path) -> 
     assert call("join").returncode != 0
     usage = call("nonsense")
     assert usage.returncode == 2 and "usage" in usage.stderr
+
+
+@pytest.mark.slow
+def test_start_states_rows_run(demo_cache_dir: Path, tmp_path: Path) -> None:
+    """``benchmarks.start --states``: cold, cached, warmed and voice-stored opens."""
+    out = tmp_path / "states.json"
+    cmd = [sys.executable, "-m", "benchmarks.start", "--states", "--tokens", "0,6"]
+    done = subprocess.run(
+        [*cmd, "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["tokens"] for r in rows] == [0, 6]
+    assert rows[1]["bytes"] > 0 and _positive(rows[1]["cold_s"]) and _positive(rows[1]["mlx_vlm_s"])
+    assert rows[1]["voice_stored_s"] is None or _positive(rows[1]["voice_stored_s"])

@@ -249,6 +249,25 @@ class ContextLimitReached(InferenceError):
     (the server says so once, ends the response and closes normally)."""
 
 
+@attrs.frozen(slots=True)
+class PromptUse:
+    """How an opened session came by its system prompt: ``tokens`` prefill steps in all
+    (0: no prompt), of which ``cached`` were copied from the model's prompt cache
+    instead of computed (all or none). OpenAI ``usage.input_token_details.cached_tokens``
+    reads it (:class:`UsesPrompt`)."""
+
+    tokens: int = attrs.field(default=0, validator=_TOKEN_ID)
+    cached: int = attrs.field(default=0, validator=_TOKEN_ID)
+
+
+@runtime_checkable
+class UsesPrompt(Protocol):
+    """A session that says how its prompt was read (VoiceChat's)."""
+
+    @property
+    def prompt_use(self) -> PromptUse: ...
+
+
 class ModelSession(Protocol):
     """One streaming timeline. Every method runs on the engine thread."""
 

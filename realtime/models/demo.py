@@ -47,6 +47,7 @@ from realtime.models.base import (
     ModelSession,
     Opening,
     PreparesToolResults,
+    PromptUse,
     RealtimeModel,
     RowResult,
     Samples,
@@ -54,7 +55,9 @@ from realtime.models.base import (
     ToolInput,
     ToolResultFeed,
     UserTranscriptDelta,
+    UsesPrompt,
 )
+from realtime.models.prompt_cache import CacheFigures, CachesPrompts
 
 SILENT_DB: Final = -100.0
 """The energy of digital silence (and the lowest any frame is given)."""
@@ -517,6 +520,11 @@ class DemoTurnSession:
         self._silence.flags.writeable = False
 
     @property
+    def prompt_use(self) -> PromptUse:
+        """The inner session's (:class:`realtime.models.base.UsesPrompt`)."""
+        return self.inner.prompt_use if isinstance(self.inner, UsesPrompt) else PromptUse()
+
+    @property
     def state(self) -> TurnState:
         """The policy's state (for tests and diagnostics)."""
         return self._state
@@ -750,6 +758,16 @@ class DemoTurnModel:
         if not isinstance(self.inner, PreparesToolResults):
             raise InferenceError("this model takes no tool results")
         return self.inner.tool_input(output)
+
+    def prompt_cache_figures(self) -> CacheFigures:
+        """The inner model's prompt cache (the demo turns change no prompt state)."""
+        if isinstance(self.inner, CachesPrompts):
+            return self.inner.prompt_cache_figures()
+        return CacheFigures(0, 0, 0, 0, 0, 0, 0)
+
+    def set_prompt_cache_bytes(self, max_bytes: int) -> None:
+        if isinstance(self.inner, CachesPrompts):
+            self.inner.set_prompt_cache_bytes(max_bytes)
 
     def clear_cache(self) -> None:
         self.inner.clear_cache()

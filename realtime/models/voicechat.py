@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 import attrs
 import numpy as np
 
+from realtime.limits import PROMPT_CACHE_BYTES
 from realtime.models.base import (
     MAX_TOOL_RESULT_TOKENS,
     VOICECHAT_FIGURES,
@@ -32,6 +33,7 @@ from realtime.models.base import (
     InferenceError,
     ModelEvent,
     ModelFigures,
+    PromptUse,
     RowResult,
     Samples,
     SessionInitializationError,
@@ -47,7 +49,9 @@ from realtime.models.checkpoint import (
     model_id_for,
     one_line,
 )
+from realtime.models.prompt_cache import CacheFigures
 from realtime.models.voicechat_cast import cast_once
+from realtime.models.voicechat_prompt import LanguagePart, Prefill, PromptStates, VoicePart
 
 if TYPE_CHECKING:
     from realtime.models.keys import SessionKey
@@ -185,9 +189,13 @@ class VoiceChatSession:
     still ends the timeline with ``Done`` so a commit gets its ``response.done``.
     """
 
-    def __init__(self, inner: Any, figures: ModelFigures, key: SessionKey) -> None:
+    def __init__(
+        self, inner: Any, figures: ModelFigures, key: SessionKey, prompt_use: PromptUse
+    ) -> None:
         from realtime.models.voicechat_step import check_state
 
+        self.prompt_use = prompt_use
+        """Its prompt's prefill steps and how many came from the prompt cache."""
         self._inner = inner
         self._figures = figures
         self._key = key
@@ -555,19 +563,23 @@ class VoiceChatOpening:
     mlx-vlm opens a streaming session in its constructor: seed, TTS voice warm-up,
     then the system prompt prefilled one full timeline step (language model and TTS)
     per token, all in one call (a 512-token prompt is 6-23 s during which nothing
-    else could run). Here the constructor runs with an empty prompt (mlx-vlm skips a
-    blank one) as the first slice, and each later slice runs one prefill token
-    through the session's own timeline step, with the prompt ids and embeddings
-    built as mlx-vlm's ``_prefill_prompt`` builds them (``None`` means the
-    checkpoint's default prompt). The result is the session mlx-vlm's constructor
-    gives, bit for bit (tests/test_sessions_isolation.py). Every slice draws from the
-    session's own random key (:mod:`realtime.models.keys`).
+    else could run). Here the prompt's prefill runs in slices of its own
+    (:class:`realtime.models.voicechat_prompt.Prefill`: the constructor with a blank
+    prompt, then one token a slice, or a few language-model steps a slice when the
+    voice part of a prefill of that seed and length is stored), shared by every
+    opening of that prompt and seed under way, and stored in the model's prompt cache;
+    the opening's own session is then the constructor with a blank prompt (mlx-vlm
+    skips a blank one) given copies of the stored parts. A prompt stored whole opens in
+    one slice. The result is the session mlx-vlm's constructor gives, bit for bit
+    (tests/test_sessions_isolation.py, tests/test_prompt_cache.py). Every slice draws
+    from its session's own random key (:mod:`realtime.models.keys`).
     """
 
     def __init__(
         self,
         runtime: Any,
         figures: ModelFigures,
+        prompts: PromptStates,
         *,
         system_prompt: str | None,
         seed: int,
@@ -576,22 +588,24 @@ class VoiceChatOpening:
     ) -> None:
         self._runtime = runtime
         self._figures = figures
+        self._prompts = prompts
         self._system_prompt = system_prompt
         self._seed = seed
         self._max_streaming_seconds = max_streaming_seconds
         self._profile = profile
-        self._key: SessionKey | None = None
-        self._inner: Any = None
-        self._embeds: Any = None
-        self._tokens = 0
-        self._next = 0
+        self._prefill: Prefill | None = None
+        self._parts: tuple[LanguagePart, VoicePart] | None = None
+        self._use: PromptUse | None = None
 
     def advance(self) -> VoiceChatSession | None:
         try:
-            if self._inner is None:
+            if self._use is None:
                 self._start()
-            elif self._next < self._tokens:
-                self._prefill_one()
+            elif self._prefill is not None:
+                self._wait_for_prefill()
+            if self._use is None or self._prefill is not None:
+                return None
+            return self._open()
         except SessionInitializationError:
             raise
         except Exception as exc:
@@ -601,58 +615,56 @@ class VoiceChatOpening:
                 if isinstance(exc, ValueError)
                 else f"{type(exc).__name__}: {one_line(str(exc))}"
             ) from exc
-        if self._next < self._tokens:
-            return None
-        assert self._key is not None
-        _check_streaming(self._inner, self._figures)
-        return VoiceChatSession(self._inner, self._figures, self._key)
 
     def _start(self) -> None:
-        from mlx_vlm.models.nemotron_voicechat.streaming import VoiceChatStreamingSession
+        from realtime.models.voicechat_prompt import prompt_ids
 
-        from realtime.models.keys import SessionKey, drawing_from, install_voicechat
-
-        install_voicechat()
-        self._key = SessionKey(self._seed)
-        with drawing_from(self._key):
-            self._inner = VoiceChatStreamingSession(
-                self._runtime,
-                system_prompt="",
-                seed=self._seed,
-                max_streaming_seconds=self._max_streaming_seconds,
-                profile=self._profile,
-            )
-        config = self._inner.config
+        config = self._runtime.model.config
         text = config.default_system_prompt if self._system_prompt is None else self._system_prompt
-        if not text.strip():
-            return
-        import mlx.core as mx
+        ids = tuple(prompt_ids(self._runtime, text))
+        if ids:
+            self._parts = self._prompts.parts(ids, self._seed)
+            if self._parts is None:
+                self._prefill = self._prompts.join(self._runtime, ids, self._seed)
+                self._wait_for_prefill()
+            else:
+                self._prompts.store.count(hit=True)
+        self._use = PromptUse(tokens=len(ids), cached=len(ids) if self._parts else 0)
 
-        ids = [
-            config.bos_token_id,
-            *self._inner.tokenizer.encode(text, add_special_tokens=False),
-            config.eos_token_id,
-        ]
-        self._embeds = self._inner.model.stt_model.embed_tokens(mx.array([ids], dtype=mx.int32))
-        self._tokens = len(ids)
+    def _wait_for_prefill(self) -> None:
+        prefill = self._prefill
+        assert prefill is not None
+        prefill.advance()
+        if prefill.language is not None and prefill.voice is not None:
+            self._parts = (prefill.language, prefill.voice)
+            self._prefill = None
+            self._prompts.leave(prefill)
 
-    def _prefill_one(self) -> None:
-        from realtime.models.keys import drawing_from
+    def _open(self) -> VoiceChatSession:
+        from realtime.models.voicechat_prompt import construct, put_language, put_voice
 
-        assert self._key is not None
-        index = self._next
-        with drawing_from(self._key):
-            self._inner._run_timeline_step(
-                self._embeds[:, index : index + 1], generate_channels=False, decode_audio=False
-            )
-        self._next += 1
-        if self._next == self._tokens:
-            self._embeds = None
+        assert self._use is not None
+        inner, key = construct(
+            self._runtime, self._seed, self._max_streaming_seconds, self._profile
+        )
+        if self._parts is not None:
+            language, voice = self._parts
+            self._parts = None
+            put_language(language, inner)
+            put_voice(voice, inner, key)
+        _check_streaming(inner, self._figures)
+        log.info(
+            "session opened: %d prompt tokens, %d from the prompt cache",
+            self._use.tokens,
+            self._use.cached,
+        )
+        return VoiceChatSession(inner, self._figures, key, self._use)
 
     def abandon(self) -> None:
-        self._embeds = None
-        if self._inner is not None and not self._inner.closed:
-            self._inner.cancel()
+        self._parts = None
+        prefill, self._prefill = self._prefill, None
+        if prefill is not None:
+            self._prompts.leave(prefill)
 
 
 class VoiceChatModel:
@@ -660,6 +672,7 @@ class VoiceChatModel:
 
     def __init__(self, runtime: Any, path: Path, figures: ModelFigures | None = None) -> None:
         self._runtime = runtime  # mlx-vlm VoiceChatSession: model + tokenizer
+        self._prompts = PromptStates(PROMPT_CACHE_BYTES)
         self._path = path
         self._model_id = model_id_for(path)
         self._figures = figures_of(runtime.model.config) if figures is None else figures
@@ -707,11 +720,21 @@ class VoiceChatModel:
         return VoiceChatOpening(
             self._runtime,
             self._figures,
+            self._prompts,
             system_prompt=system_prompt,
             seed=value,
             max_streaming_seconds=max_streaming_seconds,
             profile=profile,
         )
+
+    def prompt_cache_figures(self) -> CacheFigures:
+        """The prompt cache's bound, contents and counts (``/health``, ``/metrics``)."""
+        return self._prompts.store.figures()
+
+    def set_prompt_cache_bytes(self, max_bytes: int) -> None:
+        """A new bound for the prompt cache (``--prompt-cache-bytes``), emptying it;
+        called on the engine thread before any session opens."""
+        self._prompts = PromptStates(max_bytes)
 
     def step(self, frames: Sequence[Frame]) -> list[RowResult]:
         """The sessions' frames as one batched frame step (:func:`run_rows`); sessions

@@ -17,7 +17,7 @@ from typing import ClassVar
 from realtime.close_codes import CLOSE_INTERNAL, Close
 from realtime.connection import Connection, Ended, Event, Output, Rules
 from realtime.limits import Limits
-from realtime.models.base import ModelEvent, RealtimeModel
+from realtime.models.base import ModelEvent, PromptUse, RealtimeModel
 from realtime.observe import SessionOutcome
 from realtime.openai import events as ev
 from realtime.openai.dialect import Dialect, FeedTool, OpenModel, RunFrame
@@ -128,12 +128,18 @@ class OpenAIRules:
         outputs = self.dialect.failed(failure.message, lost=failure.lost, now=now)
         return self._outputs(outputs, now)
 
-    def opened(self, failure: Failure | None, now: float) -> list[Output]:
+    def opened(
+        self, failure: Failure | None, now: float, *, prompt: PromptUse | None = None
+    ) -> list[Output]:
         if failure is not None and failure.lost:
             return self._failed(failure, now)
         self.session_open = failure is None
         message = None if failure is None else failure.message
-        return self._outputs(self.dialect.opened(message, now), now)
+        use = prompt or PromptUse()
+        return self._outputs(
+            self.dialect.opened(message, now, cached_tokens=use.cached, prompt_tokens=use.tokens),
+            now,
+        )
 
     def fed(self, failure: Failure | None, now: float, tokens: int) -> list[Output]:
         if failure is not None and failure.lost:

@@ -450,10 +450,15 @@ class Dialect:
         self._frames.submitted += 1
         return RunFrame(samples, silence)
 
-    def opened(self, failure: str | None, now: float, *, cached_tokens: int = 0) -> list[Output]:
+    def opened(
+        self, failure: str | None, now: float, *, cached_tokens: int = 0, prompt_tokens: int = 0
+    ) -> list[Output]:
         """The engine finished opening the model session (``failure``: why not;
-        ``cached_tokens``: how many of the prompt's tokens came from the prompt cache)."""
+        ``prompt_tokens``: the prompt's tokens as the model read them, when it says;
+        ``cached_tokens``: how many of them came from the prompt cache)."""
         if failure is None:
+            if prompt_tokens:
+                self._prompt_tokens = prompt_tokens
             self.usage.text_tokens += self._prompt_tokens
             self.usage.cached_tokens += min(cached_tokens, self._prompt_tokens)
             self.model_state = advance(self.model_state, Trigger.OPENED)

@@ -1,0 +1,197 @@
+"""The prompt-state cache: a stored prompt opens bit for bit as mlx-vlm's constructor
+opens it, whatever happened to the sessions opened before; the store's byte bound;
+concurrent openings of one new prompt prefill once (demo checkpoint)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from realtime.models.base import InferenceError, PromptUse, UsesPrompt, open_session
+from realtime.models.prompt_cache import CacheFigures, CachesPrompts, PromptCache
+from realtime.models.voicechat import VoiceChatModel, VoiceChatSession
+from tests.models_fixtures import push_all
+from tests.test_sessions_isolation import LONG_PROMPT, audio_for, digest, digest_mlx_vlm
+
+OTHER_PROMPT = (
+    "You are a cheerful assistant for a flower shop. Answer in one or two short "
+    "sentences and never invent opening hours."
+)
+
+
+# --- the store ----------------------------------------------------------------------
+
+
+def test_the_store_keeps_at_most_its_bytes_least_recently_used_first() -> None:
+    cache: PromptCache[str, int] = PromptCache(100)
+    assert cache.put("a", 1, 40) and cache.put("b", 2, 40)
+    assert cache.get("a") == 1  # now b is the least recently used
+    assert cache.put("c", 3, 40)
+    assert "b" not in cache and cache.get("a") == 1 and cache.get("c") == 3
+    assert not cache.put("huge", 4, 101)  # larger than the bound: not kept
+    assert cache.put("a", 5, 10)  # replaced, its bytes recounted
+    cache.count(hit=True)
+    cache.count(hit=False)
+    cache.count(hit=False, shared=True)
+    assert cache.figures() == CacheFigures(
+        max_bytes=100, bytes=50, entries=2, hits=1, misses=2, shared=1, evictions=1
+    )
+    empty: PromptCache[str, int] = PromptCache(0)
+    assert not empty.put("a", 1, 1) and len(empty) == 0
+    with pytest.raises(ValueError):
+        PromptCache(-1)
+
+
+# --- on the model -------------------------------------------------------------------
+
+
+@pytest.fixture
+def model(demo_model: VoiceChatModel) -> Iterator[VoiceChatModel]:
+    """The demo model with an empty prompt cache of the default size, emptied after."""
+    demo_model.set_prompt_cache_bytes(1 << 30)
+    yield demo_model
+    demo_model.set_prompt_cache_bytes(1 << 30)
+
+
+def theirs(model: VoiceChatModel, seed: int, prompt: str | None, frames: int = 6) -> Any:
+    """mlx-vlm's own constructor and session on the same audio."""
+    from mlx_vlm.models.nemotron_voicechat.streaming import VoiceChatStreamingSession
+
+    session = VoiceChatStreamingSession(model.runtime, system_prompt=prompt, seed=seed)
+    raw = session.push_audio(audio_for(seed, frames), sample_rate=16000)
+    raw += session.flush(pad_partial=True)
+    return digest_mlx_vlm(raw)
+
+
+def ours(model: VoiceChatModel, seed: int, prompt: str | None, frames: int = 6) -> Any:
+    session = open_session(model, system_prompt=prompt, seed=seed, max_streaming_seconds=None)
+    return digest(push_all(session, audio_for(seed, frames)))
+
+
+def opened(model: VoiceChatModel, seed: int, prompt: str | None) -> VoiceChatSession:
+    session = open_session(model, system_prompt=prompt, seed=seed, max_streaming_seconds=None)
+    assert isinstance(session, VoiceChatSession)
+    return session
+
+
+def test_a_cached_prompt_opens_as_mlx_vlms_constructor(model: VoiceChatModel) -> None:
+    """Cold, then cached (in one slice), then the same prompt with another seed (its
+    language part stored, its voice part not), then another prompt of the same length
+    and seed (only the language model's steps run): each equals mlx-vlm's own."""
+    assert isinstance(model, CachesPrompts)
+    expected = theirs(model, 3, LONG_PROMPT)
+    first = opened(model, 3, LONG_PROMPT)
+    assert isinstance(first, UsesPrompt)
+    tokens = model.count_tokens(LONG_PROMPT)
+    assert first.prompt_use == PromptUse(tokens=tokens, cached=0)
+    assert digest(push_all(first, audio_for(3, 6))) == expected
+    opening = model.begin_session(system_prompt=LONG_PROMPT, seed=3, max_streaming_seconds=None)
+    second = opening.advance()  # a hit opens in one slice
+    assert second is not None and second.prompt_use == PromptUse(tokens=tokens, cached=tokens)
+    assert digest(push_all(second, audio_for(3, 6))) == expected
+    figures = model.prompt_cache_figures()
+    assert (figures.hits, figures.misses, figures.entries) == (1, 1, 2)
+    assert figures.bytes > 0
+
+    assert ours(model, 4, LONG_PROMPT) == theirs(model, 4, LONG_PROMPT)  # another seed
+    assert model.prompt_cache_figures().misses == 2
+
+    same_length = _same_length(model, LONG_PROMPT)
+    assert model.count_tokens(same_length) == tokens
+    assert ours(model, 3, same_length) == theirs(model, 3, same_length)
+    assert ours(model, 3, same_length) == theirs(model, 3, same_length)  # and cached
+
+
+def _same_length(model: VoiceChatModel, prompt: str) -> str:
+    """Another prompt that tokenizes to as many tokens as ``prompt``."""
+    words = prompt.split()
+    for i in range(len(words)):
+        other = " ".join([*words[:i], "parrots", *words[i + 1 :]])
+        if other != prompt and model.count_tokens(other) == model.count_tokens(prompt):
+            return other
+    raise AssertionError("no same-length prompt found")
+
+
+@pytest.mark.parametrize("ending", ["frames", "cancelled", "closed", "failed"])
+def test_what_a_session_does_never_changes_a_stored_prompt(
+    model: VoiceChatModel, ending: str
+) -> None:
+    """However the sessions opened from an entry end (after frames, cancelled, flushed
+    and closed, failed mid-frame), the next hit is still a cold open's session."""
+    expected = theirs(model, 5, OTHER_PROMPT)
+    for _ in range(2):  # the cold open's own session, then a hit's
+        session = opened(model, 5, OTHER_PROMPT)
+        session.push_audio(audio_for(6, 4), 16000)
+        if ending == "cancelled":
+            session.cancel()
+        elif ending == "closed":
+            session.flush(True)
+            model.clear_cache()
+        elif ending == "failed":
+            # The next frame breaks at the codec, after its language and TTS caches
+            # have grown in place.
+            session._inner._codec_cache = None
+            with pytest.raises(InferenceError):
+                session.push_audio(audio_for(6, 1), 16000)
+    assert model.prompt_cache_figures().hits == 1
+    assert ours(model, 5, OTHER_PROMPT) == expected
+
+
+def test_concurrent_openings_of_a_new_prompt_prefill_once(model: VoiceChatModel) -> None:
+    """Two openings of one new prompt and seed advanced in turn share one prefill (each
+    slice of either advances it); both equal mlx-vlm's; the one left alone still ends
+    when the other is abandoned half way."""
+    expected = theirs(model, 2, LONG_PROMPT)
+    first = model.begin_session(system_prompt=LONG_PROMPT, seed=2, max_streaming_seconds=None)
+    second = model.begin_session(system_prompt=LONG_PROMPT, seed=2, max_streaming_seconds=None)
+    third = model.begin_session(system_prompt=LONG_PROMPT, seed=2, max_streaming_seconds=None)
+    assert first.advance() is None and second.advance() is None and third.advance() is None
+    third.abandon()
+    sessions: dict[int, Any] = {}
+    slices = 0
+    while len(sessions) < 2:
+        for i, opening in enumerate((first, second)):
+            if i not in sessions:
+                slices += 1
+                if (session := opening.advance()) is not None:
+                    sessions[i] = session
+    steps = model.count_tokens(LONG_PROMPT)
+    assert slices <= steps + 2  # one prefill between them, not one each
+    figures = model.prompt_cache_figures()
+    assert (figures.misses, figures.shared, figures.hits) == (3, 2, 0)
+    for session in sessions.values():
+        assert digest(push_all(session, audio_for(2, 6))) == expected
+
+
+def test_the_byte_bound_evicts_and_an_evicted_prompt_opens_cold(model: VoiceChatModel) -> None:
+    opened(model, 1, LONG_PROMPT)
+    one = model.prompt_cache_figures().bytes
+    model.set_prompt_cache_bytes(one + one // 2)  # room for one prompt's parts
+    opened(model, 1, LONG_PROMPT)
+    opened(model, 1, OTHER_PROMPT)
+    figures = model.prompt_cache_figures()
+    assert figures.bytes <= one + one // 2 and figures.evictions >= 1
+    assert ours(model, 1, LONG_PROMPT) == theirs(model, 1, LONG_PROMPT)
+    model.set_prompt_cache_bytes(0)  # nothing kept: every open is cold, still exact
+    assert ours(model, 1, LONG_PROMPT) == theirs(model, 1, LONG_PROMPT)
+    assert model.prompt_cache_figures().entries == 0
+
+
+def test_no_prompt_and_a_blank_prompt_are_not_cached(model: VoiceChatModel) -> None:
+    session = opened(model, 0, "  ")
+    assert session.prompt_use == PromptUse(0, 0)
+    assert model.prompt_cache_figures().entries == 0
+    assert np.isfinite(model.prompt_cache_figures().max_bytes)
+
+
+def test_a_longer_prompt_carries_on_from_a_shorter_ones_voice_part(
+    model: VoiceChatModel,
+) -> None:
+    """The TTS steps of a prefill depend only on the seed and their count: a new prompt
+    runs the stored shorter prefill's steps as language-model steps alone and the
+    whole timeline steps only past it, and still equals mlx-vlm's constructor."""
+    opened(model, 6, "Be brief.")
+    assert ours(model, 6, LONG_PROMPT) == theirs(model, 6, LONG_PROMPT)
