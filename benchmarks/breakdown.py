@@ -5,7 +5,7 @@ records ``perf_counter`` at each hop (no private method is patched), streams
 frames one at a time (paced at the model's step, 80 ms for VoiceChat, unless
 ``--unpaced``), and lines the server's clock up with the client's (``perf_counter``
 is CLOCK_MONOTONIC, shared by every process on Linux). The model step is this server's
-engine command for the frame (its own frame step, realtime/models/voicechat_step.py;
+engine command for the frame (its own frame step, realtime/models/voicechat/step.py;
 on the zero-cost model the same) and, in mlx-vlm's server, its
 ``VoiceChatStreamingSession.push_audio``, so "total minus model step" is each server's
 own overhead. Diagnostic only.
@@ -137,19 +137,19 @@ class HopMarks(Observer):
 
 def _serve_ours(out: Path, what: str) -> int:
     """This server, as ``realtime serve`` builds it, plus the hop recorder."""
-    from realtime.engine import Engine
-    from realtime.logs import SessionLog
-    from realtime.metrics import PrometheusObserver
+    from realtime.engine.runner import Engine
     from realtime.models.base import RealtimeModel
     from realtime.observe import Observers
     from realtime.server import model_loader
-    from realtime.testing import serve_engine
+    from realtime.telemetry.logs import SessionLog
+    from realtime.telemetry.metrics import PrometheusObserver
+    from realtime.testing.servers import serve_engine
 
     logging.basicConfig(level=logging.WARNING)
     hops = HopMarks(out, time_steps=True)
     loader: Callable[[], RealtimeModel]
     if what == "null":
-        from realtime.models.fake import NullModel
+        from realtime.testing.fake import NullModel
 
         loader = NullModel
     else:
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model: Path | None = None
     if not args.null:
-        from realtime.demo_checkpoint import SIZES, ensure_demo_checkpoint
+        from realtime.demo.checkpoint import SIZES, ensure_demo_checkpoint
 
         model = (args.model or ensure_demo_checkpoint(size=SIZES[args.size])).resolve()
     elif args.peer:

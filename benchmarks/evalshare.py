@@ -27,7 +27,7 @@ def measure(path: Path, frames: int, warmup: int = 10) -> dict[str, Any]:
     import mlx.core as mx
 
     from realtime.models.base import open_now
-    from realtime.models.voicechat import VoiceChatSession, load_voicechat
+    from realtime.models.voicechat.model import VoiceChatSession, load_voicechat
 
     model = load_voicechat(path)
     size, rate = model.figures.frame_samples, model.figures.input_sample_rate
@@ -90,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.model is not None:
         path = Path(args.model).resolve()
     else:
-        from realtime.demo_checkpoint import SIZES, ensure_demo_checkpoint
+        from realtime.demo.checkpoint import SIZES, ensure_demo_checkpoint
 
         path = ensure_demo_checkpoint(size=SIZES[args.size])
     result = measure(path, args.frames)

@@ -329,7 +329,7 @@ def _mlx_vlm(model: Any, frames: int) -> Stepper:
     """mlx-vlm's own streaming session, one row."""
     from mlx_vlm.models.nemotron_voicechat.streaming import VoiceChatStreamingSession
 
-    from realtime.models.keys import SessionKey, drawing_from, install_voicechat
+    from realtime.models.voicechat.keys import SessionKey, drawing_from, install_voicechat
 
     install_voicechat()
     key = SessionKey(0)
@@ -420,8 +420,8 @@ def counts_of(path: Path, warm: int = 2, frames: int = 3) -> dict[str, Any]:
 
 def checkpoint(size: str) -> Path:
     """The cached demo checkpoint of ``size`` (built once), at its preset's bits."""
-    from realtime.demo_checkpoint import SIZES as PRESETS
-    from realtime.demo_checkpoint import ensure_demo_checkpoint
+    from realtime.demo.checkpoint import SIZES as PRESETS
+    from realtime.demo.checkpoint import ensure_demo_checkpoint
 
     preset = PRESETS[size]
     return ensure_demo_checkpoint(preset.quantize, preset)
@@ -492,7 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.warm < 1 or args.frames < 1:
         print("--warm and --frames must be at least 1", file=sys.stderr)
         return 2
-    from realtime.models.voicechat import load_voicechat
+    from realtime.models.voicechat.model import load_voicechat
 
     results: dict[str, list[ShapeFigures]] = {}
     for size in args.size:

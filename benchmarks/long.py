@@ -50,7 +50,7 @@ def model_side(
     import mlx.core as mx
 
     from realtime.models.base import InferenceError
-    from realtime.models.voicechat import load_voicechat
+    from realtime.models.voicechat.model import load_voicechat
 
     model = load_voicechat(path)
     figures = model.figures
@@ -213,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _model_path(args: argparse.Namespace) -> Path:
     if args.model is not None:
         return Path(args.model).resolve()
-    from realtime.demo_checkpoint import SIZES, ensure_demo_checkpoint
+    from realtime.demo.checkpoint import SIZES, ensure_demo_checkpoint
 
     return ensure_demo_checkpoint(size=SIZES[args.size])
 

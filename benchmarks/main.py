@@ -275,7 +275,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         check_model_path(str(args.model))
         path = args.model.resolve()
     elif rows - {2}:
-        from realtime.demo_checkpoint import SIZES, ensure_demo_checkpoint
+        from realtime.demo.checkpoint import SIZES, ensure_demo_checkpoint
 
         path = ensure_demo_checkpoint(size=SIZES[args.size])
     else:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import logging
 
-from realtime.engine import Engine
-from realtime.metrics import PrometheusObserver
-from realtime.models.fake import NullModel
+from realtime.engine.runner import Engine
 from realtime.observe import Observer
-from realtime.testing import serve_engine
+from realtime.telemetry.metrics import PrometheusObserver
+from realtime.testing.fake import NullModel
+from realtime.testing.servers import serve_engine
 
 
 def main(argv: list[str] | None = None) -> int:

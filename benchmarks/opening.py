@@ -41,9 +41,9 @@ def _prompt(tokens: int, count: Any) -> str:
 
 
 def run_round(size: str, tokens: int, seconds: float, open_at: float) -> dict[str, Any]:
-    from realtime.demo_checkpoint import ensure_demo_checkpoint
-    from realtime.demo_checkpoint.config import SIZES
-    from realtime.engine import Close, Engine, Open, Push
+    from realtime.demo.checkpoint import ensure_demo_checkpoint
+    from realtime.demo.checkpoint.config import SIZES
+    from realtime.engine.runner import Close, Engine, Open, Push
     from realtime.models import load_model
 
     path = ensure_demo_checkpoint(size=SIZES[size])

@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from realtime import testing
+from realtime.testing import servers as testing
 
 REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 300.0

@@ -742,7 +742,7 @@ def model_path(args: argparse.Namespace) -> Path:
 
         check_model_path(str(args.model))
         return Path(args.model).resolve()
-    from realtime.demo_checkpoint import SIZES, ensure_demo_checkpoint
+    from realtime.demo.checkpoint import SIZES, ensure_demo_checkpoint
 
     return ensure_demo_checkpoint(size=SIZES[args.size])
 

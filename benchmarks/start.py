@@ -248,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.model is not None:
         path = Path(args.model).resolve()
     else:
-        from realtime.demo_checkpoint import SIZES, ensure_demo_checkpoint
+        from realtime.demo.checkpoint import SIZES, ensure_demo_checkpoint
 
         path = ensure_demo_checkpoint(size=SIZES[args.size])
     started = time.perf_counter()

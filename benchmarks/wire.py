@@ -56,10 +56,10 @@ def figures_for(path: Path | None) -> ModelFigures:
     config, no weights loaded), or the zero-cost model's for ``None``. Audio is
     encoded before any server is up, so they are needed first."""
     if path is None:
-        from realtime.models.fake import NullModel
+        from realtime.testing.fake import NullModel
 
         return NullModel().figures
-    from realtime.models.voicechat import checkpoint_figures
+    from realtime.models.voicechat.model import checkpoint_figures
 
     return checkpoint_figures(path)
 

@@ -26,12 +26,12 @@ from typing import NoReturn
 
 import trio
 
-from realtime.app import RealtimeApp, ServerState, create_app
 from realtime.cpu_blas import from_env, install_from
-from realtime.engine import watch_for_hung_calls
+from realtime.engine.runner import watch_for_hung_calls
 from realtime.errors import UsageError
+from realtime.http.app import RealtimeApp, ServerState, create_app
 from realtime.limits import batch_frames_from_env, limits_from_env
-from realtime.logs import setup_logging
+from realtime.telemetry.logs import setup_logging
 
 log = logging.getLogger("realtime")
 

@@ -326,7 +326,7 @@ def demo_model_command(args: argparse.Namespace) -> int:
 
     DIR may be new, empty or an earlier demo checkpoint; it is replaced atomically.
     """
-    from realtime.demo_checkpoint import (
+    from realtime.demo.checkpoint import (
         SIZES,
         install_atomically,
         is_demo_checkpoint,
@@ -356,7 +356,7 @@ def demo_model_command(args: argparse.Namespace) -> int:
 
 
 def _configure_logging(level: str, fmt: str = "text") -> None:
-    from realtime.logs import setup_logging
+    from realtime.telemetry.logs import setup_logging
 
     setup_logging(level, "json" if fmt == "json" else "text")
 

@@ -105,7 +105,7 @@ class Limits:
         "them); the next client gets server_busy and close 1013",
     )
     """Conversations at once (1: the seed's rule). More share the engine thread, each
-    isolated bit for bit, scheduled by frame deadline (realtime.scheduler)."""
+    isolated bit for bit, scheduled by frame deadline (realtime.engine.scheduler)."""
     admission_margin: float = _limit(
         float,
         0.75,
@@ -115,7 +115,7 @@ class Limits:
         zero_allowed=True,
     )
     """Admission by load: a new conversation is refused (server_busy, 1013; /ready 503)
-    when ``(open + 1) x p90 step time > margin x frame time`` (realtime.admission)."""
+    when ``(open + 1) x p90 step time > margin x frame time`` (realtime.engine.admission)."""
     max_message_bytes: int = _limit(int, 4 * 1024 * 1024, "largest client message accepted")
     """Largest client message; larger ones get an ``invalid_request`` error."""
     max_pending_audio_seconds: float = _limit(
@@ -186,7 +186,7 @@ class Limits:
     )
     """Past this many open connections a new one is answered 503 and closed before any
     request is read, so descriptors never run out under a live session (0: a third of
-    the descriptors left free at start, less a reserve; see realtime.guard)."""
+    the descriptors left free at start, less a reserve; see realtime.http.guard)."""
 
 
 BATCH_FRAMES_ENV: Final = "REALTIME_BATCH_FRAMES"

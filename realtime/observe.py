@@ -3,7 +3,7 @@
 The connection and the engine call an :class:`Observer` at each step that
 someone may want to count or time. The base class does nothing, so a server
 without metrics pays one empty method call per hook; Prometheus metrics
-(:mod:`realtime.metrics`) and the per-hop benchmark (``benchmarks.breakdown``)
+(:mod:`realtime.telemetry.metrics`) and the per-hop benchmark (``benchmarks.breakdown``)
 subclass it instead of patching private methods. Hooks must be cheap and must
 never raise: they run on the per-frame path, some on the engine thread.
 """

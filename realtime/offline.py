@@ -86,7 +86,7 @@ def _resolve_model(model: str | None) -> Path:
     from realtime.models.hub import resolve_model
 
     if model is None:
-        from realtime.demo_checkpoint import ensure_demo_checkpoint
+        from realtime.demo.checkpoint import ensure_demo_checkpoint
 
         path = ensure_demo_checkpoint()
         print(
@@ -98,7 +98,7 @@ def _resolve_model(model: str | None) -> Path:
 
 
 def _wants_demo_turns(args: argparse.Namespace) -> bool:
-    """Whether the demo runs with its scripted turns (:mod:`realtime.models.demo`): with
+    """Whether the demo runs with its scripted turns (:mod:`realtime.demo.turns`): with
     no -m and --stream, as ``realtime serve`` serves it, so the output equals the
     socket's; never for a real checkpoint, nor mlx-vlm's offline path (no turns)."""
     choice: bool | None = getattr(args, "demo_turns", None)
@@ -153,7 +153,7 @@ def _print_profile(summary: dict[str, object], out: TextIO) -> None:
 
 def _open_stream(model: RealtimeModel, args: argparse.Namespace) -> ModelSession:
     """The streaming session; VoiceChat's profiles its frames with ``--profile``."""
-    from realtime.models.voicechat import VoiceChatModel
+    from realtime.models.voicechat.model import VoiceChatModel
 
     prompt, seed, bound = args.system_prompt, args.seed, args.max_seconds
     try:
@@ -207,7 +207,7 @@ def stream_session(
 def _run_stream(
     model: RealtimeModel, samples: Samples, args: argparse.Namespace
 ) -> tuple[list[Samples], int]:
-    from realtime.models.voicechat import VoiceChatSession
+    from realtime.models.voicechat.model import VoiceChatSession
 
     session = _open_stream(model, args)
     audio, status = stream_session(model, session, samples, sys.stdout)
@@ -236,7 +236,7 @@ def generate_command(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     model = load_model(path)  # ModelPathError, ModelLoadError: one line, exit 2
     if turns:
-        from realtime.models.demo import demo_turns
+        from realtime.demo.turns import demo_turns
 
         model = demo_turns(model)
     loaded = time.perf_counter()
@@ -250,7 +250,7 @@ def generate_command(args: argparse.Namespace) -> int:
         out = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
         output_rate = figures.output_sample_rate
     else:
-        from realtime.models.voicechat import VoiceChatModel
+        from realtime.models.voicechat.model import VoiceChatModel
 
         assert isinstance(model, VoiceChatModel)
         try:

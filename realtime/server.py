@@ -25,16 +25,16 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 from hypercorn.typing import Framework
 
-from realtime.app import ServerState, create_app
 from realtime.endpoints import NATIVE_PATH, OPENAI_PATH
-from realtime.engine import Engine, EngineLoadError, watch_for_hung_calls
+from realtime.engine.runner import Engine, EngineLoadError, watch_for_hung_calls
 from realtime.errors import UsageError
+from realtime.http.app import ServerState, create_app
 from realtime.limits import Limits, batching
-from realtime.logs import SessionLog
-from realtime.metrics import PrometheusObserver
 from realtime.models.base import RealtimeModel
 from realtime.observe import Observer, Observers
-from realtime.recording import Recording
+from realtime.telemetry.logs import SessionLog
+from realtime.telemetry.metrics import PrometheusObserver
+from realtime.telemetry.recording import Recording
 from realtime.warm import WarmPrompt, preparing, read_warm_prompts, warm_prompts_from_env
 
 log = logging.getLogger("realtime")
@@ -106,7 +106,7 @@ def model_loader(
     exits 2 at once), or the demo checkpoint, which is built on the engine thread too
     since building it runs MLX. ``model_option`` names the setting in messages
     (``REALTIME_MODEL`` under the Hypercorn CLI). The demo takes turns by the energy
-    policy of :mod:`realtime.models.demo` unless ``demo_turns`` is False (the raw
+    policy of :mod:`realtime.demo.turns` unless ``demo_turns`` is False (the raw
     random network); a real checkpoint is never wrapped."""
     from realtime.models import ModelPathError, check_model_path, load_model
     from realtime.models.hub import resolve_model
@@ -127,8 +127,8 @@ def model_loader(
         )
 
         def load_demo() -> RealtimeModel:
-            from realtime.demo_checkpoint import ensure_demo_checkpoint
-            from realtime.models.demo import demo_turns as with_turns
+            from realtime.demo.checkpoint import ensure_demo_checkpoint
+            from realtime.demo.turns import demo_turns as with_turns
 
             path = ensure_demo_checkpoint(quantize=quantize)
             log.info("demo checkpoint: %s%s", path, "" if turns else " (raw, no demo turns)")

@@ -1,8 +1,8 @@
 """What a dialect's rules ask of the model pipeline, and what comes back: neutral values.
 
-Both state machines (:mod:`realtime.conversation` for ``/v1/realtime``,
+Both state machines (:mod:`realtime.native.rules` for ``/v1/realtime``,
 :mod:`realtime.openai.dialect` for ``/openai/v1/realtime``) hand the one pipeline
-(:mod:`realtime.connection`) the same work, in arrival order, and hear about its
+(:mod:`realtime.session.pipeline`) the same work, in arrival order, and hear about its
 results in the same terms, so a change on the frame path (a metric, a limit, an
 engine outcome) is made once.
 """
@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import attrs
 
-from realtime.engine import EngineError, FailureKind
+from realtime.engine.runner import EngineError, FailureKind
 from realtime.models.base import Samples
 from realtime.observe import CommandKind
 
@@ -54,7 +54,7 @@ class CancelModel:
 
 @attrs.frozen(slots=True)
 class FeedModel:
-    """Give the model a tool's result (``realtime.engine.ToolResult``); runs in order
+    """Give the model a tool's result (``realtime.engine.runner.ToolResult``); runs in order
     with the audio around it."""
 
     output: str

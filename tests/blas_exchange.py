@@ -22,7 +22,7 @@ def main(checkpoint: str) -> dict[str, Any]:
 
     from realtime.models import load_model
     from realtime.models.base import AudioDelta, ModelEvent, ModelSession, open_session
-    from realtime.models.voicechat import VoiceChatModel
+    from realtime.models.voicechat.model import VoiceChatModel
     from tests.models_fixtures import noise, push_all, speechlike
     from tests.test_sessions_isolation import digest
     from tests.test_voicechat_step import mlx_vlm_digest

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from realtime.demo_checkpoint import ensure_demo_checkpoint, write_demo_checkpoint
-from realtime.engine import Engine
-from realtime.models.fake import FakeModel
-from realtime.models.voicechat import VoiceChatModel
+from realtime.demo.checkpoint import ensure_demo_checkpoint, write_demo_checkpoint
+from realtime.engine.runner import Engine
+from realtime.models.voicechat.model import VoiceChatModel
+from realtime.testing.fake import FakeModel
 from tests.groups import Fixture, group_for
 from tests.helpers import ServerProcess, running_engine, start_realtime_server
 
@@ -104,7 +104,7 @@ def demo_server(
 def medium_model(tmp_path_factory: pytest.TempPathFactory) -> VoiceChatModel:
     """The medium demo checkpoint: real-shaped enough that the language model and the
     TTS do real work (more heads, layers and a wider codebook search than tiny)."""
-    from realtime.demo_checkpoint import MEDIUM
+    from realtime.demo.checkpoint import MEDIUM
     from realtime.models import load_model
 
     path = write_demo_checkpoint(tmp_path_factory.mktemp("medium") / "medium", size=MEDIUM)
@@ -117,7 +117,7 @@ def medium_model(tmp_path_factory: pytest.TempPathFactory) -> VoiceChatModel:
 def deep_model(tmp_path_factory: pytest.TempPathFactory) -> VoiceChatModel:
     """The deep demo checkpoint: the real model's layer counts and structure (4-bit
     language model, bfloat16 rest) with tiny widths, so its graph is the real one's."""
-    from realtime.demo_checkpoint import DEEP
+    from realtime.demo.checkpoint import DEEP
     from realtime.models import load_model
 
     path = write_demo_checkpoint(

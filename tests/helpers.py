@@ -17,20 +17,20 @@ import numpy as np
 import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
 
-from realtime.app import ServerState
 from realtime.client import (
     RealtimeClient,
     ServerBusy,
     ServerClosed,
     encode_pcm16,
 )
-from realtime.engine import Engine
+from realtime.engine.runner import Engine
+from realtime.http.app import ServerState
 from realtime.limits import Limits
 from realtime.models.base import RealtimeModel
 from realtime.observe import Observer
 from realtime.server import hypercorn_config, run_server
-from realtime.testing import ServerProcess as ServerProcess
-from realtime.testing import start_server_process
+from realtime.testing.servers import ServerProcess as ServerProcess
+from realtime.testing.servers import start_server_process
 
 REPO = Path(__file__).resolve().parent.parent
 

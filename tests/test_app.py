@@ -12,8 +12,8 @@ import pytest
 import trio
 from trio_websocket import ConnectionRejected
 
-from realtime.engine import Engine
-from realtime.models.fake import FakeModel, FakeOptions
+from realtime.engine.runner import Engine
+from realtime.testing.fake import FakeModel, FakeOptions
 from tests.helpers import (
     ServerProcess,
     ahttp,

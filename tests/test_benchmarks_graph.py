@@ -8,7 +8,7 @@ import mlx.core as mx
 import numpy as np
 
 from benchmarks.graph import Probe, Weight, count_dot, measure_shape, prime, probing
-from realtime.models.voicechat import VoiceChatModel
+from realtime.models.voicechat.model import VoiceChatModel
 
 
 def test_a_graph_is_counted_by_kind_and_its_weight_reads() -> None:

@@ -153,7 +153,7 @@ def test_serve_reads_limits_from_the_environment(monkeypatch: pytest.MonkeyPatch
 
 def test_serve_prints_the_native_openai_and_page_urls() -> None:
     from realtime.server import serving_lines
-    from realtime.testing import SERVING_LINE
+    from realtime.testing.servers import SERVING_LINE
 
     lines = serving_lines(["http://127.0.0.1:8080"], max_sessions=3)
     assert lines == [

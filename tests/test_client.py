@@ -10,8 +10,7 @@ import pytest
 import trio
 
 from realtime import client as rc
-from realtime import protocol
-from realtime.engine import Engine
+from realtime.engine.runner import Engine
 from realtime.models.base import (
     VOICECHAT_FIGURES,
     AssistantTextDelta,
@@ -19,7 +18,8 @@ from realtime.models.base import (
     Done,
     UserTranscriptDelta,
 )
-from realtime.models.fake import FakeModel, FakeOptions
+from realtime.native import wire as protocol
+from realtime.testing.fake import FakeModel, FakeOptions
 from tests.helpers import running_engine, running_server
 
 FRAME_SAMPLES = VOICECHAT_FIGURES.frame_samples

@@ -38,9 +38,9 @@ from realtime.client.devices import (
     pick_rate,
 )
 from realtime.client.playback import JitterBuffer
-from realtime.engine import Engine
+from realtime.engine.runner import Engine
 from realtime.models.base import VOICECHAT_FIGURES, Samples
-from realtime.models.fake import FakeModel, FakeOptions
+from realtime.testing.fake import FakeModel, FakeOptions
 from tests.helpers import REPO, ServerProcess, running_server
 
 SCRIPT = REPO / "examples" / "voicechat_microphone.py"

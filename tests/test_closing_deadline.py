@@ -16,10 +16,10 @@ import pytest
 import trio
 import trio.testing
 
-from realtime.connection import Connection
-from realtime.engine import Engine
+from realtime.engine.runner import Engine
 from realtime.limits import Limits
-from realtime.models.fake import FakeModel
+from realtime.session.pipeline import Connection
+from realtime.testing.fake import FakeModel
 
 SEND_TIMEOUT = 10.0
 GIVE_UP = 1000.0

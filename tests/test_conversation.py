@@ -13,17 +13,18 @@ import hypothesis.strategies as st
 import numpy as np
 import pytest
 
-from realtime import protocol, work
+from realtime import work
 from realtime.close_codes import Close
-from realtime.conversation import (
+from realtime.limits import Limits
+from realtime.models.base import AssistantTextDelta, AudioDelta, Cancelled, Done
+from realtime.native import wire as protocol
+from realtime.native.rules import (
     MAX_QUEUED_MESSAGES,
     Conversation,
     Output,
     Phase,
     error_code_for,
 )
-from realtime.limits import Limits
-from realtime.models.base import AssistantTextDelta, AudioDelta, Cancelled, Done
 
 FRAME = 1280
 
@@ -657,7 +658,7 @@ def test_the_message_limit_counts_utf8_bytes(frame: str | bytes, size: int) -> N
 
 
 def test_phases_change_only_along_the_transition_table() -> None:
-    from realtime.conversation import TRANSITIONS
+    from realtime.native.rules import TRANSITIONS
 
     assert set(TRANSITIONS) == set(Phase)
     c = conv()

@@ -23,7 +23,7 @@ from realtime import cpu_blas
 from realtime.cli import main
 from realtime.cpu_blas import BUNDLED, OPENBLAS, BlasChoice, install, resolve
 from realtime.errors import UsageError
-from realtime.testing import start_server_process
+from realtime.testing.servers import start_server_process
 from tests.helpers import run_python_module
 
 

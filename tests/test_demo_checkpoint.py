@@ -10,7 +10,7 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-from realtime.demo_checkpoint import (
+from realtime.demo.checkpoint import (
     BUILDER_VERSION,
     MARKER_FILE,
     demo_checkpoint_is_complete,
@@ -25,7 +25,7 @@ from realtime.models.base import (
     UserTranscriptDelta,
     open_session,
 )
-from realtime.models.voicechat import VoiceChatModel
+from realtime.models.voicechat.model import VoiceChatModel
 from tests.models_fixtures import noise, push_all, run_realtime, speechlike
 
 
@@ -189,9 +189,9 @@ def test_full_preset_has_the_real_models_dimensions() -> None:
         TTSConfig,
     )
 
-    from realtime.demo_checkpoint import FULL
-    from realtime.demo_checkpoint.config import demo_config
-    from realtime.demo_checkpoint.weights import parameter_templates
+    from realtime.demo.checkpoint import FULL
+    from realtime.demo.checkpoint.config import demo_config
+    from realtime.demo.checkpoint.weights import parameter_templates
 
     config = demo_config(4, FULL)
     text = config["text_config"]
@@ -230,7 +230,7 @@ def test_deep_preset_has_the_real_models_structure_with_tiny_widths(
     """``--size deep`` keeps every layer count, the layer pattern, the head counts and
     groupings, the TTS window pattern and the real upload's storage (4-bit language model
     unless ``--quantize`` says otherwise, bfloat16 rest) of ``full``, with tiny's widths."""
-    from realtime.demo_checkpoint import DEEP, FULL, SMALL
+    from realtime.demo.checkpoint import DEEP, FULL, SMALL
 
     structure = (
         "llm_pattern",
@@ -280,7 +280,7 @@ def test_a_preset_stores_bfloat16_weights_and_extra_vocabulary_rows(tmp_path: Pa
     from mlx.nn.layers.quantized import QuantizedLinear
     from mlx.utils import tree_flatten
 
-    from realtime.demo_checkpoint import SMALL
+    from realtime.demo.checkpoint import SMALL
 
     size = attrs.evolve(
         SMALL,
@@ -303,7 +303,7 @@ def test_a_preset_stores_bfloat16_weights_and_extra_vocabulary_rows(tmp_path: Pa
         assert isinstance(model, VoiceChatModel)
         stt = model.runtime.model.stt_model
         # Stored bfloat16: the codec keeps it; the perception meets float32 and is cast
-        # to it once at load (realtime/models/voicechat_cast.py).
+        # to it once at load (realtime/models/voicechat/cast.py).
         codec = cast(
             "list[tuple[str, Any]]",
             tree_flatten(model.runtime.model.tts_model.audio_codec.parameters()),
@@ -325,7 +325,7 @@ def test_shards_are_cut_at_their_size_limit(
     limit; the same tensors, indexed, load as before."""
     from safetensors import safe_open
 
-    from realtime.demo_checkpoint import files
+    from realtime.demo.checkpoint import files
 
     monkeypatch.setattr(files, "SHARD_BYTES", 256 * 1024)
     path = write_demo_checkpoint(tmp_path / "sharded")
@@ -353,7 +353,7 @@ def test_shards_are_cut_at_their_size_limit(
 def test_bfloat16_rounds_to_nearest_even_as_mlx_does() -> None:
     import mlx.core as mx
 
-    from realtime.demo_checkpoint.files import _bfloat16_bits
+    from realtime.demo.checkpoint.files import _bfloat16_bits
 
     gen = np.random.default_rng(0)
     values = np.concatenate(

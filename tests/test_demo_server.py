@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from realtime.engine import Close, Engine, Flush, Open, Push
+from realtime.engine.runner import Close, Engine, Flush, Open, Push
 from realtime.models import load_model
 from realtime.models.base import AudioDelta, Done, ModelEvent
 from tests.helpers import ServerProcess, append_msg, connect, noise, running_server
@@ -44,7 +44,7 @@ def test_engine_runs_real_model_on_one_thread(
 
     for name in ("__init__", "flush", "cancel"):
         monkeypatch.setattr(VoiceChatStreamingSession, name, recording(name))
-    from realtime.models import voicechat_step
+    from realtime.models.voicechat import step as voicechat_step
 
     step_frames = voicechat_step.step_frames
 

@@ -1,4 +1,4 @@
-"""The demo's turn-taking (realtime/models/demo.py): the pure policy, the wrapper on the
+"""The demo's turn-taking (realtime/demo/turns.py): the pure policy, the wrapper on the
 demo checkpoint, and both endpoints on a real Hypercorn server. Everything is counted in
 model frames, never in wall-clock time."""
 
@@ -21,24 +21,7 @@ import trio
 from trio_websocket import open_websocket_url
 
 from realtime.audio import pcm16_to_float, prepare_input, read_wav
-from realtime.engine import Engine
-from realtime.models.base import (
-    VOICECHAT_FIGURES,
-    AssistantTextDelta,
-    AudioDelta,
-    Done,
-    Frame,
-    FunctionDelta,
-    InferenceError,
-    ModelEvent,
-    ModelFigures,
-    RowResult,
-    Samples,
-    UserTranscriptDelta,
-    open_session,
-    step_each,
-)
-from realtime.models.demo import (
+from realtime.demo.turns import (
     SILENT_DB,
     DemoTurnModel,
     DemoTurnSession,
@@ -55,7 +38,24 @@ from realtime.models.demo import (
     initial_state,
     reply_text,
 )
-from realtime.models.voicechat import VoiceChatModel
+from realtime.engine.runner import Engine
+from realtime.models.base import (
+    VOICECHAT_FIGURES,
+    AssistantTextDelta,
+    AudioDelta,
+    Done,
+    Frame,
+    FunctionDelta,
+    InferenceError,
+    ModelEvent,
+    ModelFigures,
+    RowResult,
+    Samples,
+    UserTranscriptDelta,
+    open_session,
+    step_each,
+)
+from realtime.models.voicechat.model import VoiceChatModel
 from realtime.server import model_loader
 from tests.helpers import append_msg, connect, running_server
 from tests.models_fixtures import speechlike

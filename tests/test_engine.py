@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import trio
 
-from realtime.engine import (
+from realtime.engine.runner import (
     Cancel,
     Close,
     Engine,
@@ -33,8 +33,8 @@ from realtime.models.base import (
     open_session,
     step_one,
 )
-from realtime.models.fake import FakeModel, FakeOptions
 from realtime.observe import CommandKind, Observer
+from realtime.testing.fake import FakeModel, FakeOptions
 from tests.helpers import running_engine
 
 FRAME = np.zeros(1280, dtype=np.float32)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from realtime.engine import Cancel, Close, Engine, EngineError, Flush, Open, Push, Step
+from realtime.engine.runner import Cancel, Close, Engine, EngineError, Flush, Open, Push, Step
 from realtime.models.base import (
     AudioDelta,
     Cancelled,
@@ -28,8 +28,8 @@ from realtime.models.base import (
     RowResult,
     open_session,
 )
-from realtime.models.fake import FakeModel, FakeOptions
 from realtime.observe import Observer
+from realtime.testing.fake import FakeModel, FakeOptions
 
 GATE = 99
 """The seed of the session whose frame holds the engine thread."""
@@ -337,7 +337,7 @@ def test_the_fake_batched_step_costs_the_first_row_and_a_little_per_row(
         for k in range(4)
     ]
     slept: list[float] = []
-    monkeypatch.setattr("realtime.models.fake.time.sleep", slept.append)
+    monkeypatch.setattr("realtime.testing.fake.time.sleep", slept.append)
     results = model.step([(s, frame(), RATE) for s in sessions])
     monkeypatch.undo()
     assert slept == [pytest.approx(0.023)]

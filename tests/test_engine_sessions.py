@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from realtime.admission import MIN_SAMPLES
-from realtime.engine import Cancel, Close, Engine, EngineError, Flush, Open, Push
-from realtime.models.fake import FakeModel, FakeOptions
+from realtime.engine.admission import MIN_SAMPLES
+from realtime.engine.runner import Cancel, Close, Engine, EngineError, Flush, Open, Push
 from realtime.observe import Observer
+from realtime.testing.fake import FakeModel, FakeOptions
 from tests.helpers import running_engine
 
 FRAME = np.zeros(1280, dtype=np.float32)

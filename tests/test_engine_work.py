@@ -23,13 +23,13 @@ import pytest
 import trio
 
 from realtime import client as rc
-from realtime.admission import MIN_SAMPLES
-from realtime.engine import Close, Engine, EngineError, Open, Push, ToolResult
+from realtime.engine.admission import MIN_SAMPLES
+from realtime.engine.runner import Close, Engine, EngineError, Open, Push, ToolResult
 from realtime.limits import Limits
 from realtime.models.base import ModelSession, Opening, ToolInput
-from realtime.models.fake import FakeModel, FakeOptions
 from realtime.observe import Observer
 from realtime.server import engine_for
+from realtime.testing.fake import FakeModel, FakeOptions
 from tests.helpers import running_server
 from tests.openai.scripted import call_then_say, scripted
 from tests.openai.sdk_exchange import voice

@@ -21,18 +21,18 @@ import trio_websocket
 
 from benchmarks.wire import figures_for, frame_messages
 from realtime import client as rc
-from realtime import protocol
 from realtime.audio import prepare_input
 from realtime.client import files as fc
 from realtime.client.cli import AudioDeltaChecker, FrameFramer
-from realtime.demo_checkpoint.config import demo_config
+from realtime.demo.checkpoint.config import demo_config
 from realtime.models import ModelLoadError, load_model
 from realtime.models import base as model_base
 from realtime.models.base import VOICECHAT_FIGURES, AudioDelta, ModelFigures, open_session
-from realtime.models.fake import FakeModel, FakeOptions, FakeSession, NullModel, tone
-from realtime.models.voicechat import VoiceChatModel, checkpoint_figures, figures_of
+from realtime.models.voicechat.model import VoiceChatModel, checkpoint_figures, figures_of
+from realtime.native import wire as protocol
 from realtime.offline import generate_command, stream_session, stream_slices
 from realtime.openai.audio import InputFramer
+from realtime.testing.fake import FakeModel, FakeOptions, FakeSession, NullModel, tone
 
 OTHER = attrs.evolve(
     VOICECHAT_FIGURES,
@@ -264,7 +264,7 @@ class _Seen:
 
 @asynccontextmanager
 async def _serve(model: FakeModel) -> AsyncIterator[tuple[str, _Seen]]:
-    """A minimal /v1/realtime on ``model``, its events built by :mod:`realtime.protocol`
+    """A minimal /v1/realtime on ``model``, its events built by :mod:`realtime.native.wire`
     from the model's figures (the real server's plumbing is not what is tested here)."""
     seen = _Seen()
     figures = model.figures

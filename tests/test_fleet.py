@@ -31,7 +31,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionRejected, open_websocket_url
 
-from realtime.testing import ServerProcess
+from realtime.testing.servers import ServerProcess
 from tests.helpers import (
     REPO,
     Client,

@@ -18,11 +18,11 @@ import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
-from realtime.connection import Connection
-from realtime.engine import Engine
+from realtime.engine.runner import Engine
 from realtime.limits import Limits
-from realtime.metrics import PrometheusObserver
-from realtime.models.fake import FakeModel, FakeOptions
+from realtime.session.pipeline import Connection
+from realtime.telemetry.metrics import PrometheusObserver
+from realtime.testing.fake import FakeModel, FakeOptions
 from tests.helpers import append_msg, noise
 
 MODEL_SECONDS = 0.25

@@ -12,11 +12,11 @@ import numpy as np
 import trio
 import trio.testing
 
-from realtime.connection import Connection
-from realtime.engine import Engine
+from realtime.engine.runner import Engine
 from realtime.limits import Limits
-from realtime.models.fake import FakeModel
-from realtime.plumbing import TransportClosed
+from realtime.session.lifetime import TransportClosed
+from realtime.session.pipeline import Connection
+from realtime.testing.fake import FakeModel
 
 
 class MemoryTransport:

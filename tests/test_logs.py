@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from realtime.logs import EXTRA, MAX_MESSAGE_CHARS, JsonFormatter, TextFormatter
+from realtime.telemetry.logs import EXTRA, MAX_MESSAGE_CHARS, JsonFormatter, TextFormatter
 
 CONTROLS = [chr(c) for c in [*range(0x20), *range(0x7F, 0xA0)]]
 """C0, DEL and C1: none may reach a text log line raw."""

@@ -16,15 +16,15 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 from trio_websocket import ConnectionRejected, open_websocket_url
 
-from realtime.admission import MIN_SAMPLES
-from realtime.app import ServerState
-from realtime.engine import Engine, Open, Push
+from realtime.engine.admission import MIN_SAMPLES
+from realtime.engine.runner import Engine, Open, Push
+from realtime.http.app import ServerState
 from realtime.limits import Limits
-from realtime.logs import JsonFormatter, SessionLog, TextFormatter, setup_logging
-from realtime.metrics import PrometheusObserver
-from realtime.models.fake import FakeModel
 from realtime.observe import Observers, SessionReport
 from realtime.server import hypercorn_config, run_server
+from realtime.telemetry.logs import JsonFormatter, SessionLog, TextFormatter, setup_logging
+from realtime.telemetry.metrics import PrometheusObserver
+from realtime.testing.fake import FakeModel
 from tests.helpers import ahttp, append_msg, connect, noise
 from tests.test_engine_batch import batching_engine
 

@@ -25,7 +25,7 @@ from realtime.models.base import (
     UserTranscriptDelta,
     open_session,
 )
-from realtime.models.voicechat import VoiceChatModel
+from realtime.models.voicechat.model import VoiceChatModel
 from tests.models_fixtures import noise, push_all, run_realtime, speechlike
 
 
@@ -242,7 +242,7 @@ def test_prefill_runs_one_step_per_token_and_stops_between_steps(
 def test_output_samples_are_a_read_only_view_of_a_float32_array_else_converted() -> None:
     import mlx.core as mx
 
-    from realtime.models.voicechat_step import float_samples
+    from realtime.models.voicechat.step import float_samples
 
     codec = mx.array(np.linspace(-1, 1, 2 * 1764, dtype=np.float32).reshape(1, 2, 1764))
     view = float_samples(codec[0, 1])

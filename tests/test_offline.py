@@ -11,7 +11,7 @@ import pytest
 
 from realtime.audio import float_to_pcm16, load_input_wav, pcm16_to_float, write_wav_pcm16
 from realtime.models.base import AudioDelta, open_session
-from realtime.models.voicechat import VoiceChatModel
+from realtime.models.voicechat.model import VoiceChatModel
 from realtime.offline import stream_slices
 from tests.models_fixtures import noise, run_realtime, speechlike
 

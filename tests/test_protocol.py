@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from realtime import protocol
 from realtime.models.base import (
     AssistantTextDelta,
     AudioDelta,
@@ -20,7 +19,8 @@ from realtime.models.base import (
     FunctionDelta,
     UserTranscriptDelta,
 )
-from realtime.protocol import ProtocolError, parse_client_message
+from realtime.native import wire as protocol
+from realtime.native.wire import ProtocolError, parse_client_message
 
 EVENT_ID = re.compile(r"^event_[0-9a-f]{16}$")
 

@@ -14,11 +14,11 @@ import pytest
 import trio
 from trio_websocket import ConnectionRejected
 
-from realtime.app import ServerState
-from realtime.engine import Engine
+from realtime.engine.runner import Engine
+from realtime.http.app import ServerState
 from realtime.limits import Limits
-from realtime.models.fake import FakeModel
 from realtime.server import hypercorn_config, run_server
+from realtime.testing.fake import FakeModel
 from tests.helpers import REPO, ahttp, append_msg, connect, http, noise, start_realtime_server
 
 

@@ -17,10 +17,10 @@ import pytest
 import trio
 
 from realtime import server as server_module
-from realtime.engine import Engine
+from realtime.engine.runner import Engine
 from realtime.errors import UsageError
-from realtime.models.fake import FakeModel
-from realtime.recording import Recording, enforce_bound, message_record
+from realtime.telemetry.recording import Recording, enforce_bound, message_record
+from realtime.testing.fake import FakeModel
 from tests.helpers import Server, append_msg, connect, noise, running_server
 
 FRAMES = 4
@@ -161,17 +161,17 @@ async def test_a_full_disk_stops_the_recording_not_the_session(
     def full(path: str, mode: str) -> Any:
         return real_open("/dev/full", mode) if mode == "wb" else real_open(path, mode)
 
-    monkeypatch.setattr("realtime.recording.wave.open", full)
+    monkeypatch.setattr("realtime.telemetry.recording.wave.open", full)
     caplog.set_level(logging.INFO)
     async with running_server(engine) as server:
         server.state.recording = Recording(tmp_path, 10**9)
         got = await recorded_session(server)
         with trio.fail_after(10):
-            while not [r for r in caplog.records if r.name == "realtime.recording"]:
+            while not [r for r in caplog.records if r.name == "realtime.telemetry.recording"]:
                 await trio.sleep(0.02)
         await trio.sleep(0.2)
     assert got[-1]["type"] == "response.done"
-    stopped = [r.getMessage() for r in caplog.records if r.name == "realtime.recording"]
+    stopped = [r.getMessage() for r in caplog.records if r.name == "realtime.telemetry.recording"]
     assert len(stopped) == 1 and "No space left on device" in stopped[0], stopped
     assert "the session goes on" in stopped[0]
 

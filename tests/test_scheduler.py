@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from realtime.admission import (
+from realtime.engine.admission import (
     MIN_SAMPLES,
     ExtraWork,
     StepTimes,
@@ -20,7 +20,7 @@ from realtime.admission import (
     gather_reserve,
     sessions_within,
 )
-from realtime.scheduler import Entry, Scheduler, gather_until
+from realtime.engine.scheduler import Entry, Scheduler, gather_until
 
 FRAME = 0.08
 

@@ -3,7 +3,7 @@
 Each session's output must equal the same session run alone (same seed, prompt, audio
 and chunking), whatever runs beside it and however frames interleave: mlx-vlm's TTS
 samples with MLX's one global key, so without per-session keys
-(realtime.models.keys) interleaved sessions change each other's audio codes.
+(realtime.models.voicechat.keys) interleaved sessions change each other's audio codes.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from realtime.audio import float_to_pcm16, pcm16_to_float
-from realtime.engine import Engine
+from realtime.engine.runner import Engine
 from realtime.models import load_model
 from realtime.models.base import (
     AssistantTextDelta,
@@ -27,7 +27,7 @@ from realtime.models.base import (
     UserTranscriptDelta,
     open_session,
 )
-from realtime.models.voicechat import VoiceChatModel
+from realtime.models.voicechat.model import VoiceChatModel
 from tests.helpers import append_msg, connect, running_server
 from tests.models_fixtures import push_all, speechlike
 

@@ -17,9 +17,9 @@ import pytest
 import trio
 from trio_websocket import open_websocket_url
 
-from realtime.engine import Engine
+from realtime.engine.runner import Engine
 from realtime.limits import Limits
-from realtime.models.fake import FakeModel
+from realtime.testing.fake import FakeModel
 from tests.helpers import Client, ahttp, append_msg, connect, noise, running_server
 from tests.reliability.rawws import RawClient
 

@@ -1,4 +1,4 @@
-"""Weights cast once at load (realtime/models/voicechat_cast.py): each module group cast
+"""Weights cast once at load (realtime/models/voicechat/cast.py): each module group cast
 alone gives the bits the stored weights give, at B=1 and batched."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import attrs
 import numpy as np
 import pytest
 
-from realtime.demo_checkpoint import SMALL, write_demo_checkpoint
+from realtime.demo.checkpoint import SMALL, write_demo_checkpoint
 from realtime.models.base import ModelSession, open_session
-from realtime.models.voicechat import VoiceChatModel, load_voicechat
-from realtime.models.voicechat_cast import CAST_ONCE, cast_once
+from realtime.models.voicechat.cast import CAST_ONCE, cast_once
+from realtime.models.voicechat.model import VoiceChatModel, load_voicechat
 from tests.models_fixtures import noise, push_all, speechlike
 from tests.test_sessions_isolation import Digest, digest
 

@@ -1,4 +1,4 @@
-"""The frame step's EAR-TTS code generation (realtime/models/voicechat_codes.py): bit
+"""The frame step's EAR-TTS code generation (realtime/models/voicechat/codes.py): bit
 for bit mlx-vlm's ``generate_codes`` and ``depthsum_embedding``, in a smaller graph."""
 
 from __future__ import annotations
@@ -7,19 +7,19 @@ from typing import Any
 
 import pytest
 
-from realtime.models.keys import SessionKey, drawing_from, drawing_rows
-from realtime.models.voicechat import VoiceChatModel
-from realtime.models.voicechat_codes import (
+from realtime.models.voicechat.codes import (
     codebooks,
     generate_codes,
     previous_sums,
     remember,
     rounds,
 )
+from realtime.models.voicechat.keys import SessionKey, drawing_from, drawing_rows
+from realtime.models.voicechat.model import VoiceChatModel
 
 
 def _tts(model: VoiceChatModel) -> Any:
-    from realtime.models.keys import install_voicechat
+    from realtime.models.voicechat.keys import install_voicechat
 
     install_voicechat()  # mlx-vlm's draws from the running key, as a session's are
     return model.runtime.model.tts_model.tts_model
@@ -125,7 +125,7 @@ def test_previous_sums_are_depthsum_embeddings(demo_model: VoiceChatModel) -> No
 def test_codec_latents_are_its_quantizers_decode(request: pytest.FixtureRequest, name: str) -> None:
     import mlx.core as mx
 
-    from realtime.models.voicechat_codes import codec_latents
+    from realtime.models.voicechat.codes import codec_latents
 
     model = request.getfixturevalue(name)
     prvq = model.runtime.model.tts_model.audio_codec.prvq

@@ -1,4 +1,4 @@
-"""The batched log-mel front end (realtime/models/voicechat_mel.py): every row's mel
+"""The batched log-mel front end (realtime/models/voicechat/mel.py): every row's mel
 frames and front-end state are bit for bit what mlx-audio's own ``push`` gives it,
 whatever the rows' ages, chunk sizes and company."""
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from realtime.models.voicechat_mel import push_frames
+from realtime.models.voicechat.mel import push_frames
 
 FRAME = 1280
 
@@ -139,8 +139,8 @@ def test_the_step_checks_the_front_end_state_it_advances() -> None:
     advances fails when a session opens, naming it, not in the middle of a step."""
     import types
 
-    from realtime.models.voicechat_mel import MEL_STATE
-    from realtime.models.voicechat_step import check_state
+    from realtime.models.voicechat.mel import MEL_STATE
+    from realtime.models.voicechat.step import check_state
 
     stream = _stream(_args())
     assert all(hasattr(stream, name) for name in MEL_STATE)

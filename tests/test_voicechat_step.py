@@ -1,4 +1,4 @@
-"""The project's own VoiceChat frame step (realtime/models/voicechat_step.py).
+"""The project's own VoiceChat frame step (realtime/models/voicechat/step.py).
 
 Alone it gives what mlx-vlm's ``VoiceChatStreamingSession`` gives, bit for bit; batched,
 every conversation gives what it gives alone, whatever its age, prompt, chunking and
@@ -21,8 +21,8 @@ from realtime.models.base import (
     ModelSession,
     open_session,
 )
-from realtime.models.keys import SessionKey, drawing_from, drawing_rows
-from realtime.models.voicechat import VoiceChatModel, VoiceChatSession
+from realtime.models.voicechat.keys import SessionKey, drawing_from, drawing_rows
+from realtime.models.voicechat.model import VoiceChatModel, VoiceChatSession
 from tests.models_fixtures import noise, push_all, speechlike
 from tests.test_sessions_isolation import LONG_PROMPT, Digest, digest, digest_mlx_vlm
 
@@ -51,7 +51,7 @@ def mlx_vlm_digest(
     """mlx-vlm's own streaming session on the same conversation, as a digest."""
     from mlx_vlm.models.nemotron_voicechat.streaming import VoiceChatStreamingSession
 
-    from realtime.models.keys import install_voicechat
+    from realtime.models.voicechat.keys import install_voicechat
 
     install_voicechat()
     raw: list[Any] = []
@@ -215,7 +215,7 @@ def test_a_row_at_its_limit_or_with_bad_input_is_its_own(demo_model: VoiceChatMo
 def test_a_failing_batch_fails_its_rows_not_the_model(
     demo_model: VoiceChatModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from realtime.models import voicechat_step
+    from realtime.models.voicechat import step as voicechat_step
 
     first = open_session(demo_model, system_prompt="", seed=1, max_streaming_seconds=None)
     second = open_session(demo_model, system_prompt="", seed=2, max_streaming_seconds=None)
@@ -239,7 +239,7 @@ def test_a_batched_draw_gives_each_row_its_own_keys_draw() -> None:
 
     import mlx.core as mx
 
-    from realtime.models.keys import install
+    from realtime.models.voicechat.keys import install
 
     module: Any = types.ModuleType("tts_like")
     module.mx = mx
@@ -278,7 +278,7 @@ def test_nested_drawing_contexts_advance_each_key_once_per_draw() -> None:
 
     import mlx.core as mx
 
-    from realtime.models.keys import install
+    from realtime.models.voicechat.keys import install
 
     module: Any = types.ModuleType("tts_like")
     module.mx = mx
@@ -319,7 +319,7 @@ def test_nested_drawing_contexts_advance_each_key_once_per_draw() -> None:
 
 
 def test_the_step_checks_mlx_vlms_session_state() -> None:
-    from realtime.models.voicechat_step import check_state
+    from realtime.models.voicechat.step import check_state
 
     with pytest.raises(RuntimeError, match="not supported"):
         check_state(object())
@@ -330,7 +330,7 @@ def test_a_tool_result_goes_in_as_inserted_function_channel_steps(
 ) -> None:
     """NVIDIA's format: the result's tokens forced on the function channel one step
     each, then one step the model closes; no audio frame is consumed or heard."""
-    from realtime.models.voicechat_step import tool_response_text
+    from realtime.models.voicechat.step import tool_response_text
 
     session = open_session(demo_model, system_prompt="", seed=1, max_streaming_seconds=None)
     assert isinstance(session, VoiceChatSession)
@@ -378,7 +378,7 @@ def test_batched_transcript_steps_are_each_rows_own(demo_model: VoiceChatModel) 
 
     import mlx.core as mx
 
-    from realtime.models.voicechat_step import StepRow, _transcribe
+    from realtime.models.voicechat.step import StepRow, _transcribe
 
     rows = 4
     sessions = [

@@ -14,7 +14,7 @@ import trio
 from trio_websocket import open_websocket_url
 
 from realtime.limits import Limits
-from realtime.models.voicechat import VoiceChatModel
+from realtime.models.voicechat.model import VoiceChatModel
 from realtime.server import engine_for
 from realtime.warm import WarmPrompt, prepare_model, read_warm_prompt
 from tests.helpers import ahttp, append_msg, connect, running_server

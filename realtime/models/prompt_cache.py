@@ -3,7 +3,7 @@
 Opening a conversation reads its system prompt through the model one timeline step per
 token. What that leaves behind is a pure function of the checkpoint, the prompt's
 tokens and the seed, so a model keeps it here and a later opening with the same key
-starts from a copy (:mod:`realtime.models.voicechat_prompt` holds the VoiceChat
+starts from a copy (:mod:`realtime.models.voicechat.prompt` holds the VoiceChat
 state). The store only counts: what an entry is and how it is copied are the model's.
 
 Every method runs on the engine thread but :meth:`PromptCache.figures`, which

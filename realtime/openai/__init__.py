@@ -7,6 +7,6 @@ Pure rules, one concern a module: :mod:`.messages` (typed client messages),
 :mod:`.render` (event sequences), :mod:`.states` (phases and their transitions) and
 :mod:`.dialect`, the thin state machine over them; :mod:`.events` builds and parses
 GA events and :mod:`.audio` holds the streaming resamplers. :mod:`.connection` puts
-the dialect on the one model pipeline (:mod:`realtime.connection`) the native
+the dialect on the one model pipeline (:mod:`realtime.session.pipeline`) the native
 ``/v1/realtime`` protocol uses too.
 """

@@ -1,7 +1,7 @@
 """``/openai/v1/realtime``: the OpenAI dialect's rules on the one model pipeline.
 
 The rules live in :class:`~realtime.openai.dialect.Dialect`; the pipeline, the
-waker, the frame latency and the session report are :mod:`realtime.connection`'s,
+waker, the frame latency and the session report are :mod:`realtime.session.pipeline`'s,
 the same as the native endpoint's. :class:`OpenAIRules` is the seam between them:
 it hands the dialect's frames on as :class:`~realtime.work.RunAudio` (client audio
 and the silence its clock feeds, so the model's clock runs while the client is
@@ -15,20 +15,21 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import ClassVar
 
 from realtime.close_codes import CLOSE_INTERNAL, Close
-from realtime.connection import Connection, Ended, Event, Output, Rules
 from realtime.limits import Limits
 from realtime.models.base import ModelEvent, PromptUse, RealtimeModel
 from realtime.observe import SessionOutcome
 from realtime.openai import events as ev
 from realtime.openai.dialect import Dialect, FeedTool, OpenModel, RunFrame
 from realtime.openai.dialect import Output as DialectOutput
-from realtime.plumbing import Refusal
+from realtime.session.lifetime import Refusal
+from realtime.session.pipeline import Connection, Ended, Event, Output, Rules
 from realtime.work import Backlog, Failure, FeedModel, RunAudio
 from realtime.work import OpenModel as OpenWork
 
 
 class OpenAIRules:
-    """The OpenAI dialect as the pipeline drives it (see :class:`realtime.connection.Rules`)."""
+    """The OpenAI dialect as the pipeline drives it (see
+    :class:`realtime.session.pipeline.Rules`)."""
 
     audio_event: ClassVar[str] = "response.output_audio.delta"
 

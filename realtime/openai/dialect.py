@@ -17,7 +17,7 @@ The rules it routes to live beside it, one concern a module:
 * :mod:`.clock`: silence pacing and the idle and stalled-reader deadlines;
 * :mod:`.states`: every state and its legal transitions, in one table.
 
-Like :mod:`realtime.conversation`, nothing here does I/O or reads a clock: the
+Like :mod:`realtime.native.rules`, nothing here does I/O or reads a clock: the
 time comes in with each call. :mod:`realtime.openai.connection` carries the rest.
 """
 

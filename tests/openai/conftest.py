@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from realtime.engine import Engine
-from realtime.models.fake import FakeModel, say
+from realtime.engine.runner import Engine
+from realtime.testing.fake import FakeModel, say
 from tests.environments import prepared_environment
 from tests.helpers import running_engine
 from tests.openai.scripted import scripted as scripted_model

@@ -1,4 +1,4 @@
-"""The OpenAI tests' scripted conversation: :func:`realtime.models.fake.partner` replies,
+"""The OpenAI tests' scripted conversation: :func:`realtime.testing.fake.partner` replies,
 plus a tool call on the function channel (no weights)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import attrs
 import numpy as np
 
 from realtime.models.base import Samples
-from realtime.models.fake import VOICED_RMS, Cue, FakeModel, Reply, Scene, partner, say
+from realtime.testing.fake import VOICED_RMS, Cue, FakeModel, Reply, Scene, partner, say
 
 CALL = '<SPECIAL_20>[{"name": "get_weather", "arguments": {"city": "Paris"}}]<SPECIAL_21>'
 

@@ -20,13 +20,13 @@ from realtime.models.base import (
     ModelEvent,
     UserTranscriptDelta,
 )
-from realtime.models.fake import tone
 from realtime.openai import events as ev
 from realtime.openai.dialect import Dialect, OpenModel, Output, RunFrame
 from realtime.openai.responses import CREATE_TIMEOUT_FRAMES
 from realtime.openai.states import ModelState
 from realtime.openai.tools import parse_calls
 from realtime.openai.turns import END_TAIL_FRAMES, USER_QUIET_FRAMES
+from realtime.testing.fake import tone
 from realtime.work import CountTokens
 from tests.openai.scripted import CALL
 from tests.openai.validate import validate_ga

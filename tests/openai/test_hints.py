@@ -19,9 +19,9 @@ import trio
 from trio_websocket import open_websocket_url
 
 from realtime import client as rc
-from realtime import protocol
-from realtime.engine import Engine
+from realtime.engine.runner import Engine
 from realtime.limits import Limits
+from realtime.native import wire as protocol
 from realtime.openai import events as ev
 from realtime.openai import messages as msg
 from realtime.openai import session as sess

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import trio
 
-from realtime.engine import Engine
-from realtime.models.fake import say
+from realtime.engine.runner import Engine
+from realtime.testing.fake import say
 from tests.helpers import REPO, run_python_module, running_engine, running_server
 from tests.openai import sdk_exchange
 from tests.openai.scripted import call_then_say, scripted, talking_over

@@ -14,10 +14,10 @@ import pytest
 import trio
 from trio_websocket import ConnectionRejected, WebSocketConnection, open_websocket_url
 
-from realtime.engine import Engine
+from realtime.engine.runner import Engine
 from realtime.limits import Limits
-from realtime.models.fake import say
-from realtime.models.voicechat import VoiceChatModel
+from realtime.models.voicechat.model import VoiceChatModel
+from realtime.testing.fake import say
 from tests.helpers import running_server
 from tests.openai.scripted import call_then_say, scripted
 from tests.openai.sdk_exchange import voice

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import trio
 
-from realtime.engine import Engine
-from realtime.models.fake import FakeModel, say
+from realtime.engine.runner import Engine
+from realtime.testing.fake import FakeModel, say
 from tests.helpers import running_engine, running_server
 from tests.openai import livekit_exchange
 from tests.openai.scripted import scripted, talking_over

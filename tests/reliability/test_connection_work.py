@@ -19,8 +19,8 @@ import trio
 
 from realtime.limits import Limits
 from realtime.models.base import MAX_TOOL_OUTPUT_BYTES
-from realtime.models.fake import FakeModel, FakeOptions
 from realtime.openai.dialect import COUNT_BURST, MAX_QUEUED_FEEDS
+from realtime.testing.fake import FakeModel, FakeOptions
 from tests.helpers import connect, running_engine, running_server, start_hypercorn_cli
 from tests.reliability.rawws import RawClient
 

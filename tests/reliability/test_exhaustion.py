@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from realtime.guard import LOG_BURST
+from realtime.http.guard import LOG_BURST
 from tests.helpers import http, start_realtime_server
 from tests.reliability.rawws import RawClient
 

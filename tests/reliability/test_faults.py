@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import trio
 
-from realtime.engine import Engine
+from realtime.engine.runner import Engine
 from realtime.limits import Limits
-from realtime.models.fake import FakeModel, FakeOptions
+from realtime.testing.fake import FakeModel, FakeOptions
 from tests.helpers import ahttp, append_msg, connect, noise, running_server
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from realtime.protocol import (
+from realtime.native.wire import (
     CLIENT_TYPES,
     SESSION_FIELDS,
     AudioAppend,

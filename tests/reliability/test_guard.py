@@ -1,4 +1,4 @@
-"""Nothing a client sends ends the process (realtime.guard), against real servers.
+"""Nothing a client sends ends the process (realtime.http.guard), against real servers.
 
 The red team's two process-killers, repeated hundreds of times against
 ``realtime serve`` (with and without an API key) and ``hypercorn -k trio

@@ -7,8 +7,8 @@ import json
 import pytest
 import trio
 
-from realtime.app import ServerState, host_allowed, origin_allowed
-from realtime.engine import Engine
+from realtime.engine.runner import Engine
+from realtime.http.app import ServerState, host_allowed, origin_allowed
 from tests.helpers import ahttp, running_server
 from tests.reliability.rawws import RawClient
 

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from realtime.testing import launch
+from realtime.testing.servers import launch
 from tests.helpers import REPO
 
 LOADING = "slow loader: loading"

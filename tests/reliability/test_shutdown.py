@@ -18,12 +18,12 @@ from urllib.parse import urlsplit
 
 import trio
 
-from realtime.app import ServerState
-from realtime.engine import Engine
+from realtime.engine.runner import Engine
+from realtime.http.app import ServerState
 from realtime.limits import Limits
-from realtime.models.fake import FakeModel, FakeOptions
 from realtime.server import hypercorn_config, run_server
-from realtime.testing import start_server_process
+from realtime.testing.fake import FakeModel, FakeOptions
+from realtime.testing.servers import start_server_process
 from tests.helpers import REPO, append_msg, noise
 from tests.reliability.rawws import RawClient, open_descriptors
 
@@ -135,9 +135,9 @@ async def test_a_dropped_stalled_reader_frees_its_descriptor() -> None:
 
 SERVE_FAKE = """
 import sys
-from realtime.engine import Engine
-from realtime.models.fake import FakeModel, FakeOptions
-from realtime.testing import serve_engine
+from realtime.engine.runner import Engine
+from realtime.testing.fake import FakeModel, FakeOptions
+from realtime.testing.servers import serve_engine
 engine = Engine(lambda: FakeModel(FakeOptions(audio_samples=50_000)))
 engine.start()
 serve_engine(engine)

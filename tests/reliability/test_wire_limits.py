@@ -1,4 +1,4 @@
-"""The wire's bounds (realtime.guard, realtime.app), each reproducing a red-team attack.
+"""The wire's bounds (realtime.http.guard, realtime.http.app), each reproducing a red-team attack.
 
 Against the real app on Hypercorn on 127.0.0.1, in this trio run, with the fake model.
 """
@@ -13,8 +13,8 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
-from realtime.engine import Engine
-from realtime.guard import (
+from realtime.engine.runner import Engine
+from realtime.http.guard import (
     BUSY_RESPONSE,
     LOG_BURST,
     LOG_WINDOW_SECONDS,
@@ -295,7 +295,7 @@ async def test_an_exception_in_hypercorn_ends_only_its_connection(
 async def test_an_exception_in_the_app_ends_only_its_connection(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from realtime.app import RealtimeApp
+    from realtime.http.app import RealtimeApp
 
     async def broken(self: RealtimeApp, *args: object, **kwargs: object) -> None:
         raise RuntimeError("a bug")
@@ -315,7 +315,7 @@ def test_the_guard_is_what_hypercorn_runs() -> None:
     from hypercorn.protocol import h11
     from hypercorn.trio import run
 
-    from realtime.guard import GuardedWSStream, install
+    from realtime.http.guard import GuardedWSStream, install
 
     install()
     assert installed()

@@ -1,0 +1,1 @@
+"""The demo: its turn layer and the builder of its small checkpoint."""

@@ -1,0 +1,1 @@
+"""The engine: one thread for all MLX work, its scheduler and admission."""

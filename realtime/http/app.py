@@ -1,0 +1,661 @@
+"""The ASGI application: ``/v1/realtime`` directly on ASGI, every HTTP route on Quart-trio.
+
+Authentication and the Origin policy run before the WebSocket upgrade, so a
+refused client gets a plain HTTP 401/403 and never a session.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path, PurePath
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import attrs
+import trio
+from quart import Response, jsonify, request, send_file
+from quart_trio import QuartTrio
+
+from realtime import __version__, cpu_blas, endpoints
+from realtime.endpoints import NATIVE_PATH
+from realtime.engine.runner import Engine
+from realtime.http.guard import ConnectionTable, absorb, install
+from realtime.limits import Limits
+from realtime.models.prompt_cache import CachesPrompts
+from realtime.observe import HTTPRefusalReason, Observer, Observers, RefusalReason
+from realtime.openai.connection import OpenAIConnection
+from realtime.session.lifetime import TransportClosed
+from realtime.session.pipeline import Connection
+from realtime.telemetry.logs import SessionLog
+from realtime.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from realtime.telemetry.metrics import PrometheusObserver
+from realtime.telemetry.recording import Recording
+
+log = logging.getLogger("realtime.http.app")
+
+ASGIScope = dict[str, Any]
+ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
+ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
+
+REALTIME_PATH: Final = NATIVE_PATH
+SUBPROTOCOL: Final = "realtime"
+KEY_SUBPROTOCOL_PREFIX: Final = "realtime-key."
+OPENAI_PATH: Final = endpoints.OPENAI_PATH
+OPENAI_KEY_SUBPROTOCOL_PREFIX: Final = "openai-insecure-api-key."
+PUBLIC_PATHS: Final = ("/", "/favicon.ico")
+PUBLIC_PREFIXES: Final = ("/static/",)
+STATIC_DIR: Final = Path(__file__).parent.parent / "static"
+
+
+def _default_observer(state: ServerState) -> Observer:
+    return Observers((state.metrics, SessionLog()))
+
+
+@attrs.define(slots=True)
+class ServerState:
+    engine: Engine
+    limits: Limits = attrs.field(factory=Limits)
+    api_key: str | None = None
+    allowed_origins: tuple[str, ...] = ()
+    bind_hosts: tuple[str, ...] = ()
+    """The addresses the server listens on (``--host``); empty: the address each
+    connection arrived on is used instead (an external ASGI server)."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Host header names accepted besides loopback ones (``--allowed-host``; ``*``: any)."""
+    shutdown: trio.Event = attrs.field(factory=trio.Event)
+    """Set when open connections must close now (1001)."""
+    recording: Recording | None = None
+    """``--record DIR``: every session's call recording (None: nothing is recorded)."""
+    draining: trio.Event = attrs.field(factory=trio.Event)
+    """Set on SIGTERM before ``shutdown``: /ready turns 503 and new upgrades get 503,
+    while the active conversation may finish."""
+    connections: int = 0
+    transports: set[ASGITransport] = attrs.field(factory=set)
+    """The open WebSockets, so a bounded shutdown can abort those that do not close."""
+    idle: trio.Event = attrs.field(factory=trio.Event)
+    """Set whenever no connection is open, for graceful shutdown."""
+    metrics: PrometheusObserver = attrs.field(factory=PrometheusObserver)
+    """The ``/metrics`` registry; it is also one of ``observer``'s members."""
+    observer: Observer = attrs.field(default=attrs.Factory(_default_observer, takes_self=True))
+    """What connections and the engine report to: metrics and the session log.
+    The engine takes the same object at construction (``Engine(..., observer=)``)."""
+
+    tcp: ConnectionTable = attrs.field(init=False)
+    """Every open TCP connection (HTTP too), for the connection bound, the write
+    bound and the shutdown bound (realtime.http.guard)."""
+
+    def abort_connections(self) -> int:
+        """Reset every open WebSocket's TCP connection; how many were found."""
+        return sum(transport.abort() for transport in list(self.transports))
+
+    def __attrs_post_init__(self) -> None:
+        self.tcp = ConnectionTable.for_process(
+            send_timeout=self.limits.send_timeout,
+            shutdown_timeout=self.limits.shutdown_timeout,
+            bound=self.limits.max_connections,
+            observer=self.observer,
+        )
+        # Under an external server (the Hypercorn CLI) its SIGTERM reaches the app only
+        # this way; `realtime serve` sets shutdown itself, earlier (after the drain).
+        self.tcp.stopping = self.shutdown.set
+        self.idle.set()
+        self.metrics.watch(self.engine, draining=self.draining.is_set)
+        # The engine thread reports model steps to the same observer as the connections.
+        self.engine.observe(self.observer)
+
+
+class ASGITransport:
+    """An accepted ASGI WebSocket as the lifecycle's
+    :class:`~realtime.session.pipeline.Transport`."""
+
+    def __init__(
+        self,
+        receive: ASGIReceive,
+        send: ASGISend,
+        scope: ASGIScope | None = None,
+        table: ConnectionTable | None = None,
+    ) -> None:
+        self._receive = receive
+        self._send = send
+        self._scope = scope or {}
+        self._table = table
+        """The guard's open TCP connections, which hold this WebSocket's."""
+
+    async def receive(self) -> str | bytes | None:
+        message = await self._receive()
+        if message["type"] == "websocket.receive":
+            text: str | None = message.get("text")
+            return text if text is not None else message.get("bytes")
+        code = message.get("code")
+        # 1006: the connection dropped without a close frame (Hypercorn's code for it).
+        raise TransportClosed(code if isinstance(code, int) and code != 1006 else None)
+
+    async def send(self, text: str) -> None:
+        await self._send({"type": "websocket.send", "text": text})
+
+    async def close(self, code: int, reason: str) -> None:
+        await self._send({"type": "websocket.close", "code": code, "reason": reason})
+
+    def abort(self) -> bool:
+        """Reset the TCP connection under this WebSocket (for a client the server has
+        given up on: a write blocked on it ends at once); whether it was found."""
+        if self._table is None:
+            return False
+        return self._table.abort(self._scope.get("server"), self._scope.get("client"))
+
+
+def _error(status: int, code: str, message: str) -> Response:
+    response = jsonify({"error": {"code": code, "message": message}})
+    response.status_code = status
+    return response
+
+
+def _bearer_ok(header: str | None, key: str) -> bool:
+    if not header:
+        return False
+    scheme, _, token = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+
+
+def _subprotocol_key_ok(
+    offered: Sequence[str], key: str, prefix: str = KEY_SUBPROTOCOL_PREFIX
+) -> bool:
+    ok = False
+    for proto in offered:
+        if proto.startswith(prefix):
+            candidate = proto[len(prefix) :]
+            ok |= hmac.compare_digest(candidate.encode(), key.encode())
+    return ok
+
+
+DEFAULT_PORTS: Final = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+
+
+def is_loopback(name: str) -> bool:
+    """``localhost``, 127.0.0.0/8 or ::1 (a host name or a bind address)."""
+    name = name.strip().strip("[]").lower().rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def split_host(value: str) -> tuple[str, int | None] | None:
+    """A ``Host`` header as (lower-case name, port or None); None when malformed."""
+    try:
+        parts = urlsplit("//" + value.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    if not parts.hostname or parts.path or parts.query or parts.username is not None:
+        return None
+    return parts.hostname.rstrip("."), port
+
+
+def host_allowed(host: str | None, local: Sequence[str], allowed: Sequence[str]) -> bool:
+    """Whether a request's ``Host`` header may reach this server.
+
+    A server listening on loopback only (``local``) accepts loopback names only, so
+    a web page whose name resolves to 127.0.0.1 (DNS rebinding) cannot reach it;
+    ``allowed`` adds names (``name`` or ``name:port``; ``*`` accepts any). A server
+    listening elsewhere accepts any name unless ``allowed`` lists some. No Host
+    header at all, or an empty one (HTTP/1.0: HAProxy's ``option httpchk``; servers
+    hand it on as ``''``), passes: a browser always sends one, so such a request is
+    no DNS-rebinding risk.
+    """
+    if not host:
+        return True  # absent (HTTP/1.0, a health checker): no browser sends that
+    parsed = split_host(host)
+    if parsed is None:
+        return False
+    name, port = parsed
+    if "*" in allowed:
+        return True
+    for entry in allowed:
+        wanted = split_host(entry)
+        if wanted is not None and wanted[0] == name and wanted[1] in (None, port):
+            return True
+    if is_loopback(name):
+        return True
+    loopback_only = bool(local) and all(is_loopback(address) for address in local)
+    return not loopback_only and not allowed
+
+
+def origin_allowed(
+    origin: str | None, host: str | None, allowed: Sequence[str], scheme: str = "http"
+) -> bool:
+    """No Origin (a non-browser client) passes; so does the server's own origin: the
+    same scheme (``http`` for ws, ``https`` for wss), host name and port as the
+    request (``scheme``, ``Host``). Other origins must be listed (``*``: any)."""
+    if origin is None:
+        return True
+    if "*" in allowed or origin.rstrip("/") in {a.rstrip("/") for a in allowed}:
+        return True
+    parsed = split_host(host or "")
+    if parsed is None:
+        return False
+    try:
+        parts = urlsplit(origin)
+        origin_port = parts.port
+    except ValueError:
+        return False
+    scheme = {"ws": "http", "wss": "https"}.get(scheme, scheme)
+    if parts.scheme.lower() != scheme or parts.hostname is None:
+        return False
+    default = DEFAULT_PORTS[scheme]
+    return (parts.hostname.rstrip("."), origin_port or default) == (
+        parsed[0],
+        parsed[1] or default,
+    )
+
+
+def host_refusal(
+    state: ServerState, host: str | None, server: Sequence[Any] | None
+) -> tuple[int, str, str] | None:
+    """Why a request's ``Host`` header is refused (HTTP status, code, message), or None."""
+    local = state.bind_hosts or ((str(server[0]),) if server else ())
+    if host_allowed(host, local, state.allowed_hosts):
+        return None
+    return (
+        403,
+        "forbidden_host",
+        f"host {host!r} is not a name of this server (it listens on loopback and "
+        "answers loopback names only); start it with --allowed-host to allow it",
+    )
+
+
+def request_scheme(scope: ASGIScope, headers: Mapping[str, str]) -> str:
+    """The scheme the client used: the proxy's ``X-Forwarded-Proto``, else the scope's."""
+    forwarded = headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
+    if forwarded in ("http", "https"):
+        return forwarded
+    return {"ws": "http", "wss": "https"}.get(scope.get("scheme", "http"), "http")
+
+
+WEBSOCKET_HTTP_VERSIONS: Final = ("1.1", "1.0")
+"""The HTTP versions a WebSocket is accepted over (ASGI's ``http_version``)."""
+
+
+def upgrade_refusal(
+    state: ServerState,
+    headers: Mapping[str, str],
+    subprotocols: Sequence[str],
+    *,
+    key_prefix: str = KEY_SUBPROTOCOL_PREFIX,
+    scheme: str = "http",
+    server: Sequence[Any] | None = None,
+    http_version: str = "1.1",
+) -> tuple[int, str, str] | None:
+    """Why a WebSocket upgrade is refused (HTTP status, code, message), or None.
+    ``key_prefix``: the subprotocol a browser carries the API key in; ``scheme``
+    (``http``/``https``), ``server`` (the local address) and ``http_version``: from
+    the ASGI scope.
+
+    WebSockets are served over HTTP/1.1 only: over HTTP/2 (RFC 8441) Hypercorn's
+    stream buffer takes every write into memory whatever the peer's flow-control
+    window, so neither the stalled-reader clock nor the write bound could drop a
+    client that reads nothing (issue 37). Browsers and every client here use HTTP/1.1."""
+    if http_version not in WEBSOCKET_HTTP_VERSIONS:
+        return (
+            505,
+            "http_version_not_supported",
+            f"WebSockets are served over HTTP/1.1 only, not HTTP/{http_version}; "
+            "connect with HTTP/1.1",
+        )
+    refused = host_refusal(state, headers.get("host"), server)
+    if refused is not None:
+        return refused
+    if state.api_key is not None and not (
+        _bearer_ok(headers.get("authorization"), state.api_key)
+        or _subprotocol_key_ok(subprotocols, state.api_key, key_prefix)
+    ):
+        return (
+            401,
+            "unauthorized",
+            "missing or wrong API key: send 'Authorization: Bearer <key>' or the "
+            f"subprotocol '{key_prefix}<key>'",
+        )
+    origin = headers.get("origin")
+    if not origin_allowed(origin, headers.get("host"), state.allowed_origins, scheme):
+        return (
+            403,
+            "forbidden_origin",
+            f"origin {origin!r} may not open /v1/realtime (it is not this server's own "
+            "scheme, host and port); start the server with --allowed-origin to allow it",
+        )
+    if state.draining.is_set() or state.shutdown.is_set():
+        # 503 before the upgrade: a balancer retries it on another replica.
+        return (
+            503,
+            "draining",
+            "this server is shutting down and takes no new conversations; retry "
+            "(a load balancer sends you to another replica)",
+        )
+    return None
+
+
+class RealtimeApp:
+    """The ASGI entry point: ``/v1/realtime`` is served here, directly on ASGI;
+    every other request, and the lifespan, goes to the Quart-trio app.
+
+    Why not a Quart websocket route: Quart relays each message through an extra
+    task, a memory channel and a signal dispatch, in both directions; on the
+    per-frame path that cost about 0.3 ms of every 80 ms frame (docs/performance.md).
+    """
+
+    def __init__(self, state: ServerState, http: QuartTrio) -> None:
+        self.state = state
+        self.http = http
+
+    @property
+    def connection_table(self) -> ConnectionTable:
+        """What :class:`realtime.http.guard.GuardedTCPServer` looks for on the app it serves."""
+        return self.state.tcp
+
+    async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
+        """Serve one request or WebSocket under the app's guard: an exception (a bug of
+        ours or of a library) is logged as one line and counted; Hypercorn then ends
+        that connection (500, or close 1011), and nothing else is touched."""
+        try:
+            if scope["type"] == "websocket" and scope["path"] == REALTIME_PATH:
+                await self._realtime(scope, receive, send)
+            elif scope["type"] == "websocket" and scope["path"] == OPENAI_PATH:
+                await self._realtime(scope, receive, send, openai=True)
+            else:
+                await self.http(scope, receive, _finish_shielded(send))  # type: ignore[arg-type]
+        except BaseException as error:
+            absorb(error, lambda exc: self._report(scope, exc))
+
+    def _report(self, scope: ASGIScope, exc: Exception) -> None:
+        client = scope.get("client") or ("?", 0)
+        where = f"{scope.get('type')} {client[0]}:{client[1]}"
+        self.state.observer.connection_error("app")
+        self.state.tcp.note("app-error", "%s ended by %s: %s", where, type(exc).__name__, exc)
+        log.debug("%s: the exception", where, exc_info=exc)
+
+    async def _realtime(
+        self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend, *, openai: bool = False
+    ) -> None:
+        """``openai``: the OpenAI Realtime GA dialect (realtime.openai) on the same engine."""
+        if (await receive())["type"] != "websocket.connect":
+            return
+        headers = {
+            key.decode("latin-1").lower(): value.decode("latin-1")
+            for key, value in scope.get("headers", [])
+        }
+        offered = list(scope.get("subprotocols", []))
+        refusal = upgrade_refusal(
+            self.state,
+            headers,
+            offered,
+            key_prefix=OPENAI_KEY_SUBPROTOCOL_PREFIX if openai else KEY_SUBPROTOCOL_PREFIX,
+            scheme=request_scheme(scope, headers),
+            server=scope.get("server"),
+            http_version=str(scope.get("http_version", "1.1")),
+        )
+        if refusal is not None:
+            self.state.observer.connection_refused(_REFUSAL_REASONS.get(refusal[1], "unauthorized"))
+            await _refuse_upgrade(scope, send, *refusal)
+            return
+        state = self.state
+        transport = ASGITransport(receive, send, scope, state.tcp)
+        try:
+            # Before the upgrade: a connection needs descriptors of its own (the
+            # engine's waker), and running out must refuse it with 503, not end it 1011.
+            connection = (OpenAIConnection if openai else Connection)(
+                transport,
+                state.engine,
+                state.limits,
+                shutdown=state.shutdown,
+                observer=state.observer,
+                recording=state.recording,
+            )
+        except OSError as exc:
+            state.observer.connection_refused("connection_limit")
+            state.tcp.note("no-descriptors", "refused an upgrade: %s", exc)
+            await _refuse_upgrade(
+                scope,
+                send,
+                503,
+                "connection_limit",
+                "no resources for another connection now; retry",
+            )
+            return
+        try:
+            await send(
+                {
+                    "type": "websocket.accept",
+                    "subprotocol": SUBPROTOCOL if SUBPROTOCOL in offered else None,
+                }
+            )
+        except BaseException:
+            connection.waker.close()
+            raise
+        state.connections += 1
+        if state.idle.is_set():
+            state.idle = trio.Event()
+        state.transports.add(transport)
+        try:
+            await connection.run()
+        finally:
+            state.transports.discard(transport)
+            state.connections -= 1
+            if state.connections == 0:
+                state.idle.set()
+
+
+def _finish_shielded(send: ASGISend) -> ASGISend:
+    """``send`` with the response's last message shielded from cancellation.
+
+    Quart-trio cancels the request's tasks as soon as the app has answered, and that
+    cancel reached Hypercorn while it was ending the connection after the last body
+    chunk (``Connection: close``): the close was skipped and the socket stayed open
+    until the client closed it. Hypercorn already shields the write itself; this
+    only lets the close that follows it run.
+    """
+
+    async def finish(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            with trio.CancelScope(shield=True):
+                await send(message)
+        else:
+            await send(message)
+
+    return finish
+
+
+_REFUSAL_REASONS: Final[dict[str, RefusalReason]] = {
+    "unauthorized": "unauthorized",
+    "forbidden_origin": "forbidden_origin",
+    "forbidden_host": "forbidden_host",
+    "draining": "draining",
+    "http_version_not_supported": "http_version",
+}
+
+
+async def _refuse_upgrade(
+    scope: ASGIScope, send: ASGISend, status: int, code: str, message: str
+) -> None:
+    """An HTTP error before the upgrade where the server supports it (Hypercorn does)."""
+    if "websocket.http.response" not in (scope.get("extensions") or {}):
+        await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
+        return
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    await send(
+        {
+            "type": "websocket.http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "websocket.http.response.body", "body": body, "more_body": False})
+
+
+def create_app(state: ServerState) -> RealtimeApp:
+    """The whole server as one ASGI app (WebSocket fast path + Quart-trio), with
+    Hypercorn's connections guarded (realtime.http.guard) wherever Hypercorn serves it."""
+    install()
+    return RealtimeApp(state, create_http_app(state))
+
+
+def create_http_app(state: ServerState) -> QuartTrio:
+    # Quart's own static route is off: only the files shipped in realtime/static are
+    # served, by name, so any other path is a plain 404 (a name too long for the file
+    # system made Quart's route fail with a 500 and a logged traceback).
+    app = QuartTrio(__name__, static_folder=None)
+    shipped = {path.name: path for path in STATIC_DIR.iterdir() if path.is_file()}
+
+    def public(path: str) -> bool:
+        return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
+
+    def refuse_http(reason: HTTPRefusalReason, why: str) -> None:
+        """Count a refused request and say so in one rate-limited log line."""
+        state.observer.http_refused(reason)
+        client = request.scope.get("client") or ("?", 0)
+        state.tcp.note(
+            "http-" + reason, "refused %s from %s:%s: %s", request.method, *client[:2], why
+        )
+
+    @app.before_request
+    async def check_host() -> Response | None:
+        refused = host_refusal(state, request.headers.get("Host"), request.scope.get("server"))
+        if refused is None:
+            return None
+        refuse_http("forbidden_host", refused[2])
+        return _error(*refused)
+
+    @app.before_request
+    async def check_key() -> Response | None:
+        if state.api_key is None or public(request.path):
+            return None
+        if _bearer_ok(request.headers.get("Authorization"), state.api_key):
+            return None
+        refuse_http("unauthorized", "missing or wrong API key")
+        return _error(
+            401, "unauthorized", "missing or wrong API key: send 'Authorization: Bearer <key>'"
+        )
+
+    @app.get("/health")
+    async def health() -> tuple[dict[str, Any], int]:
+        engine = state.engine
+        alive = engine.alive
+        model = engine.loaded_model
+        body = {
+            "status": "ok" if alive else "unavailable",
+            "model": model.model_id if model is not None else None,
+            "engine_alive": alive,
+            "session_active": engine.is_reserved(),
+            "sessions_active": engine.reserved,
+            "capacity": engine.capacity,
+            "batch_frames": engine.batch_frames,
+            "cpu_blas": cpu_blas.active().name,
+            "version": __version__,
+        }
+        if isinstance(model, CachesPrompts):
+            body["prompt_cache"] = attrs.asdict(model.prompt_cache_figures())
+        if not alive:
+            body["reason"] = engine.dead_reason
+        return body, 200 if alive else 503
+
+    @app.get("/ready")
+    async def ready() -> tuple[dict[str, Any], int]:
+        """Readiness: 200 only when a new conversation would be served now.
+
+        ``?allow_busy=1`` does not fail when every slot is held: for a balancer that
+        already sends each replica at most ``--max-sessions`` connections (HAProxy
+        ``maxconn N``), so a replica counts as free the moment a socket closes and a
+        full fleet queues. A replica whose measured step time admits no more
+        (``overloaded``) is not ready either way.
+        """
+        engine = state.engine
+        reason: str | None = None
+        if not engine.alive:
+            reason = "engine_unavailable" if engine.loaded_model is not None else "loading"
+        elif state.draining.is_set() or state.shutdown.is_set():
+            reason = "draining"
+        elif (refusal := engine.refusal()) is not None and (
+            refusal == "overloaded" or request.args.get("allow_busy") not in ("1", "true")
+        ):
+            reason = refusal
+        body: dict[str, Any] = {
+            "status": "ready" if reason is None else "not_ready",
+            "engine_alive": engine.alive,
+            "draining": state.draining.is_set(),
+            "session_active": engine.is_reserved(),
+            "sessions_active": engine.reserved,
+            "capacity": engine.capacity,
+        }
+        if reason is not None:
+            body["reason"] = reason
+        return body, 200 if reason is None else 503
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.exposition(), content_type=METRICS_CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        model = state.engine.model
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": model.model_id,
+                    "object": "model",
+                    "owned_by": "realtime",
+                    # The folder name only: the absolute path would tell every
+                    # client how the server's disk is laid out.
+                    "path": PurePath(model.path).name if model.path else None,
+                    "endpoint": "/v1/realtime",
+                }
+            ],
+        }
+
+    async def not_here() -> Response:
+        return _error(
+            501,
+            "not_implemented",
+            "this server runs a full-duplex speech model; use the WebSocket endpoint /v1/realtime",
+        )
+
+    every_method = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]  # HEAD comes with GET
+    app.add_url_rule("/v1/chat/completions", "chat_completions", not_here, methods=every_method)
+    app.add_url_rule("/v1/completions", "completions", not_here, methods=every_method)
+
+    async def upgrade_required() -> Response:
+        """Plain HTTP at a WebSocket path (a browser tab, curl): 426 naming the WebSocket."""
+        path = request.path
+        response = _error(
+            426,
+            "upgrade_required",
+            f"{path} is a WebSocket endpoint: connect with ws://{request.host}{path} "
+            "(a WebSocket client such as realtime.client or the page at /)",
+        )
+        response.headers["Upgrade"] = "websocket"
+        response.headers["Connection"] = "Upgrade"
+        return response
+
+    for path in (REALTIME_PATH, OPENAI_PATH):
+        app.add_url_rule(path, f"upgrade_required{path}", upgrade_required, methods=every_method)
+
+    @app.get("/")
+    async def index() -> Response:
+        return await send_file(shipped["index.html"])
+
+    @app.get("/static/<path:name>")
+    async def static(name: str) -> Response:
+        path = shipped.get(name)
+        if path is None:
+            return _error(404, "not_found", "no such file")
+        return await send_file(path)
+
+    return app

@@ -1,0 +1,1 @@
+"""NVIDIA NemotronLabs VoiceChat on MLX: the model, its step, mel, codes."""

@@ -1,0 +1,817 @@
+"""VoiceChat's frame step, ours: one 80 ms frame of one or many conversations at once.
+
+mlx-vlm's ``VoiceChatStreamingSession`` steps one conversation per call and waits on
+the device five times a frame (perception, each text and function token, the TTS
+codes, the codec's samples). This step runs the same network — mlx-vlm's loaded
+modules and weights, called stage by stage — over a batch of rows, one per
+conversation, with the state of each row kept where mlx-vlm keeps it (the streaming
+session object: its caches, token lists and accumulators), so opening, prefill and
+every cache stay mlx-vlm's own. Its own code waits on the device for the text tokens
+(the TTS's character encoder reads them on the host) and once at the end for
+everything else; the user transcript's RNN-T loop waits once a round of symbols, and
+mlx-vlm's TTS mask once per spelled-length group (``python -m benchmarks.graph`` counts
+every wait: 5 a frame at B=1, 6-8 batched, docs/performance.md).
+
+Rows are combined only where the result stays bit for bit what each row gets alone
+(tests/test_voicechat_step.py checks every stage against mlx-vlm's own session):
+
+* the log-mel front end runs as one batch for the rows whose sample buffers are laid
+  out alike (conversations of equal age, and every conversation fed whole frames from
+  its third frame on): :mod:`realtime.models.voicechat.mel`;
+* perception runs as one batch for the rows whose conformer chunks are alike, i.e.
+  per row until a conversation is 70 encoder frames old: the conformer's attention
+  caches differ in length until then and its streaming block has no key-padding mask;
+* the RNN-T runs one batch per round of symbols over the rows still emitting (each
+  emits its own number), its predictor's LSTM layers called batch-first;
+* the language model runs as one batch: its Mamba states are stacked for the step
+  and split back after it, its attention layers read each row's own KV cache through
+  :class:`_RowsKV` (left-padded to the longest, masked);
+* the TTS runs as one batch of 2B rows (classifier-free guidance: all conditional
+  rows, then all unconditional ones), its backbone through :class:`_RowsKV` with
+  per-row RoPE offsets, its character encoder over groups of rows whose tokens spell
+  equally many characters (no padding), its random draws from each row's own key
+  (:func:`realtime.models.voicechat.keys.drawing_rows`);
+* the codec decodes the rows whose streaming caches hold the same layers as one batch.
+
+The padded copy of the attention caches exists only during a step: each row keeps
+its own cache, sized by its own age, so a young conversation never pays for an old
+one between steps (docs/performance.md measures it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+import numpy as np
+
+from realtime.models.base import (
+    AssistantTextDelta,
+    AudioDelta,
+    ContextLimitReached,
+    FunctionDelta,
+    ModelEvent,
+    ModelFigures,
+    Samples,
+    UserTranscriptDelta,
+)
+from realtime.models.voicechat.codes import (
+    PerModel,
+    codec_latents,
+    generate_codes,
+    previous_sums,
+    remember,
+)
+from realtime.models.voicechat.mel import MEL_STATE, push_frames
+
+if TYPE_CHECKING:
+    from realtime.models.voicechat.keys import SessionKey
+
+T = TypeVar("T")
+
+REQUIRED_STATE: Final = (
+    "_mel_stream",
+    "_conformer_stream",
+    "_language_cache",
+    "_tts_cache",
+    "_previous_code",
+    "_codec_cache",
+    "_text_tokens",
+    "_function_tokens",
+    "_text",
+    "_function",
+    "_rnnt",
+    "_frame_index",
+    "_timeline_index",
+    "max_frames",
+)
+"""The attributes of mlx-vlm's streaming session this step reads and advances (checked
+when a session opens, so an mlx-vlm that renames one fails there, clearly)."""
+
+
+RNNT_STATE: Final = ("last_token", "hidden", "tokens", "text")
+"""The attributes of mlx-vlm's RNN-T state (``_RNNTState``) :func:`_transcribe` advances."""
+
+
+class StepRow:
+    """One conversation's place in a batched frame: mlx-vlm's streaming session (its
+    state), its random key and the frame to run."""
+
+    __slots__ = ("frame", "inner", "key")
+
+    def __init__(self, inner: Any, key: SessionKey, frame: Any) -> None:
+        self.inner = inner
+        self.key = key
+        self.frame = frame
+
+
+def check_state(inner: Any) -> None:
+    """Raise RuntimeError if ``inner`` lacks what :func:`step_frames` advances (an
+    mlx-vlm this step was not written for, or a session opened without caches)."""
+    missing = [name for name in REQUIRED_STATE if not hasattr(inner, name)]
+    rnnt = getattr(inner, "_rnnt", None)
+    missing += [
+        f"_rnnt.{name}" for name in RNNT_STATE if rnnt is not None and not hasattr(rnnt, name)
+    ]
+    mel = getattr(inner, "_mel_stream", None)
+    missing += [
+        f"_mel_stream.{name}" for name in MEL_STATE if mel is not None and not hasattr(mel, name)
+    ]
+    if missing or inner._language_cache is None or inner._conformer_stream is None:
+        raise RuntimeError(
+            "mlx-vlm's streaming session lacks the state the frame step advances "
+            f"({', '.join(missing) or 'its language or perception cache'}); "
+            "this mlx-vlm version is not supported"
+        )
+
+
+def groups(items: Iterable[T], key: Callable[[T], Hashable]) -> list[list[T]]:
+    """``items`` grouped by ``key``, each group in order, groups by first appearance."""
+    out: dict[Hashable, list[T]] = {}
+    for item in items:
+        out.setdefault(key(item), []).append(item)
+    return list(out.values())
+
+
+class _RowsKV:
+    """Several rows' own attention caches seen as one batched cache for one layer.
+
+    ``update_and_fetch`` appends each row's new key and value to that row's cache and
+    returns all rows left-padded to the longest; ``make_mask`` masks the padding (None
+    when every row is equally long: then the batch is exactly the rows stacked).
+    ``parts`` are (cache, rows) pairs: a TTS cache holds a conversation's conditional
+    and unconditional rows together, and ``order`` lays the batch out as the model
+    expects it (all conditional rows, then all unconditional ones).
+    """
+
+    def __init__(self, caches: Sequence[Any], rows_each: int) -> None:
+        self._caches = caches
+        self._rows_each = rows_each
+        import mlx.core as mx
+
+        self.offset = mx.array(
+            [int(cache.offset) for _ in range(rows_each) for cache in caches], dtype=mx.int32
+        )
+
+    def _size_after(self, cache: Any, n: int) -> int:
+        limit = getattr(cache, "max_size", None)
+        size = int(cache.offset) + n
+        return size if limit is None else min(size, int(limit))
+
+    def make_mask(self, n: int, **_: Any) -> Any:
+        import mlx.core as mx
+
+        sizes = [self._size_after(cache, n) for cache in self._caches]
+        longest = max(sizes)
+        if n != 1:
+            raise ValueError("batched frames step one position at a time")
+        if all(size == longest for size in sizes):
+            return None
+        positions = mx.arange(longest)[None, :]
+        starts = mx.array([longest - size for _ in range(self._rows_each) for size in sizes])
+        return (positions >= starts[:, None])[:, None, None, :]
+
+    def update_and_fetch(self, keys: Any, values: Any) -> tuple[Any, Any]:
+        import mlx.core as mx
+
+        count = len(self._caches)
+        fetched_k: list[Any] = []
+        fetched_v: list[Any] = []
+        for index, cache in enumerate(self._caches):
+            rows = [index + r * count for r in range(self._rows_each)]
+            take = mx.array(rows) if self._rows_each > 1 else slice(index, index + 1)
+            k, v = cache.update_and_fetch(keys[take], values[take])
+            fetched_k.append(k)
+            fetched_v.append(v)
+        longest = max(k.shape[2] for k in fetched_k)
+
+        def padded(parts: list[Any]) -> Any:
+            out = []
+            for part in parts:
+                gap = longest - part.shape[2]
+                if gap:
+                    part = mx.pad(part, [(0, 0), (0, 0), (gap, 0), (0, 0)])
+                out.append(part)
+            # Lay the rows out as [row 0 of each cache..., row 1 of each cache...].
+            return mx.concatenate(
+                [part[r : r + 1] for r in range(self._rows_each) for part in out], axis=0
+            )
+
+        return padded(fetched_k), padded(fetched_v)
+
+
+def _stacked_arrays(caches: Sequence[Any]) -> Any:
+    """One ArraysCache (Mamba conv and SSM states) holding every row's, stacked."""
+    import mlx.core as mx
+    from mlx_vlm.models.cache import ArraysCache
+
+    first = caches[0]
+    batch = ArraysCache(size=len(first.cache))
+    for slot in range(len(first.cache)):
+        states = [cache[slot] for cache in caches]
+        # Before a session's first step its states do not exist yet: the layer starts
+        # them (every row of a group is equally far, see _language).
+        batch[slot] = None if states[0] is None else mx.concatenate(states, axis=0)
+    return batch
+
+
+def _split_arrays(batch: Any, caches: Sequence[Any]) -> None:
+    for slot in range(len(batch.cache)):
+        stacked = batch[slot]
+        if stacked is None:
+            continue
+        for row, cache in enumerate(caches):
+            cache[slot] = stacked[row : row + 1]
+
+
+def _language(rows: Sequence[StepRow], fused: Any) -> tuple[Any, Any]:
+    """The language model over ``rows`` (one batch per group of rows whose recurrent
+    states exist: a session's first step starts them), each row's caches advanced;
+    the text and function logits of the new position, (rows, vocabulary) each."""
+    import mlx.core as mx
+
+    started = [row.inner._timeline_index > 0 for row in rows]
+    if all(started) or not any(started):
+        output = _language_batch(rows, fused)
+        return output.text_logits[:, -1], output.function_logits[:, -1]
+    text: list[Any] = [None] * len(rows)
+    function: list[Any] = [None] * len(rows)
+    for members in groups(range(len(rows)), lambda i: started[i]):
+        part = _language_batch([rows[i] for i in members], fused[mx.array(members)])
+        for position, i in enumerate(members):
+            text[i] = part.text_logits[position : position + 1, -1]
+            function[i] = part.function_logits[position : position + 1, -1]
+    return mx.concatenate(text, axis=0), mx.concatenate(function, axis=0)
+
+
+def _language_batch(rows: Sequence[StepRow], fused: Any) -> Any:
+    from mlx_vlm.models.cache import KVCache
+
+    model = rows[0].inner.model.stt_model
+    if len(rows) == 1:
+        return model(fused, cache=rows[0].inner._language_cache)
+    per_row = [row.inner._language_cache for row in rows]
+    batch: list[Any] = []
+    stacked: list[tuple[Any, list[Any]]] = []
+    for layer in range(len(per_row[0])):
+        caches = [row_caches[layer] for row_caches in per_row]
+        if isinstance(caches[0], KVCache):
+            batch.append(_RowsKV(caches, 1))
+        else:
+            merged = _stacked_arrays(caches)
+            batch.append(merged)
+            stacked.append((merged, caches))
+    output = model(fused, cache=batch)
+    for merged, caches in stacked:
+        _split_arrays(merged, caches)
+    return output
+
+
+def _subwords(tts: Any, ids: Any) -> Any:
+    """The TTS's conditioning for each row's text token: its character encoder over
+    groups of rows whose tokens spell equally many characters (no padding, so each row
+    gets what it gets alone)."""
+    import mlx.core as mx
+
+    encoder = tts.embed_subword
+    table = encoder._subword_to_chars
+    spelled = [len(table.get(int(token), ())) if table is not None else 0 for token in ids]
+    if len(ids) == 1:
+        current = mx.array([[ids[0]]], dtype=mx.int32)
+        return encoder(current, mx.ones(current.shape, dtype=mx.bool_))
+    parts: list[Any] = [None] * len(ids)
+    for members in groups(range(len(ids)), lambda i: spelled[i]):
+        current = mx.array([[ids[i]] for i in members], dtype=mx.int32)
+        out = encoder(current, mx.ones(current.shape, dtype=mx.bool_))
+        for position, i in enumerate(members):
+            parts[i] = out[position : position + 1]
+    return mx.concatenate(parts, axis=0)
+
+
+def _tts(
+    rows: Sequence[StepRow], ids: list[int], previous: list[Any | None], silence: Any
+) -> tuple[Any, Any]:
+    """One EAR-TTS step for ``rows``: mlx-vlm's ``RVQEARTTSModel.step`` with guidance,
+    its conditioning built per group of rows, its backbone over every row's own caches
+    and its codes from :func:`realtime.models.voicechat.codes.generate_codes`;
+    ``previous`` is each row's previous codes (None: silence, its text ended the turn).
+    The new codes, (rows, 1, codebooks), and their code embedding sums."""
+    import mlx.core as mx
+
+    from realtime.models.voicechat.keys import drawing_rows
+
+    tts = rows[0].inner.model.tts_model.tts_model
+    count = len(rows)
+    sums = previous_sums(tts, [row.inner for row in rows], previous, silence)
+    code_embed = tts.embed_code(sums)
+    code_embed = mx.concatenate([code_embed, code_embed], axis=0)
+    cond = _subwords(tts, ids)
+    null = mx.broadcast_to(tts.null_emb, cond.shape)
+    inputs = tts.gated_fusion_audio_text(code_embed, mx.concatenate([cond, null], axis=0))
+    if count == 1:
+        cache: Any = rows[0].inner._tts_cache
+    else:
+        per_row = [row.inner._tts_cache for row in rows]
+        cache = [_RowsKV([c[layer] for c in per_row], 2) for layer in range(len(per_row[0]))]
+    hidden = tts.backbone(None, inputs_embeds=inputs, cache=cache)
+    with drawing_rows([row.key for row in rows]):
+        return generate_codes(tts, hidden)
+
+
+def _codec(rows: Sequence[StepRow], clean: Any) -> list[Any]:
+    """Each row's samples for its codes: the codec's streaming decode (``decode_step``:
+    its quantizer's latents, here :func:`~realtime.models.voicechat.codes.codec_latents`,
+    then ``decode_latents``), one batch per group of rows whose caches hold the same
+    layers (a conversation's first frame starts its cache)."""
+    import mlx.core as mx
+    from mlx_audio.codec.models.nemotron_voicechat import CausalConv1dCache
+
+    codec = rows[0].inner.model.tts_model.audio_codec
+    samples: list[Any] = [None] * len(rows)
+
+    def layout(i: int) -> Hashable:
+        cache = rows[i].inner._codec_cache.cache
+        return tuple(sorted(((str(k), tuple(v.shape[1:])) for k, v in cache.items())))
+
+    for members in groups(range(len(rows)), layout):
+        codes = clean[mx.array(members)] if len(members) < len(rows) else clean
+        latents = codec_latents(codec.prvq, codes.transpose(0, 2, 1))
+        if len(members) == 1:
+            out = codec.decode_latents(latents, cache=rows[members[0]].inner._codec_cache)
+            samples[members[0]] = out[0, 0]
+            continue
+        caches = [rows[i].inner._codec_cache for i in members]
+        merged = CausalConv1dCache()
+        for name in caches[0].cache:
+            merged.cache[name] = mx.concatenate([c.cache[name] for c in caches], axis=0)
+        out = codec.decode_latents(latents, cache=merged)
+        for position, (i, cache) in enumerate(zip(members, caches, strict=True)):
+            samples[i] = out[position, 0]
+            cache.cache = {
+                name: value[position : position + 1] for name, value in merged.cache.items()
+            }
+    return samples
+
+
+def _chunk_plan(stream: Any, mel: Any) -> tuple[Any, ...] | None:
+    """How the conformer state ``stream`` would encode ``mel`` (one frame's mel, after
+    mlx-audio's ``push(mel, emit_partial=True)``), as a key that rows share exactly when
+    one batched encode gives each what its own push would; None when this push is not
+    the plain case (one chunk, emitted, closing the pending mel), which then runs as
+    mlx-audio's own push."""
+    if stream.closed or stream.pending is not None or mel.shape[1] == 0:
+        return None
+    chunk = stream.first_chunk_mel if stream.consumed == 0 else stream.chunk_mel
+    if mel.shape[1] > chunk:
+        return None
+    factor = stream.subsampling_factor
+    cache_len = 0 if stream.mel_cache is None else stream.mel_cache.shape[1]
+    base = (stream.consumed - cache_len) // factor
+    lo = stream.emitted - base
+    attn = tuple(None if c is None else tuple(c.shape) for c in stream.attn_cache)
+    conv = tuple(None if c is None else tuple(c.shape) for c in stream.conv_cache)
+    return (tuple(mel.shape), cache_len, (stream.consumed - cache_len) % factor, lo, attn, conv)
+
+
+def _perceive(rows: Sequence[StepRow]) -> tuple[list[Any], list[Any]]:
+    """Each row's encoder frame (for the RNN-T) and its projection (the language
+    model's audio input). The log-mel front end runs as one batch for the rows whose
+    buffers are laid out alike (:mod:`realtime.models.voicechat.mel`); the conformer
+    runs once for each group of rows whose streaming states are equally far (a
+    conversation older than its attention's left context, 70 encoder frames, shares
+    its shapes with every other such one), else per row as mlx-audio's push."""
+    import mlx.core as mx
+    from mlx_audio.stt.models.nemotron_asr import streaming as conformer
+
+    first = rows[0].inner
+    proj = first.model.stt_model.perception.proj
+    mels = push_frames([row.inner._mel_stream for row in rows], [row.frame for row in rows])
+    plans = [
+        _chunk_plan(row.inner._conformer_stream, mel) for row, mel in zip(rows, mels, strict=True)
+    ]
+    encoded: list[Any] = [None] * len(rows)
+    for members in groups(
+        range(len(rows)), lambda i: plans[i] if plans[i] is not None else ("own", i)
+    ):
+        if plans[members[0]] is None:  # a chunk this step does not cut: mlx-audio's push
+            i = members[0]
+            chunks = rows[i].inner._conformer_stream.push(mels[i], emit_partial=True)
+            if len(chunks) != 1 or chunks[0].shape[1] != 1:
+                raise RuntimeError(
+                    "cached perception did not emit exactly one encoder frame: "
+                    f"mel={tuple(mels[i].shape)}, encoded={[tuple(c.shape) for c in chunks]}"
+                )
+            encoded[i] = chunks[0]
+            continue
+        streams = [rows[i].inner._conformer_stream for i in members]
+        lead = streams[0]
+        windows = [
+            mels[i] if s.mel_cache is None else mx.concatenate([s.mel_cache, mels[i]], axis=1)
+            for i, s in zip(members, streams, strict=True)
+        ]
+        win = _stacked(windows)
+        width = win.shape[1]
+        # The widths as a Python list: pre_encode reads each with int(), which on an MLX
+        # array is an evaluation (a wait on the device) per row.
+        sub = lead.encoder.pre_encode(win, [width] * len(members))[0]
+        factor = lead.subsampling_factor
+        cache_len = 0 if lead.mel_cache is None else lead.mel_cache.shape[1]
+        base = (lead.consumed - cache_len) // factor
+        lo, hi = lead.emitted - base, sub.shape[1]
+        end = lead.consumed + mels[members[0]].shape[1]
+        keep = conformer._PRE_ENCODE_MEL_CACHE + (end - conformer._PRE_ENCODE_MEL_CACHE) % factor
+        if hi - lo != 1:
+            raise RuntimeError(f"cached perception would emit {hi - lo} encoder frames, not one")
+        for position, s in enumerate(streams):
+            row_base = (s.consumed - cache_len) // factor
+            s.consumed += mels[members[position]].shape[1]
+            s.mel_cache = windows[position][:, -keep:]
+            s.emitted = row_base + hi
+        h = sub[:, lo:hi]
+        for layer, block in enumerate(lead.encoder.layers):
+            attn = [s.attn_cache[layer] for s in streams]
+            conv = [s.conv_cache[layer] for s in streams]
+            h, attn_next, conv_next = conformer._stream_block(
+                block,
+                h,
+                lead.encoder.pos_enc,
+                None if attn[0] is None else _stacked(attn),
+                None if conv[0] is None else _stacked(conv),
+                lead.left_cache,
+                lead.conv_left,
+            )
+            for position, s in enumerate(streams):
+                s.attn_cache[layer] = _row(attn_next, position, len(streams))
+                s.conv_cache[layer] = _row(conv_next, position, len(streams))
+        for position, i in enumerate(members):
+            encoded[i] = _row(h, position, len(members))
+    audio = encoded[0] if len(rows) == 1 else mx.concatenate(encoded, axis=0)
+    projected = proj(audio)
+    return encoded, [projected[i : i + 1] for i in range(len(rows))] if len(rows) > 1 else [
+        projected
+    ]
+
+
+def _stacked(parts: Sequence[Any]) -> Any:
+    """``parts`` as one batch (one part as it is: no copy in the graph)."""
+    import mlx.core as mx
+
+    return parts[0] if len(parts) == 1 else mx.concatenate(list(parts), axis=0)
+
+
+def _row(batch: Any, position: int, rows: int) -> Any:
+    """Row ``position`` of a batch of ``rows`` (a batch of one as it is)."""
+    return batch if rows == 1 else batch[position : position + 1]
+
+
+def _predict(lstm: Any, inputs: Any, hidden: tuple[Any, Any] | None) -> tuple[Any, Any]:
+    """The RNN-T prediction network's LSTM layers over ``inputs`` (rows, 1, width), each
+    row one step on its own state: mlx-audio's wrapper hands MLX's ``nn.LSTM`` its
+    input time-major, which MLX reads as (batch, time), so it steps one row only (for
+    one row the two layouts are the same array). Returns the top layer's output and
+    the new (h, c), each (layers, rows, width), as the wrapper does."""
+    import mlx.core as mx
+
+    outputs = inputs
+    next_h: list[Any] = []
+    next_c: list[Any] = []
+    for layer, cell in enumerate(lstm.lstm):
+        all_h, all_c = cell(
+            outputs,
+            hidden=None if hidden is None else hidden[0][layer],
+            cell=None if hidden is None else hidden[1][layer],
+        )
+        outputs = all_h
+        next_h.append(all_h[:, -1])
+        next_c.append(all_c[:, -1])
+    return outputs, (mx.stack(next_h, axis=0), mx.stack(next_c, axis=0))
+
+
+def _transcribe(rows: Sequence[StepRow], encoded: Sequence[Any]) -> list[tuple[str, str] | None]:
+    """Each row's user-transcript update for its encoder frame, as mlx-vlm's
+    ``_RNNTState.step`` gives it, with the rows' greedy RNN-T steps batched: each round
+    runs the prediction network and joint once for every row still emitting (one wait
+    on the device, not one per row) and a row leaves at its blank or its
+    ``max_symbols``. Rows whose predictor has no state yet (a conversation's first
+    symbols) run as a group of their own, as mlx-vlm starts that state (no recurrent
+    term); a blank's input is the zero embedding mlx-vlm uses."""
+    import mlx.core as mx
+    from mlx_audio.stt.models.nemotron_asr import tokenizer as rnnt_tokenizer
+
+    first = rows[0].inner
+    config = first.model.config
+    vocabulary = config.rnnt_vocabulary
+    if not vocabulary:
+        return [None] * len(rows)
+    stt = first.model.stt_model
+    embed, lstm = stt.rnnt_decoder.prediction["embed"], stt.rnnt_decoder.prediction["dec_rnn"]
+    joint, blank = stt.rnnt_joint, config.rnnt_blank_id
+    limit = config.audio_config.max_symbols
+    states = [row.inner._rnnt for row in rows]
+    before = [len(state.tokens) for state in states]
+    emitted = [0] * len(rows)
+    active = list(range(len(rows)))
+    while active:
+        chosen: dict[int, Any] = {}
+        proposed: dict[int, tuple[Any, Any]] = {}
+        for members in groups(active, lambda i: states[i].hidden is None):
+            inputs = [
+                embed(mx.array([[states[i].last_token]], dtype=mx.int32))
+                if states[i].last_token != blank
+                else mx.zeros((1, 1, lstm.hidden_size))
+                for i in members
+            ]
+            hidden = states[members[0]].hidden
+            if hidden is not None and len(members) > 1:
+                hidden = tuple(
+                    mx.concatenate([states[i].hidden[part] for i in members], axis=1)
+                    for part in range(2)
+                )
+            prediction, (h, c) = _predict(
+                lstm, inputs[0] if len(members) == 1 else mx.concatenate(inputs, axis=0), hidden
+            )
+            frames = (
+                encoded[members[0]]
+                if len(members) == 1
+                else mx.concatenate([encoded[i] for i in members], axis=0)
+            )
+            logits = joint(frames, prediction.astype(frames.dtype))
+            best = mx.argmax(logits.reshape(len(members), -1), axis=-1)
+            for position, i in enumerate(members):
+                chosen[i] = best[position]
+                proposed[i] = (h[:, position : position + 1], c[:, position : position + 1])
+        picks = [chosen[i] for i in active]
+        values = np.asarray(mx.stack(picks)).reshape(-1).tolist()
+        still: list[int] = []
+        for i, token in zip(active, values, strict=True):
+            if token == blank:
+                continue
+            state = states[i]
+            state.last_token = token
+            dtype = encoded[i].dtype
+            state.hidden = tuple(value.astype(dtype) for value in proposed[i])
+            if not rnnt_tokenizer.is_special_token(token, vocabulary):
+                state.tokens.append(token)
+            emitted[i] += 1
+            if emitted[i] < limit:
+                still.append(i)
+        active = still
+    out: list[tuple[str, str] | None] = []
+    for state, count in zip(states, before, strict=True):
+        if len(state.tokens) == count:
+            out.append(None)
+            continue
+        updated = rnnt_tokenizer.decode(state.tokens, vocabulary).strip()
+        delta = updated[len(state.text) :] if updated.startswith(state.text) else updated
+        state.text = updated
+        out.append((delta, updated))
+    return out
+
+
+def _conformer_state(inner: Any) -> list[Any]:
+    stream = inner._conformer_stream
+    state = [stream.mel_cache, *stream.attn_cache, *stream.conv_cache]
+    return [value for value in state if value is not None]
+
+
+def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[ModelEvent]]:
+    """Run one whole frame of each row (as mlx-vlm's ``_step_audio_frame`` would) and
+    return each row's events. The caller keeps rows at their ``max_streaming_seconds``
+    out (ContextLimitReached here, before any work, if one is not); any other exception
+    means every row's state may be partly advanced."""
+    import mlx.core as mx
+
+    for row in rows:
+        inner = row.inner
+        if inner.max_frames is not None and inner._frame_index >= inner.max_frames:
+            raise ContextLimitReached(
+                f"stream exceeded the configured {inner.max_frames}-frame context"
+            )
+    first = rows[0].inner
+    model, config = first.model, first.config
+    pad = config.pad_token_id
+
+    # Perception (batched where the rows' streaming states allow); the language
+    # model's input for every row at once.
+    encoded, projected = _perceive(rows)
+    fresh = [row.inner._timeline_index == 0 for row in rows]
+    """A session opened with no system prompt has run no timeline step yet: its first
+    frame reads pad on both channels and speaks the codec's silence (no TTS step)."""
+    previous_text = mx.array(
+        [
+            [pad if new else row.inner._text_tokens[-1]]
+            for row, new in zip(rows, fresh, strict=True)
+        ],
+        dtype=mx.int32,
+    )
+    previous_function = mx.array(
+        [
+            [pad if new else row.inner._function_tokens[-1]]
+            for row, new in zip(rows, fresh, strict=True)
+        ],
+        dtype=mx.int32,
+    )
+    audio = projected[0] if len(rows) == 1 else mx.concatenate(projected, axis=0)
+    fused = (
+        model.stt_model.embed_tokens(previous_text)
+        + audio
+        + config.function_channel_weight * model.stt_model.embed_tokens(previous_function)
+    )
+    text_logits, function_logits = _language(rows, fused)
+    text_ids = mx.argmax(text_logits, axis=-1)
+    function_ids = mx.argmax(function_logits, axis=-1)
+    mx.async_eval(text_ids, function_ids)  # type: ignore[no-untyped-call]
+
+    # The user transcript (host-driven, a sync per round of symbols) while that computes.
+    heard = _transcribe(rows, encoded)
+
+    texts = [int(t) for t in np.asarray(text_ids).reshape(-1)]
+    functions = [int(f) for f in np.asarray(function_ids).reshape(-1)]
+    silence_tokens = model.tts_model.codec_silence_tokens
+    silence = silence_tokens[None, None, :]
+    speaking = [i for i, new in enumerate(fresh) if not new]
+    spoken: dict[int, Any] = {}
+    if speaking:
+        codes_now, sums = _tts(
+            [rows[i] for i in speaking],
+            [texts[i] for i in speaking],
+            [
+                None if texts[i] == config.eos_token_id else rows[i].inner._previous_code
+                for i in speaking
+            ],
+            silence_tokens,
+        )
+        for n, i in enumerate(speaking):
+            spoken[i] = codes_now[n : n + 1]
+            remember(rows[i].inner, spoken[i], sums[n : n + 1])
+        codes = codes_now if len(speaking) == len(rows) else None
+    if len(speaking) != len(rows):
+        codes = mx.concatenate(
+            [spoken[i] if i in spoken else silence.astype(mx.int32) for i in range(len(rows))],
+            axis=0,
+        )
+    assert codes is not None
+    clean = first.parent._replace_control_codes(codes)
+    samples = _codec(rows, clean)
+    state: list[Any] = []
+    for row in rows:
+        state += _conformer_state(row.inner)
+    mx.eval(codes, clean, *samples, *state)
+
+    clean_rows = np.asarray(clean).reshape(len(rows), -1)
+    out: list[list[ModelEvent]] = []
+    for i, row in enumerate(rows):
+        inner = row.inner
+        index = inner._frame_index
+        inner._text_tokens.append(texts[i])
+        inner._function_tokens.append(functions[i])
+        if i in spoken:
+            inner._previous_code = spoken[i]
+        inner._timeline_index += 1
+        inner._frame_index += 1
+        events: list[ModelEvent] = []
+        transcript = heard[i]
+        if transcript is not None:
+            delta, text = transcript
+            events.append(UserTranscriptDelta(frame_index=index, delta=delta, transcript=text))
+        update = inner._text.append(texts[i])
+        if update is not None:
+            events.append(
+                AssistantTextDelta(
+                    frame_index=index, token_id=texts[i], delta=update[0], text=update[1]
+                )
+            )
+        update = inner._function.append(functions[i])
+        if update is not None:
+            events.append(
+                FunctionDelta(
+                    frame_index=index, token_id=functions[i], delta=update[0], text=update[1]
+                )
+            )
+        events.append(
+            AudioDelta(
+                frame_index=index,
+                samples=_samples(samples[i], figures),
+                audio_codes=tuple(int(c) for c in clean_rows[i].tolist()),
+                sample_rate=figures.output_sample_rate,
+                end_of_turn=texts[i] == config.eos_token_id,
+            )
+        )
+        out.append(events)
+    return out
+
+
+def float_samples(samples: Any) -> Samples:
+    """The model's output samples as 1-D float32 numpy.
+
+    A float32 MLX array is viewed, not copied (read-only; the view keeps the MLX
+    buffer alive, and MLX never writes an array it has returned): the copy cost
+    ~100 µs a frame right after the model step, on every frame's way to the client
+    (a fresh buffer, filled by MLX moments before, copied cold). Anything else
+    (another dtype, a list) is converted.
+    """
+    import mlx.core as mx
+
+    if isinstance(samples, mx.array) and samples.dtype == mx.float32:
+        view: Samples = np.asarray(samples).reshape(-1)
+        view.flags.writeable = False
+        return view
+    return np.array(samples, dtype=np.float32).reshape(-1)
+
+
+def _samples(samples: Any, figures: ModelFigures) -> Samples:
+    view = float_samples(samples)
+    if view.shape[0] != figures.output_frame_samples:
+        raise RuntimeError(
+            f"the codec returned {view.shape[0]} samples for a frame, "
+            f"not {figures.output_frame_samples}"
+        )
+    return view
+
+
+TOOL_RESPONSE_OPEN: Final = "<TOOL_RESPONSE>["
+TOOL_RESPONSE_CLOSE: Final = "]</TOOL_RESPONSE>"
+
+
+def tool_response_text(output: str) -> str:
+    """A tool's output as the model was trained to read it: NVIDIA's
+    ``<TOOL_RESPONSE>[...]</TOOL_RESPONSE>`` with the value as ASCII JSON (a JSON
+    output re-serialised, anything else as a JSON string); docs/nemotron-voicechat.md
+    cites the training and serving code this follows."""
+    import json
+
+    try:
+        body = json.dumps(json.loads(output))
+    except ValueError:
+        body = json.dumps(output)
+    return f"{TOOL_RESPONSE_OPEN}{body}{TOOL_RESPONSE_CLOSE}"
+
+
+def _encoded_silence(model: Any) -> Any:
+    """The perception of one second of silence, frame 0: the user-audio input of every
+    inserted tool-response step, as NVIDIA's wrapper feeds it."""
+    import mlx.core as mx
+    from mlx_audio.stt.models.nemotron_asr.audio import log_mel_spectrogram
+
+    config = model.config
+    zeros = mx.zeros((int(config.input_sample_rate),), dtype=mx.float32)
+    mel = log_mel_spectrogram(zeros, config.audio_config.preprocessor)
+    projected, _, _ = model.stt_model.perception(mel, mx.array([mel.shape[1]], mx.int32))
+    silence = projected[:, :1]
+    mx.eval(silence)
+    return silence
+
+
+_silence: Final = PerModel(_encoded_silence)
+"""Each loaded model's encoded silence, built on first use."""
+
+
+def inserted_step(row: StepRow, forced_function: int | None) -> int:
+    """One timeline step that consumes no audio, as the model was trained to take a
+    tool's response (NVIDIA's function-calling insertions): user audio is encoded
+    silence, the agent text channel PAD, the function channel's next input
+    ``forced_function`` (a response token) or, when None, the token the model predicts
+    (after the response it is trained to say ``<SPECIAL_22>``, end of response); the TTS
+    steps on PAD (its cache follows the timeline) and nothing is heard. Returns the
+    function token recorded."""
+    import mlx.core as mx
+
+    from realtime.models.voicechat.keys import drawing_from
+
+    inner = row.inner
+    model, config = inner.model, inner.config
+    pad = config.pad_token_id
+    started = inner._timeline_index > 0
+    previous_text = inner._text_tokens[-1] if started else pad
+    previous_function = inner._function_tokens[-1] if started else pad
+    fused = (
+        model.stt_model.embed_tokens(mx.array([[previous_text]], dtype=mx.int32))
+        + _silence(model)
+        + config.function_channel_weight
+        * model.stt_model.embed_tokens(mx.array([[previous_function]], dtype=mx.int32))
+    )
+    output = model.stt_model(fused, cache=inner._language_cache)
+    function_id = mx.argmax(output.function_logits[:, -1], axis=-1)
+    pending = [function_id]
+    if started:
+        current = mx.array([[pad]], dtype=mx.int32)
+        with drawing_from(row.key):
+            out = model.tts_model.tts_model.step(
+                inner._previous_code,
+                current,
+                mx.ones(current.shape, dtype=mx.bool_),
+                inner._tts_cache,
+                guidance=True,
+            )
+        inner._previous_code = out.codes
+        pending.append(out.codes)
+    mx.eval(*pending)
+    recorded = (
+        int(np.asarray(function_id).reshape(-1)[0])
+        if forced_function is None
+        else int(forced_function)
+    )
+    inner._text_tokens.append(pad)
+    inner._function_tokens.append(recorded)
+    inner._timeline_index += 1
+    return recorded

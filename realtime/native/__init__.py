@@ -1,0 +1,1 @@
+"""The native ``/v1/realtime`` dialect: its rules (a state machine) and its wire."""

@@ -1,0 +1,1 @@
+"""One session's pipeline: a dialect's rules driven over a transport and the engine."""

@@ -1,0 +1,443 @@
+"""What every WebSocket session shares, whatever dialect it speaks.
+
+Both ``/v1/realtime`` (:mod:`realtime.session.pipeline`) and ``/openai/v1/realtime``
+(:mod:`realtime.openai.connection`) hold the one engine slot for their client,
+greet it, write every event through one sender task, watch for shutdown, and on
+every way out tell the engine to close the session and report how it ended.
+That lifetime lives here once; a dialect adds its own state machine and tasks.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Final, Literal, Protocol
+
+import attrs
+import trio
+
+from realtime.close_codes import CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_TRY_AGAIN
+from realtime.engine.runner import AdmissionRefusal, Engine, EngineError, Waker
+from realtime.engine.runner import Close as CloseCommand
+from realtime.limits import Limits
+from realtime.observe import Observer, SessionOutcome, SessionReport
+from realtime.telemetry.recording import Recorder, Recording
+
+log = logging.getLogger("realtime.session.pipeline")
+
+PIPELINE_DEPTH: Final = 2
+"""Slices handed to the engine at once: one running, the next waiting in its queue.
+A submitter→collector channel holds ``PIPELINE_DEPTH - 2`` slices: one more is
+being awaited by the collector and one more waits in the submitter's send."""
+
+RELEASE_GRACE: Final = 0.5
+"""How long a new client waits for a slot whose previous client has already left."""
+
+RECORDING_CLOSE_SECONDS: Final = 10.0
+"""How long a session's end waits for its call recording's last write (``--record``)."""
+
+Refusal = Literal["server_busy", "engine_unavailable"]
+
+
+class TransportClosed(Exception):
+    """The peer has gone away: ``code`` is the close code of the client's own close
+    frame (it hung up), None when the connection dropped without one."""
+
+    def __init__(self, code: int | None = None) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class Transport(Protocol):
+    """What the plumbing needs from a WebSocket (the ASGI one, or an in-memory fake)."""
+
+    async def receive(self) -> str | bytes | None: ...
+
+    async def send(self, text: str) -> None: ...
+
+    async def close(self, code: int, reason: str) -> None: ...
+
+
+class CloseOrder(Protocol):
+    """A state machine's decision to close: after the queued events, or ``now`` (the
+    client stopped reading: release first, then close)."""
+
+    @property
+    def code(self) -> int: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    @property
+    def now(self) -> bool: ...
+
+
+@attrs.frozen(slots=True)
+class Audio:
+    """A frame's audio event, with when its input arrived (for the frame latency)."""
+
+    text: str
+    received_at: float
+    """``trio.current_time()`` as the append arrived: the clock the state machine
+    runs on, and the one ``_write`` reads when the event is handed to the socket."""
+
+
+Outgoing = str | Audio | CloseOrder
+
+
+def busy_message(engine: Engine, why: AdmissionRefusal) -> str:
+    """What a refused client reads: which of the two limits it met."""
+    if why == "overloaded":
+        step = engine.step_p90
+        measured = f" at {1000 * step:.0f} ms a frame step" if step is not None else ""
+        held = engine.reserved
+        return (
+            f"the server is at its real-time capacity ({held} conversation"
+            f"{'' if held == 1 else 's'}{measured}); try again later"
+        )
+    if engine.capacity == 1:
+        return "another session is active on this server; try again when it ends"
+    return f"all {engine.capacity} conversations of this server are in use; try again when one ends"
+
+
+class SessionPlumbing:
+    """One client's session over one WebSocket, in one nursery.
+
+    A dialect subclasses it and provides the greeting, the refusal event, its tasks
+    (``start_tasks``), how its state machine hears about socket writes and a lost
+    connection, and the figures of its report.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        engine: Engine,
+        limits: Limits,
+        *,
+        session_id: str,
+        shutdown: trio.Event | None = None,
+        observer: Observer | None = None,
+        recording: Recording | None = None,
+    ) -> None:
+        self.transport = transport
+        self.engine = engine
+        self.limits = limits
+        self.session_id = session_id
+        self.shutdown = shutdown if shutdown is not None else trio.Event()
+        self.observer = observer if observer is not None else Observer()
+        self.recorder = (
+            recording.session(session_id, engine.model.figures) if recording else Recorder()
+        )
+        """``--record``: this session's call recording (by default one that records nothing)."""
+        self.close_code: int | None = None
+        self._started = trio.current_time()
+        self._stop = threading.Event()
+        """Set on cancel or release: the engine skips this session's queued work."""
+        self._closed_on_engine: concurrent.futures.Future[None] | None = None
+        self._writing = False
+        """A task other than the sender is writing an event (``send_or_queue``)."""
+        self._written = trio.lowlevel.ParkingLot()
+        self.frames_sent = 0
+        """Frames whose audio was handed to the socket (the session report)."""
+        self.step_seconds: list[float] = []
+        """Engine time of each model step of this session (the session report)."""
+        self.frame_latency: list[float] = []
+        """Each frame's latency, its audio received until handed to the socket."""
+        self.sessions_at_start = 0
+        """Engine slots held once this one was taken (the session report)."""
+        self.waker = Waker()
+        """For the one task that awaits the model's output frame by frame."""
+        self._out_send, self._out_recv = trio.open_memory_channel[Outgoing](
+            limits.send_queue_events
+        )
+
+    # --- what a dialect provides ------------------------------------------------------
+
+    def created_event(self) -> str:
+        """The first event, sent once the slot is held."""
+        raise NotImplementedError
+
+    def refusal_event(self, code: Refusal, message: str) -> str:
+        """The error event a refused client gets before its close."""
+        raise NotImplementedError
+
+    def start_tasks(self, nursery: trio.Nursery) -> None:
+        """Start the dialect's tasks (receiver, model pipeline, clock)."""
+        raise NotImplementedError
+
+    def connection_lost(self, outcome: SessionOutcome, reason: str) -> None:
+        """The plumbing ended the connection itself (client gone, shutdown)."""
+
+    def sending(self, now: float) -> None:
+        """A socket write starts (the stalled-reader clock runs until ``sent``)."""
+
+    def sent(self, now: float) -> None:
+        """A socket write finished."""
+
+    def ending(self) -> tuple[SessionOutcome, str]:
+        """How the session ended and why, as the dialect's rules decided it."""
+        raise NotImplementedError
+
+    def report(self) -> SessionReport:
+        """The session report, the same for both dialects: the figures are counted
+        here, on the shared path; only the outcome is the dialect's."""
+        outcome, reason = self.ending()
+        return SessionReport(
+            session_id=self.session_id,
+            outcome=outcome,
+            duration=trio.current_time() - self._started,
+            frames=self.frames_sent,
+            step_seconds=tuple(self.step_seconds),
+            frame_latency=tuple(self.frame_latency),
+            sessions=self.sessions_at_start,
+            close_code=self.close_code,
+            close_reason=reason,
+            frame_seconds=self.engine.model.figures.frame_seconds,
+        )
+
+    def task_name(self, role: str) -> str:
+        """``SESSION_ID:role``, as the connection's tasks are named (trio's task tree,
+        debuggers, tests that check which task wrote an event)."""
+        return f"{self.session_id}:{role}"
+
+    # --- the lifetime ---------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve the client until the connection is over; the slot is released on
+        every way out."""
+        try:
+            await self._serve()
+        finally:
+            self.waker.close()
+
+    async def _serve(self) -> None:
+        if not self.engine.alive:
+            self.observer.connection_refused("engine_unavailable")
+            message = f"the model engine has stopped: {self.engine.dead_reason}"
+            await self._refuse("engine_unavailable", message, CLOSE_INTERNAL)
+            return
+        if not await self._reserve():
+            why = self.engine.refusal() or "busy"
+            self.observer.connection_refused(why)
+            message = busy_message(self.engine, why)
+            log.info("refused a connection (1013): %s", message)
+            await self._refuse("server_busy", message, CLOSE_TRY_AGAIN)
+            return
+        self.sessions_at_start = self.engine.reserved
+        self.observer.session_started(self.session_id)
+        log.info("session %s opened", self.session_id)
+        going_away = False
+        try:
+            created = self.created_event()
+            self.recorder.event("server", created)
+            await self.transport.send(created)
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._until_gone, self._sender, name=self.task_name("sender"))
+                nursery.start_soon(self.recorder.writer, name=self.task_name("recorder"))
+                self.start_tasks(nursery)
+                await self.shutdown.wait()
+                going_away = True
+                self.connection_lost("shutdown", "server shutting down")
+                nursery.cancel_scope.cancel()
+        except TransportClosed as closed:
+            self.client_gone(closed.code)
+        finally:
+            self.release()
+            if going_away and self.close_code is None:
+                self.close_code = CLOSE_GOING_AWAY
+                with trio.move_on_after(1.0):
+                    await self._close_transport(CLOSE_GOING_AWAY, "server shutting down")
+            self.observer.session_ended(self.report())
+            log.info("session %s closed (code %s)", self.session_id, self.close_code)
+            # On the worker thread, the client gone; bounded, so a stuck disk cannot
+            # hold this handler (the thread finishes or fails on its own).
+            with trio.CancelScope(shield=True), trio.move_on_after(RECORDING_CLOSE_SECONDS):
+                await self.recorder.close()
+
+    async def _reserve(self) -> bool:
+        """Take the slot. If its holder has already left and the engine is closing that
+        session, wait for it a little (``RELEASE_GRACE``): a client that arrives just
+        as another's connection drops (a balancer hands the replica on at once) is
+        served, not refused; a departed session's longer work still answers busy."""
+        if self.engine.try_reserve(self.session_id):
+            return True
+        pending = self.engine.release_pending()
+        if pending is None:
+            return False
+        with trio.move_on_after(RELEASE_GRACE):
+            try:
+                await Engine.result(pending)
+            except EngineError:
+                pass
+        return self.engine.try_reserve(self.session_id)
+
+    async def _refuse(self, code: Refusal, message: str, close_code: int) -> None:
+        self.close_code = close_code
+        try:
+            await self.transport.send(self.refusal_event(code, message))
+            await self.transport.close(close_code, message[:120])
+        except TransportClosed:
+            pass
+
+    def release(self) -> concurrent.futures.Future[None]:
+        """Tell the engine to close the session; synchronous so it runs even when
+        cancelled, and idempotent. The engine frees the slot once it has run it."""
+        if self._closed_on_engine is None:
+            self._stop.set()
+            self._closed_on_engine = self.engine.submit(CloseCommand(self.session_id))
+        return self._closed_on_engine
+
+    async def _release_and_wait(self) -> None:
+        """Release, and wait until the engine is really free: a client that connects
+        as soon as it sees this connection's close must find the slot free."""
+        try:
+            await Engine.result(self.release())
+        except EngineError:
+            pass  # a dead engine has freed the slot already
+
+    def client_gone(self, code: int | None = None) -> None:
+        """The client hung up (its close frame's ``code``: ``closed``) or its connection
+        dropped (``client_gone``); an outcome the rules decided first (``done``, ...)
+        stands, and only a session that really lost its client logs it."""
+        if code is not None:
+            if self.close_code is None:
+                self.close_code = code
+            self.connection_lost("closed", f"client closed ({code})")
+            return
+        self.connection_lost("client_gone", "client went away")
+        if self.ending()[0] == "client_gone":
+            log.info("session %s: client went away", self.session_id)
+
+    def finish(self) -> None:
+        """End the connection: cancel every task of its nursery."""
+        self._nursery.cancel_scope.cancel()
+
+    async def _until_gone(self, task: Callable[[], Awaitable[None]]) -> None:
+        """Run a task that reads or writes the socket; the peer going away ends the
+        whole connection."""
+        try:
+            await task()
+        except TransportClosed as closed:
+            self.client_gone(closed.code)
+            self.finish()
+
+    async def _close_transport(self, code: int, reason: str) -> None:
+        try:
+            await self.transport.close(code, reason)
+        except TransportClosed:
+            pass
+
+    async def _close_within(self, code: int, reason: str, seconds: float) -> None:
+        """Close the WebSocket, and abort its TCP connection if the close has not gone
+        out within ``seconds``: a client that reads nothing must not hold the
+        connection open by not reading its close (or a write still ahead of it).
+
+        Hypercorn shields socket writes, so a timeout around the close cannot end a
+        write that is stuck; a second task aborts the connection instead, which makes
+        the stuck write fail at once (it then cancels the close, for a transport that
+        cannot abort but whose close is cancellable).
+        """
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._abort_after, seconds, nursery.cancel_scope)
+            await self._close_transport(code, reason)
+            nursery.cancel_scope.cancel()
+
+    async def _abort_after(self, seconds: float, close: trio.CancelScope) -> None:
+        await trio.sleep(seconds)
+        abort: Callable[[], object] | None = getattr(self.transport, "abort", None)
+        if abort is not None:
+            log.warning("session %s: aborting its TCP connection", self.session_id)
+            abort()
+        close.cancel()
+
+    # --- writing ----------------------------------------------------------------------
+
+    async def queue(self, item: Outgoing) -> None:
+        """Hand an event (or a close after the events already queued) to the sender.
+
+        Without a yield while the queue has room: a frame queues two or three events,
+        and each yield would cost the collector a trip through trio's scheduler."""
+        try:
+            self._out_send.send_nowait(item)
+        except trio.WouldBlock:
+            await self._out_send.send(item)
+
+    async def close_now(self, close: CloseOrder) -> None:
+        """Drop a client that reads nothing while events wait for it.
+
+        Hypercorn shields socket writes, so a blocked write cannot be cancelled: the
+        session and the slot are released first, then the connection is told to
+        close, which completes once the write finishes or the TCP connection dies.
+        If it has not within ``send_timeout``, the transport's TCP connection is
+        aborted (``_close_within``), which ends the blocked write and frees the
+        descriptor.
+        """
+        log.warning(
+            "session %s: client read nothing for %.1f s; dropping it",
+            self.session_id,
+            self.limits.send_timeout,
+        )
+        self.release()
+        self.close_code = close.code
+        self.finish()
+        # Shielded: the cancel above must not stop the close; bounded, so a client
+        # that never reads again cannot hold this task forever.
+        with trio.CancelScope(shield=True):
+            await self._close_within(close.code, close.reason, self.limits.send_timeout)
+
+    async def send_or_queue(self, item: str | Audio) -> None:
+        """Hand an event to the client, written by the calling task itself when the
+        sender is idle with nothing queued, queued behind what waits otherwise.
+
+        Written at once, a frame's audio (or a pong) reaches the socket one trip
+        through trio's scheduler sooner (60 to 80 µs on a 2-core VM). The collector
+        (a model frame's events) and the receiver (answers to the client's own
+        messages) call this, each run under ``_until_gone`` like the sender; the clock
+        never does, so it stays free to notice a client that has stopped reading
+        (``close_now``) even while such a write is stuck.
+        """
+        if self._writing or self._out_send.statistics().tasks_waiting_receive == 0:
+            await self.queue(item)
+            return
+        self._writing = True
+        try:
+            await self._write(item)
+        finally:
+            self._writing = False
+            self._written.unpark_all()
+
+    async def _write(self, item: str | Audio) -> None:
+        self.sending(trio.current_time())
+        self.recorder.event("server", item if isinstance(item, str) else item.text)
+        if isinstance(item, str):
+            await self.transport.send(item)
+            self.sent(trio.current_time())
+            return
+        self.observer.audio_send(True)
+        await self.transport.send(item.text)
+        self.observer.audio_send(False)
+        now = trio.current_time()
+        # Trio's clock, like ``received_at``: the frame latency is one clock's difference,
+        # measured here for both dialects (append received until handed to the socket).
+        self.frames_sent += 1
+        latency = now - item.received_at
+        self.frame_latency.append(latency)
+        self.observer.frame_sent(latency)
+        self.sent(now)
+
+    async def _sender(self) -> None:
+        async for item in self._out_recv:
+            while self._writing:  # a frame's event queued before this one goes first
+                await self._written.park()
+            if isinstance(item, (str, Audio)):
+                await self._write(item)
+            else:
+                self.close_code = item.code
+                await self._release_and_wait()
+                # Bounded like a stalled write: the client may read nothing more.
+                await self._close_within(item.code, item.reason, self.limits.send_timeout)
+                self.finish()
+                return

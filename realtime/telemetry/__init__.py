@@ -1,0 +1,1 @@
+"""What the server reports and keeps: Prometheus metrics, session logs, recordings."""

@@ -1,0 +1,1 @@
+"""Test doubles and server processes for tests, benchmarks and examples."""
