@@ -363,4 +363,7 @@ def test_the_demo_answers_whole_through_speakers(
     assert code == 0, err
     assert "echo cancellation on" in err and "no echo cancellation" not in err
     answers = re.findall(r"\[assistant\] [^\n]*\n", said)
-    assert len(answers) == 1 and FULL_ANSWER.fullmatch(answers[0]), said
+    # Every answer is said whole: none is cut short by its own echo. (On a starved machine
+    # the canceller lets a residual tail through after the answer, which the demo may
+    # take for a short second turn: docs/client.md, limits.)
+    assert answers and all(FULL_ANSWER.fullmatch(a) for a in answers), said

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from realtime.limits import PROMPT_CACHE_BYTES
 from realtime.models import ModelLoadError, ModelPathError, check_model_path, load_model
 from realtime.models.base import (
     AssistantTextDelta,
@@ -26,6 +27,7 @@ from realtime.models.base import (
     open_session,
 )
 from realtime.models.voicechat.model import VoiceChatModel
+from realtime.models.voicechat.prompt import STEPS_PER_SLICE
 from tests.models_fixtures import noise, push_all, run_realtime, speechlike
 
 
@@ -205,19 +207,28 @@ def test_load_failure_is_one_line_model_load_error(demo_path: Path, tmp_path: Pa
     assert "broken" in str(info.value) and "\n" not in str(info.value)
 
 
-def test_prefill_runs_one_step_per_token_and_stops_between_steps(
+def test_prefill_runs_in_slices_of_steps_and_stops_between_slices(
     demo_model: VoiceChatModel,
 ) -> None:
     prompt = "You are a helpful voice assistant. Keep answers short."
+    demo_model.set_prompt_cache_bytes(0)  # a cold open, whatever ran on this model before
+    try:
+        _prefill_in_slices(demo_model, prompt)
+    finally:
+        demo_model.set_prompt_cache_bytes(PROMPT_CACHE_BYTES)
+
+
+def _prefill_in_slices(demo_model: VoiceChatModel, prompt: str) -> None:
     beats: list[int] = []
     control = StepControl(beat=lambda: beats.append(1))
     session = open_session(
         demo_model, system_prompt=prompt, seed=0, max_streaming_seconds=None, control=control
     )
     session.cancel()
-    # One slice for the seed and voice warm-up, then one model step per prompt token,
-    # BOS and EOS included (what the limit counts).
-    assert len(beats) == 1 + demo_model.count_tokens(prompt) > 3
+    # One slice for the seed and voice warm-up, then one slice per STEPS_PER_SLICE prompt
+    # tokens (BOS and EOS included, what the limit counts), each step of mlx-vlm's prefill.
+    slices = -(-demo_model.count_tokens(prompt) // STEPS_PER_SLICE)
+    assert len(beats) == 1 + slices > 3
     assert demo_model.count_tokens("   ") == 0
 
     stop = threading.Event()
@@ -236,7 +247,7 @@ def test_prefill_runs_one_step_per_token_and_stops_between_steps(
             max_streaming_seconds=None,
             control=StepControl(stop, beat),
         )
-    assert len(beats) == 3  # stopped before the fourth step
+    assert len(beats) == 3  # stopped before the fourth slice
 
 
 def test_output_samples_are_a_read_only_view_of_a_float32_array_else_converted() -> None:

@@ -856,7 +856,7 @@ def load_voicechat(
     _materialize(model, started)
     if cast_weights:
         grown = cast_once(model)
-        log.info("weights that meet float32 cast to it once: %s more in memory", _gb(grown))
+        log.info("cast once at load to the float32 they meet: %s more in memory", _gb(grown))
     runtime = model.create_session(processor)
     log.info("loaded %s in %.1f s", info.model_id, time.perf_counter() - started)
     return VoiceChatModel(runtime, info.path, figures)
