@@ -15,6 +15,7 @@ when it stops.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import multiprocessing
@@ -120,6 +121,13 @@ def create_app_from_env() -> RealtimeApp:
         with trio.move_on_after(3.0):
             await state.idle.wait()
         await trio.to_thread.run_sync(engine.shutdown)
+        # Everything of ours is shut down and the engine joined; the worker now returns
+        # to Hypercorn and exits. MLX used from a thread other than the main one can abort
+        # in its static destructors at interpreter exit (ml-explore/mlx#3126): the first
+        # exit handler to run ends the process before them, as `realtime serve` does.
+        from realtime.server import exit_skipping_native_teardown
+
+        atexit.register(exit_skipping_native_teardown, 0)
 
     return app
 

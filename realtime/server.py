@@ -204,7 +204,7 @@ def start_engine(
             file=sys.stderr,
             flush=True,
         )
-        _exit_skipping_native_teardown(128 + signal.SIGINT)
+        exit_skipping_native_teardown(128 + signal.SIGINT)
         raise  # not reached: the process has ended
     log.info("serving model %s (loaded in %.1f s)", model.model_id, time.perf_counter() - started)
     return engine
@@ -467,13 +467,13 @@ def serve_command(args: argparse.Namespace, limits: Limits) -> int:
         log.critical(
             "stopped: the engine is hung (%s); exiting %d", engine.dead_reason, EXIT_ENGINE_HUNG
         )
-        _exit_skipping_native_teardown(EXIT_ENGINE_HUNG)
+        exit_skipping_native_teardown(EXIT_ENGINE_HUNG)
     log.info("stopped")
-    _exit_skipping_native_teardown(0)
+    exit_skipping_native_teardown(0)
     return 0
 
 
-def _exit_skipping_native_teardown(code: int) -> None:
+def exit_skipping_native_teardown(code: int) -> None:
     """End the process now that every session is closed and the engine joined.
 
     MLX used from a thread other than the main one can abort in its static
