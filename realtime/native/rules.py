@@ -25,8 +25,6 @@ from typing import Final
 
 import attrs
 
-from realtime import work
-from realtime.close_codes import CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY, Close
 from realtime.limits import Limits, message_size, prompt_refusal
 from realtime.models.base import (
     VOICECHAT_FIGURES,
@@ -39,6 +37,8 @@ from realtime.models.base import (
 )
 from realtime.native import wire as protocol
 from realtime.observe import SessionOutcome
+from realtime.session import work
+from realtime.session.close_codes import CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY, Close
 
 MAX_QUEUED_MESSAGES: Final = 1024
 """Accepted messages waiting for the model; beyond it a client sends faster than it may."""

@@ -3,7 +3,7 @@
 The rules live in :class:`~realtime.openai.dialect.Dialect`; the pipeline, the
 waker, the frame latency and the session report are :mod:`realtime.session.pipeline`'s,
 the same as the native endpoint's. :class:`OpenAIRules` is the seam between them:
-it hands the dialect's frames on as :class:`~realtime.work.RunAudio` (client audio
+it hands the dialect's frames on as :class:`~realtime.session.work.RunAudio` (client audio
 and the silence its clock feeds, so the model's clock runs while the client is
 quiet), and the pipeline's results back in the dialect's terms.
 """
@@ -14,17 +14,17 @@ import itertools
 from collections.abc import Iterable
 from typing import ClassVar
 
-from realtime.close_codes import CLOSE_INTERNAL, Close
 from realtime.limits import Limits
 from realtime.models.base import ModelEvent, PromptUse, RealtimeModel
 from realtime.observe import SessionOutcome
 from realtime.openai import events as ev
 from realtime.openai.dialect import Dialect, FeedTool, OpenModel, RunFrame
 from realtime.openai.dialect import Output as DialectOutput
+from realtime.session.close_codes import CLOSE_INTERNAL, Close
 from realtime.session.pipeline import Connection
 from realtime.session.rules import DialectFactory, Event, Output, Refusal
-from realtime.work import Backlog, Failure, FeedModel, RunAudio
-from realtime.work import OpenModel as OpenWork
+from realtime.session.work import Backlog, Failure, FeedModel, RunAudio
+from realtime.session.work import OpenModel as OpenWork
 
 
 class OpenAIRules:

@@ -16,16 +16,16 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import Final, Protocol
+from typing import Final, Protocol, TypedDict, Unpack
 
 import attrs
 import trio
 
-from realtime.close_codes import CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_TRY_AGAIN
 from realtime.engine.runner import AdmissionRefusal, Engine, EngineError, Waker
 from realtime.engine.runner import Close as CloseCommand
 from realtime.limits import Limits
 from realtime.observe import Observer, SessionReport
+from realtime.session.close_codes import CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_TRY_AGAIN
 from realtime.session.rules import Refusal, Rules, WatchesWrites
 from realtime.telemetry.recording import Recorder, Recording
 
@@ -89,6 +89,16 @@ class Audio:
 Outgoing = str | Audio | CloseOrder
 
 
+class Serving(TypedDict, total=False):
+    """What the server hands every connection beside its socket, engine and limits."""
+
+    shutdown: trio.Event | None
+    """Set when the server shuts down (the session closes 1001)."""
+    observer: Observer | None
+    recording: Recording | None
+    """``--record``: where call recordings go."""
+
+
 def busy_message(engine: Engine, why: AdmissionRefusal) -> str:
     """What a refused client reads: which of the two limits it met."""
     if why == "overloaded":
@@ -116,11 +126,10 @@ class Lifetime:
         engine: Engine,
         limits: Limits,
         rules: Rules,
-        *,
-        shutdown: trio.Event | None = None,
-        observer: Observer | None = None,
-        recording: Recording | None = None,
+        **serving: Unpack[Serving],
     ) -> None:
+        shutdown, observer = serving.get("shutdown"), serving.get("observer")
+        recording = serving.get("recording")
         self.transport = transport
         self.engine = engine
         self.limits = limits

@@ -1,7 +1,7 @@
 """One WebSocket session's model pipeline, the same for both endpoints.
 
 A dialect is only its rules (a pure state machine: client frames, model results and
-time in; events, :mod:`realtime.work` and closes out) and its serializer. This
+time in; events, :mod:`realtime.session.work` and closes out) and its serializer. This
 module moves things between the socket, those rules and the engine, once for both
 ``/v1/realtime`` (:class:`~realtime.native.rules.Conversation`) and
 ``/openai/v1/realtime`` (:class:`~realtime.openai.connection.OpenAIRules`). Four
@@ -23,7 +23,7 @@ tasks share the session, beside the sender of :mod:`realtime.session.lifetime`:
   dialect's silence feed).
 
 The frame latency (a frame's audio arrival until its audio is handed to the
-socket), the session report, the engine-failure value (:class:`~realtime.work.Failure`)
+socket), the session report, the engine-failure value (:class:`~realtime.session.work.Failure`)
 and the fast path are therefore the same on both endpoints.
 """
 
@@ -34,7 +34,7 @@ import math
 import time
 from collections.abc import Generator, Iterable, Sequence
 from contextlib import closing
-from typing import ClassVar, Final
+from typing import ClassVar, Final, Unpack
 
 import attrs
 import trio
@@ -48,8 +48,8 @@ from realtime.engine.runner import Push as PushCommand
 from realtime.engine.runner import ToolResult as ToolResultCommand
 from realtime.limits import Limits
 from realtime.models.base import InferenceError, PreparesToolResults, Samples
-from realtime.observe import Observer, SessionOutcome
-from realtime.session.lifetime import PIPELINE_DEPTH, Audio, Lifetime, Transport
+from realtime.observe import SessionOutcome
+from realtime.session.lifetime import PIPELINE_DEPTH, Audio, Lifetime, Serving, Transport
 from realtime.session.rules import (
     CountsText,
     DialectFactory,
@@ -61,8 +61,7 @@ from realtime.session.rules import (
     Rules,
     lacking,
 )
-from realtime.telemetry.recording import Recording
-from realtime.work import (
+from realtime.session.work import (
     CancelModel,
     CountTokens,
     Failure,
@@ -135,22 +134,11 @@ class Connection:
         transport: Transport,
         engine: Engine,
         limits: Limits,
-        *,
-        shutdown: trio.Event | None = None,
-        observer: Observer | None = None,
-        recording: Recording | None = None,
+        **serving: Unpack[Serving],
     ) -> None:
         rules = type(self).dialect(engine.model, limits, trio.current_time())
         self.rules: Rules = rules
-        self.lifetime = Lifetime(
-            transport,
-            engine,
-            limits,
-            rules,
-            shutdown=shutdown,
-            observer=observer,
-            recording=recording,
-        )
+        self.lifetime = Lifetime(transport, engine, limits, rules, **serving)
         self.session_id = rules.session_id
         self.engine = engine
         self.observer = self.lifetime.observer

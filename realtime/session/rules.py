@@ -14,11 +14,19 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal, NoReturn, Protocol, runtime_checkable
 
-from realtime.close_codes import Close
 from realtime.limits import Limits
 from realtime.models.base import ModelEvent, PromptUse, RealtimeModel
 from realtime.observe import SessionOutcome
-from realtime.work import Backlog, CountTokens, Failure, LimitRefused, RunAudio, StopModel, Work
+from realtime.session.close_codes import Close
+from realtime.session.work import (
+    Backlog,
+    CountTokens,
+    Failure,
+    LimitRefused,
+    RunAudio,
+    StopModel,
+    Work,
+)
 
 Event = dict[str, Any]
 Output = Event | Work | StopModel | Close | LimitRefused | CountTokens
@@ -68,8 +76,8 @@ DialectFactory = Callable[[RealtimeModel, Limits, float], Rules]
 
 @runtime_checkable
 class EndsTurns(Protocol):
-    """Rules that hand out :class:`~realtime.work.FlushModel` and
-    :class:`~realtime.work.CancelModel` (the native commit and cancel)."""
+    """Rules that hand out :class:`~realtime.session.work.FlushModel` and
+    :class:`~realtime.session.work.CancelModel` (the native commit and cancel)."""
 
     def flushed(self, result: Ended, now: float) -> Sequence[Output]: ...
     def cancelled(self, result: Ended, now: float) -> Sequence[Output]: ...
@@ -77,14 +85,14 @@ class EndsTurns(Protocol):
 
 @runtime_checkable
 class FeedsTools(Protocol):
-    """Rules that hand out :class:`~realtime.work.FeedModel` (a tool's output)."""
+    """Rules that hand out :class:`~realtime.session.work.FeedModel` (a tool's output)."""
 
     def fed(self, failure: Failure | None, now: float, tokens: int) -> Sequence[Output]: ...
 
 
 @runtime_checkable
 class CountsText(Protocol):
-    """Rules that hand out :class:`~realtime.work.CountTokens` (counted off the loop)."""
+    """Rules that hand out :class:`~realtime.session.work.CountTokens` (counted off the loop)."""
 
     def counted(self, text: str, tokens: int | Exception, now: float) -> Sequence[Output]: ...
 
