@@ -346,7 +346,7 @@ class RealtimeApp:
 
     Why not a Quart websocket route: Quart relays each message through an extra
     task, a memory channel and a signal dispatch, in both directions; on the
-    per-frame path that cost about 0.3 ms of every 80 ms frame (docs/performance.md).
+    per-frame path (what that cost is in docs/performance.md).
     """
 
     def __init__(self, state: ServerState, http: QuartTrio) -> None:

@@ -69,7 +69,8 @@ hold at most 4 x 16 KiB. More are refused (``rate_limit_exceeded``), not queued.
 
 COUNT_BURST: Final = 4
 """Updates with a new system prompt (instructions or tools) counted at once; after that
-one a second (each is tokenized: 63 ms for a long CJK prompt on the red team's VM)."""
+one a second (each is tokenized, which for a long prompt costs the event loop a
+noticeable pause: docs/reliability.md)."""
 
 
 @attrs.define(slots=True)

@@ -394,7 +394,7 @@ class Lifetime:
         sender is idle with nothing queued, queued behind what waits otherwise.
 
         Written at once, a frame's audio (or a pong) reaches the socket one trip
-        through trio's scheduler sooner (60 to 80 µs on a 2-core VM). The collector
+        through trio's scheduler sooner (docs/performance.md). The collector
         (a model frame's events) and the receiver (answers to the client's own
         messages) call this, each run under ``_until_gone`` like the sender; the clock
         never does, so it stays free to notice a client that has stopped reading
