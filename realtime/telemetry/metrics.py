@@ -39,9 +39,9 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from realtime import __version__, cpu_blas
+from realtime.endpoints import ErrorCode
 from realtime.engine.runner import Engine
 from realtime.models.prompt_cache import CachesPrompts
-from realtime.native.wire import ErrorCode
 from realtime.observe import (
     CommandKind,
     ErrorPlace,
