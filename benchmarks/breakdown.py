@@ -32,7 +32,7 @@ import trio
 
 from benchmarks import servers
 from benchmarks.wire import AUDIO_DELTA, CANCEL, connect, figures_for, frame_messages, test_pcm
-from realtime.observe import CommandKind, Observer, SessionReport
+from realtime.observe import CommandKind, Hop, Observer, SessionReport
 
 SKIP: Final = 10
 """Frames left out of the figures (allocator and cache warm-up)."""
@@ -101,6 +101,15 @@ def _mark_peer_receives(marks: Marks) -> None:
     WebSocket.receive = timed_receive  # type: ignore[method-assign]
 
 
+_MARKS: dict[Hop, str] = {
+    "append_received": "recv",
+    "slice_submitted": "sub",
+    "slice_collected": "ret",
+    "audio_sending": "send0",
+    "audio_sent": "send1",
+}
+
+
 class HopMarks(Observer):
     """Records ``perf_counter`` at each hop of every audio frame; saved at session end
     (``realtime serve`` leaves through ``os._exit``, which skips atexit handlers)."""
@@ -119,17 +128,8 @@ class HopMarks(Observer):
         if self.time_steps and kind == "push":
             self.marks["step1"].append(time.perf_counter())
 
-    def append_received(self, at: float) -> None:
-        self.marks["recv"].append(at)
-
-    def slice_submitted(self) -> None:
-        self.marks["sub"].append(time.perf_counter())
-
-    def slice_collected(self) -> None:
-        self.marks["ret"].append(time.perf_counter())
-
-    def audio_send(self, started: bool) -> None:
-        self.marks["send0" if started else "send1"].append(time.perf_counter())
+    def hop(self, hop: Hop, at: float) -> None:
+        self.marks[_MARKS[hop]].append(at)
 
     def session_ended(self, report: SessionReport) -> None:
         _save(self.out, self.marks)

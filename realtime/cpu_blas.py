@@ -1,23 +1,24 @@
 """Which CBLAS library MLX's CPU backend multiplies with on Linux, chosen before MLX loads.
 
 MLX's Linux CPU wheel (``mlx[cpu]``, 0.32 here) links the netlib *reference* BLAS it
-bundles (``mlx_cpu.libs/libblas-*.so.3.10.0``): a float32 ``nn.Linear(640, 1920)`` costs
-0.72 ms for one row and 10.3 ms for 16 on this 2-core VM, the same per row, where
-OpenBLAS takes 0.24 ms and 0.40 ms (docs/performance.md). So on that wheel batching
-conversations saves no matrix work at all. ``libmlx.so`` calls ``cblas_sgemm`` by name;
-loading another library that defines it into the process's global symbol scope
-*before* MLX is imported makes the dynamic linker bind MLX to that one instead (ELF
-symbol interposition; loading it afterwards changes nothing, the first bind sticks).
+bundles (``mlx_cpu.libs/libblas-*.so.3.10.0``), whose cost per row is the same however
+many rows a multiply has, where OpenBLAS's falls with them (docs/performance.md, "MLX's
+CPU BLAS"). So on that wheel batching conversations saves no matrix work at all.
+``libmlx.so`` calls ``cblas_sgemm`` by name; loading another library that defines it
+into the process's global symbol scope *before* MLX is imported makes the dynamic linker
+bind MLX to that one instead (ELF symbol interposition; loading it afterwards changes
+nothing, the first bind sticks).
 
 ``bundled`` (the default) keeps MLX's own: every conversation's output is then bit for
 bit its solo run, batched or not. ``openblas`` (a system OpenBLAS, e.g. Debian's
 ``libopenblas0``) or a path to any library exporting ``cblas_sgemm`` (MKL's
 ``libmkl_rt.so``, BLIS) is opt-in because an optimised GEMM picks its kernels by the
 matrix's shape: at batch 1 the step is still mlx-vlm's bit for bit (same BLAS, same
-shapes), but a batched row's float32 samples differ from its solo run's in the last
-bits (measured: text, transcript and audio codes equal over 150 frames, samples within
-2e-6). On macOS MLX runs on Metal and uses Accelerate; only ``bundled`` is accepted there.
-Quantized checkpoints multiply in MLX's own kernels, so this matters for float32 ones.
+shapes), but a batched row's float32 samples differ from its solo run's in the last bits
+(text, transcript and audio codes stay equal; docs/performance.md has the measured
+difference). On macOS MLX runs on Metal and uses Accelerate; only ``bundled`` is
+accepted there. Quantized checkpoints multiply in MLX's own kernels, so this matters for
+float32 ones.
 
 What this module does is process-wide by nature (one dynamic linker per process), so
 its single piece of state, :func:`active`, is too.

@@ -9,10 +9,17 @@ sets as theirs (tests check they agree).
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Literal
 
 NATIVE_PATH: Final = "/v1/realtime"
 OPENAI_PATH: Final = "/openai/v1/realtime"
+
+ErrorCode = Literal[
+    "invalid_request", "server_busy", "session_initialization_failed", "inference_error"
+]
+"""The native endpoint's ``error.code`` values (SPEC). Here, below the dialects, so the
+metrics declare a series for each without importing the native dialect (which stands
+above the session, which writes the call recordings in telemetry)."""
 
 OPENAI_CLIENT_TYPES: Final = frozenset(
     {

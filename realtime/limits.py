@@ -22,8 +22,8 @@ without tokenizing it (tokenizing megabytes would stall every connection)."""
 
 PROMPT_CACHE_BYTES: Final = 4 << 30
 """4 GiB of prompt states by default: one 4,096-token agent prompt of the real 11B
-(estimated 1.2-2.3 GB, mostly its TTS caches) with room to spare, thousands on the demo
-checkpoints (docs/performance.md, "Opening a conversation")."""
+(mostly its TTS caches) with room to spare, thousands on the demo checkpoints
+(docs/performance.md, "Opening a conversation", has the estimate per token)."""
 
 
 @attrs.frozen(slots=True)

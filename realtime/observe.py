@@ -35,6 +35,12 @@ is read)."""
 HTTPRefusalReason = Literal["unauthorized", "forbidden_host"]
 """Why a plain HTTP request was refused (401, 403)."""
 
+Hop = Literal[
+    "append_received", "slice_submitted", "slice_collected", "audio_sending", "audio_sent"
+]
+"""The trio side's hops of one frame: its append read from the socket, its slice
+handed to the engine, its events collected, its audio's socket write begun and done."""
+
 ErrorPlace = Literal["server", "app"]
 """Where an exception ended one connection: Hypercorn's own tasks for it (``server``)
 or the ASGI app (``app``); either way only that connection ended."""
@@ -132,20 +138,12 @@ class Observer:
     def limit_refused(self, limit: str) -> None:
         """A message was refused by a limit (``max_message_bytes``, ...)."""
 
-    def append_received(self, at: float) -> None:
-        """An audio append arrived from the socket (``time.perf_counter()``)."""
-
-    def slice_submitted(self) -> None:
-        """One audio slice was handed to the engine."""
-
-    def slice_collected(self) -> None:
-        """The connection resumed with a slice's events."""
-
     def frame_sent(self, latency: float) -> None:
         """A frame's audio was handed to the socket, ``latency`` s after its append arrived."""
 
-    def audio_send(self, started: bool) -> None:
-        """Around the socket write of a frame's audio (benchmark hop timing)."""
+    def hop(self, hop: Hop, at: float) -> None:
+        """A frame passed one hop of the trio side at ``at`` (``time.perf_counter()``):
+        the per-hop benchmark's marks (``benchmarks.breakdown``)."""
 
     def pending_audio(self, session_id: str, seconds: float) -> None:
         """Input audio of one session accepted and not yet run by the model."""

@@ -18,7 +18,7 @@ import trio.testing
 
 from realtime.engine.runner import Engine
 from realtime.limits import Limits
-from realtime.session.pipeline import Connection
+from realtime.native.connection import NativeConnection as Connection
 from realtime.testing.fake import FakeModel
 
 SEND_TIMEOUT = 10.0

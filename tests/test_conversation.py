@@ -13,8 +13,6 @@ import hypothesis.strategies as st
 import numpy as np
 import pytest
 
-from realtime import work
-from realtime.close_codes import Close
 from realtime.limits import Limits
 from realtime.models.base import AssistantTextDelta, AudioDelta, Cancelled, Done
 from realtime.native import wire as protocol
@@ -25,6 +23,8 @@ from realtime.native.rules import (
     Phase,
     error_code_for,
 )
+from realtime.session import work
+from realtime.session.close_codes import Close
 
 FRAME = 1280
 

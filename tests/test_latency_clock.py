@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from realtime.engine.runner import Engine
 from realtime.limits import Limits
-from realtime.session.pipeline import Connection
+from realtime.native.connection import NativeConnection as Connection
 from realtime.telemetry.metrics import PrometheusObserver
 from realtime.testing.fake import FakeModel, FakeOptions
 from tests.helpers import append_msg, noise

@@ -14,8 +14,8 @@ import trio.testing
 
 from realtime.engine.runner import Engine
 from realtime.limits import Limits
+from realtime.native.connection import NativeConnection as Connection
 from realtime.session.lifetime import TransportClosed
-from realtime.session.pipeline import Connection
 from realtime.testing.fake import FakeModel
 
 

@@ -32,7 +32,7 @@ def test_each_hook_reaches_exactly_its_observers() -> None:
     report = SessionReport("sess_a", "done", 1.0, 2, (0.01,), 1000, "response done")
     both.frame_sent(0.5)
     both.session_ended(report)
-    both.slice_submitted()  # nobody overrides it: the base no-op
+    both.hop("slice_submitted", 0.0)  # nobody overrides it: the base no-op
     assert frames.latencies == [0.5]
     assert ends.ends == ["frame 0.5", "sess_a"]
     one = Observers((frames, Observer()))

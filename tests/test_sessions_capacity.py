@@ -16,12 +16,12 @@ import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
 
 from realtime.cli import batch_frames_from_args, build_parser
-from realtime.close_codes import CLOSE_TRY_AGAIN
 from realtime.engine.admission import MIN_SAMPLES
 from realtime.engine.runner import Engine
 from realtime.errors import UsageError
 from realtime.limits import BATCH_FRAMES_ENV, Limits, batch_frames_from_env, batching
 from realtime.server import engine_for
+from realtime.session.close_codes import CLOSE_TRY_AGAIN
 from realtime.testing.fake import FakeModel, FakeOptions
 from tests.helpers import Server, ahttp, append_msg, connect, noise, running_engine, running_server
 from tests.test_metrics import value

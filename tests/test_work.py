@@ -1,10 +1,10 @@
-"""The pipeline's backlog (realtime.work.Backlog) as a pure value."""
+"""The pipeline's backlog (realtime.session.work.Backlog) as a pure value."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from realtime import work
+from realtime.session import work
 
 
 def audio(n: int) -> work.RunAudio:

@@ -26,8 +26,8 @@ import numpy.typing as npt
 import trio_websocket
 
 from realtime.audio import float_to_pcm16, pcm16_from_base64
-from realtime.close_codes import CLOSE_CODE_NAMES, CLOSE_TRY_AGAIN
 from realtime.models.base import VOICECHAT_FIGURES
+from realtime.session.close_codes import CLOSE_CODE_NAMES, CLOSE_TRY_AGAIN
 
 PCM16 = npt.NDArray[np.int16]
 Raw = dict[str, Any]

@@ -184,6 +184,27 @@ def _close_stream(stream: Any) -> None:
         stream.close()
 
 
+def _mono_stream(
+    kind: Callable[..., Any],
+    device: str | int | None,
+    rate: int,
+    blocksize: int,
+    echo: object | None,
+    callback: Callable[..., None],
+) -> Any:
+    """An unstarted mono float32 PortAudio stream (``sd.InputStream`` or ``OutputStream``):
+    high latency for steady playback, low while an echo canceller needs both ends in step."""
+    return kind(
+        device=device,
+        samplerate=rate,
+        channels=1,
+        dtype="float32",
+        blocksize=blocksize,
+        latency="high" if echo is None else "low",
+        callback=callback,
+    )
+
+
 class SoundDeviceInput:
     """A PortAudio input stream delivering ~80 ms mono float32 blocks."""
 
@@ -205,14 +226,13 @@ class SoundDeviceInput:
         def callback(indata: Any, frames: int, time: Any, status: Any) -> None:
             deliver(indata[:, 0] if echo is None else echo.clean(indata[:, 0]))
 
-        self._stream = self._sd.InputStream(
-            device=self._device,
-            samplerate=self._rate,
-            channels=1,
-            dtype="float32",
-            blocksize=int(self._rate * FRAME_SECONDS),
-            latency="high" if echo is None else "low",
-            callback=callback,
+        self._stream = _mono_stream(
+            self._sd.InputStream,
+            self._device,
+            self._rate,
+            int(self._rate * FRAME_SECONDS),
+            echo,
+            callback,
         )
         if echo is not None:
             echo.input_latency = float(getattr(self._stream, "latency", 0.0))
@@ -281,14 +301,9 @@ class SoundDeviceOutput(BufferedOutput):
             if echo is not None:
                 echo.played(samples, rate)
 
-        self._stream = self._sd.OutputStream(
-            device=self._device,
-            samplerate=self._rate,
-            channels=1,
-            dtype="float32",
-            blocksize=0 if echo is None else int(self._rate * ECHO_BLOCK_SECONDS),
-            latency="high" if echo is None else "low",
-            callback=callback,
+        blocksize = 0 if echo is None else int(self._rate * ECHO_BLOCK_SECONDS)
+        self._stream = _mono_stream(
+            self._sd.OutputStream, self._device, self._rate, blocksize, echo, callback
         )
         if echo is not None:
             echo.output_latency = float(getattr(self._stream, "latency", 0.0))

@@ -250,8 +250,8 @@ class Waker:
     through the scheduler later. A connection's collector awaits a result on every
     frame, on the path from the model's output to the client, so it gets a socket of
     its own: the engine thread writes one byte, and the I/O loop reschedules the
-    collector directly (measured: one scheduler pass is ~80 µs on a frame's path on
-    a 2-core VM). One task at a time waits on a waker; :meth:`close` it when done.
+    collector directly (one scheduler pass less on the frame's path; its cost is in
+    docs/performance.md). One task at a time waits on a waker; :meth:`close` it when done.
     """
 
     def __init__(self) -> None:

@@ -26,10 +26,10 @@ from realtime.engine.runner import Engine
 from realtime.http.guard import ConnectionTable, absorb, install
 from realtime.limits import Limits
 from realtime.models.prompt_cache import CachesPrompts
+from realtime.native.connection import NativeConnection
 from realtime.observe import HTTPRefusalReason, Observer, Observers, RefusalReason
 from realtime.openai.connection import OpenAIConnection
 from realtime.session.lifetime import TransportClosed
-from realtime.session.pipeline import Connection
 from realtime.telemetry.logs import SessionLog
 from realtime.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from realtime.telemetry.metrics import PrometheusObserver
@@ -346,7 +346,7 @@ class RealtimeApp:
 
     Why not a Quart websocket route: Quart relays each message through an extra
     task, a memory channel and a signal dispatch, in both directions; on the
-    per-frame path that cost about 0.3 ms of every 80 ms frame (docs/performance.md).
+    per-frame path (what that cost is in docs/performance.md).
     """
 
     def __init__(self, state: ServerState, http: QuartTrio) -> None:
@@ -408,7 +408,7 @@ class RealtimeApp:
         try:
             # Before the upgrade: a connection needs descriptors of its own (the
             # engine's waker), and running out must refuse it with 503, not end it 1011.
-            connection = (OpenAIConnection if openai else Connection)(
+            connection = (OpenAIConnection if openai else NativeConnection)(
                 transport,
                 state.engine,
                 state.limits,
@@ -435,7 +435,7 @@ class RealtimeApp:
                 }
             )
         except BaseException:
-            connection.waker.close()
+            connection.lifetime.waker.close()
             raise
         state.connections += 1
         if state.idle.is_set():

@@ -1,1 +1,2 @@
-"""The native ``/v1/realtime`` dialect: its rules (a state machine) and its wire."""
+"""The native ``/v1/realtime`` dialect: its rules (a state machine), its wire, and its
+connection (the rules on the one pipeline)."""

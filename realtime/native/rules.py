@@ -9,7 +9,12 @@ trio, no engine, no socket and no clock here: time comes in as an argument,
 frames and engine outcomes come in as method calls, and what to do comes out as
 a list of outputs (in the spirit of h11's ``_state.py`` and wsproto's
 ``receive_data()``/``events()``). :mod:`realtime.session.pipeline` is the plumbing
-that carries those outputs to the socket and the engine.
+that carries those outputs to the socket and the engine (through
+:class:`~realtime.native.connection.NativeRules`). It answers what the native
+protocol asks of the model: an open, audio, a commit's flush and a cancel; it feeds
+no tool results and counts a prompt as it comes, so it implements neither
+capability (:mod:`realtime.session.rules`), and it reads socket writes from the
+pipeline's backlog.
 """
 
 from __future__ import annotations
@@ -20,8 +25,6 @@ from typing import Final
 
 import attrs
 
-from realtime import work
-from realtime.close_codes import CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY, Close
 from realtime.limits import Limits, message_size, prompt_refusal
 from realtime.models.base import (
     VOICECHAT_FIGURES,
@@ -34,6 +37,8 @@ from realtime.models.base import (
 )
 from realtime.native import wire as protocol
 from realtime.observe import SessionOutcome
+from realtime.session import work
+from realtime.session.close_codes import CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY, Close
 
 MAX_QUEUED_MESSAGES: Final = 1024
 """Accepted messages waiting for the model; beyond it a client sends faster than it may."""
@@ -366,14 +371,6 @@ class Conversation:
         out.append(self._close(CLOSE_NORMAL, "cancelled", "cancelled"))
         return out
 
-    def fed(self, failure: work.Failure | None, now: float, tokens: int) -> list[Output]:
-        """Never asked: the native protocol has no tool results (SPEC)."""
-        raise AssertionError("the native protocol feeds no tool results")  # pragma: no cover
-
-    def counted(self, text: str, tokens: int | Exception, now: float) -> list[Output]:
-        """Never asked: one update per connection is counted as it comes."""
-        raise AssertionError("the native rules count no tokens off the loop")  # pragma: no cover
-
     def _model_events(self, events: Sequence[ModelEvent]) -> list[protocol.Event]:
         """Wire events of model events, a frame's audio first; counts the frames."""
         out = []
@@ -406,14 +403,6 @@ class Conversation:
         self.outcome = outcome
         self.close_reason = reason
         return Close(code, reason, now=now)
-
-    # --- the socket's side ---------------------------------------------------------------
-
-    def sending(self, now: float) -> None:
-        """The native rules read the pipeline's backlog instead."""
-
-    def sent(self, now: float) -> None:
-        """The native rules read the pipeline's backlog instead."""
 
     # --- time -----------------------------------------------------------------------------
 

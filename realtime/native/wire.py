@@ -14,13 +14,14 @@ import secrets
 import string
 from json.encoder import encode_basestring  # what json.dumps(ensure_ascii=False) uses
 from pathlib import PurePath
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import attrs
 
 from realtime import audio
 from realtime.audio import float_to_pcm16, pcm16_to_float
 from realtime.endpoints import OPENAI_CLIENT_TYPES, OPENAI_DIALECT_HINT, OPENAI_SESSION_KEYS
+from realtime.endpoints import ErrorCode as ErrorCode
 from realtime.models.base import (
     VOICECHAT_FIGURES,
     AssistantTextDelta,
@@ -34,9 +35,6 @@ from realtime.models.base import (
     UserTranscriptDelta,
 )
 
-ErrorCode = Literal[
-    "invalid_request", "server_busy", "session_initialization_failed", "inference_error"
-]
 MAX_SEED: Final = 2**63 - 1
 MAX_STREAMING_SECONDS: Final = 86_400.0
 """The largest ``max_streaming_seconds`` accepted (a day); the smallest is one frame

@@ -3,7 +3,7 @@
 The rules live in :class:`~realtime.openai.dialect.Dialect`; the pipeline, the
 waker, the frame latency and the session report are :mod:`realtime.session.pipeline`'s,
 the same as the native endpoint's. :class:`OpenAIRules` is the seam between them:
-it hands the dialect's frames on as :class:`~realtime.work.RunAudio` (client audio
+it hands the dialect's frames on as :class:`~realtime.session.work.RunAudio` (client audio
 and the silence its clock feeds, so the model's clock runs while the client is
 quiet), and the pipeline's results back in the dialect's terms.
 """
@@ -11,25 +11,26 @@ quiet), and the pipeline's results back in the dialect's terms.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from typing import ClassVar
 
-from realtime.close_codes import CLOSE_INTERNAL, Close
 from realtime.limits import Limits
 from realtime.models.base import ModelEvent, PromptUse, RealtimeModel
 from realtime.observe import SessionOutcome
 from realtime.openai import events as ev
 from realtime.openai.dialect import Dialect, FeedTool, OpenModel, RunFrame
 from realtime.openai.dialect import Output as DialectOutput
-from realtime.session.lifetime import Refusal
-from realtime.session.pipeline import Connection, Ended, Event, Output, Rules
-from realtime.work import Backlog, Failure, FeedModel, RunAudio
-from realtime.work import OpenModel as OpenWork
+from realtime.session.close_codes import CLOSE_INTERNAL, Close
+from realtime.session.pipeline import Connection
+from realtime.session.rules import DialectFactory, Event, Output, Refusal
+from realtime.session.work import Backlog, Failure, FeedModel, RunAudio
+from realtime.session.work import OpenModel as OpenWork
 
 
 class OpenAIRules:
-    """The OpenAI dialect as the pipeline drives it (see
-    :class:`realtime.session.pipeline.Rules`)."""
+    """The OpenAI dialect as the pipeline drives it: :class:`realtime.session.rules.Rules`
+    with the capabilities it uses (``FeedsTools``, ``CountsText``, ``WatchesWrites``;
+    it never flushes or cancels the model, so not ``EndsTurns``)."""
 
     audio_event: ClassVar[str] = "response.output_audio.delta"
 
@@ -151,12 +152,6 @@ class OpenAIRules:
     def counted(self, text: str, tokens: int | Exception, now: float) -> list[Output]:
         return self._outputs(self.dialect.counted(text, tokens, now), now)
 
-    def flushed(self, result: Ended, now: float) -> Sequence[Output]:
-        raise AssertionError("the OpenAI dialect never flushes")  # pragma: no cover
-
-    def cancelled(self, result: Ended, now: float) -> Sequence[Output]:
-        raise AssertionError("the OpenAI dialect never cancels the model")  # pragma: no cover
-
     # --- the socket ------------------------------------------------------------------
 
     def sending(self, now: float) -> None:
@@ -176,4 +171,4 @@ class OpenAIRules:
 class OpenAIConnection(Connection):
     """Runs one client's OpenAI-dialect session; ``run`` returns when it is over."""
 
-    dialect: ClassVar[Callable[[RealtimeModel, Limits, float], Rules]] = OpenAIRules.new
+    dialect: ClassVar[DialectFactory] = OpenAIRules.new

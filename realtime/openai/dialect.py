@@ -31,7 +31,6 @@ from typing import Final, assert_never
 import attrs
 import numpy as np
 
-from realtime.close_codes import CLOSE_INTERNAL, CLOSE_POLICY, Close
 from realtime.limits import Limits
 from realtime.models.base import (
     VOICECHAT_FIGURES,
@@ -60,7 +59,8 @@ from realtime.openai.states import ModelState, Phase, Trigger, advance
 from realtime.openai.tools import CallReader, Markers
 from realtime.openai.turns import Channels, SpeechStarted, Turns, TurnStep, UserBeat, channels
 from realtime.openai.usage import Context
-from realtime.work import CountTokens
+from realtime.session.close_codes import CLOSE_INTERNAL, CLOSE_POLICY, Close
+from realtime.session.work import CountTokens
 
 MAX_QUEUED_FEEDS: Final = 4
 """Tool outputs that may wait to go into the model at once; each is at most
@@ -69,7 +69,8 @@ hold at most 4 x 16 KiB. More are refused (``rate_limit_exceeded``), not queued.
 
 COUNT_BURST: Final = 4
 """Updates with a new system prompt (instructions or tools) counted at once; after that
-one a second (each is tokenized: 63 ms for a long CJK prompt on the red team's VM)."""
+one a second (each is tokenized, which for a long prompt costs the event loop a
+noticeable pause: docs/reliability.md)."""
 
 
 @attrs.define(slots=True)
@@ -270,7 +271,7 @@ class Dialect:
         return [CountTokens(text, self._count_tokens)]
 
     def counted(self, text: str, tokens: int | Exception, now: float) -> list[Output]:
-        """The pipeline counted ``text`` (:class:`~realtime.work.CountTokens`): the
+        """The pipeline counted ``text`` (:class:`~realtime.session.work.CountTokens`): the
         update that asked for it is applied or refused now."""
         message, self._pending_update = self._pending_update, None
         if message is None:

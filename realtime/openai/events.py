@@ -45,8 +45,8 @@ Python's recursion limit, which 800 to 1000 levels reach (RecursionError)."""
 MAX_JSON_VALUES: Final = 4096
 """Most JSON values (objects, arrays, scalars) in one client event, checked before
 anything is parsed. A GA event holds a few dozen, a session with tools a few
-hundred; a 3.9 MB event of 1.3 M ``{}`` took over 100 MB and seconds of the event
-loop to parse, copy and echo."""
+hundred; one of a million ``{}`` took far more memory and seconds of the event loop
+to parse, copy and echo (docs/reliability.md)."""
 
 _STRING_OR_MARK: Final = re.compile(r'"[^"]*"|\{\s*\}|\[\s*\]|[,\[{]')
 """A JSON string (once its escapes are gone), an empty object or array, a comma or

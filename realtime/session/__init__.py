@@ -1,1 +1,3 @@
-"""One session's pipeline: a dialect's rules driven over a transport and the engine."""
+"""One session: the pipeline a dialect's rules are driven through, its lifetime, the
+seam a dialect implements (the core rules and capabilities), the work values and the close
+codes."""

@@ -1,10 +1,12 @@
 """What every WebSocket session shares, whatever dialect it speaks.
 
-Both ``/v1/realtime`` (:mod:`realtime.session.pipeline`) and ``/openai/v1/realtime``
+Both ``/v1/realtime`` (:mod:`realtime.native.connection`) and ``/openai/v1/realtime``
 (:mod:`realtime.openai.connection`) hold the one engine slot for their client,
 greet it, write every event through one sender task, watch for shutdown, and on
 every way out tell the engine to close the session and report how it ended.
-That lifetime lives here once; a dialect adds its own state machine and tasks.
+That lifetime lives here once, talking to the dialect's rules
+(:class:`~realtime.session.rules.Rules`) directly; the pipeline
+(:class:`~realtime.session.pipeline.Connection`) owns one and adds its tasks.
 """
 
 from __future__ import annotations
@@ -12,17 +14,19 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable
-from typing import Final, Literal, Protocol
+from typing import Final, Protocol, TypedDict, Unpack
 
 import attrs
 import trio
 
-from realtime.close_codes import CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_TRY_AGAIN
 from realtime.engine.runner import AdmissionRefusal, Engine, EngineError, Waker
 from realtime.engine.runner import Close as CloseCommand
 from realtime.limits import Limits
-from realtime.observe import Observer, SessionOutcome, SessionReport
+from realtime.observe import Observer, SessionReport
+from realtime.session.close_codes import CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_TRY_AGAIN
+from realtime.session.rules import Refusal, Rules, WatchesWrites
 from realtime.telemetry.recording import Recorder, Recording
 
 log = logging.getLogger("realtime.session.pipeline")
@@ -37,8 +41,6 @@ RELEASE_GRACE: Final = 0.5
 
 RECORDING_CLOSE_SECONDS: Final = 10.0
 """How long a session's end waits for its call recording's last write (``--record``)."""
-
-Refusal = Literal["server_busy", "engine_unavailable"]
 
 
 class TransportClosed(Exception):
@@ -87,6 +89,16 @@ class Audio:
 Outgoing = str | Audio | CloseOrder
 
 
+class Serving(TypedDict, total=False):
+    """What the server hands every connection beside its socket, engine and limits."""
+
+    shutdown: trio.Event | None
+    """Set when the server shuts down (the session closes 1001)."""
+    observer: Observer | None
+    recording: Recording | None
+    """``--record``: where call recordings go."""
+
+
 def busy_message(engine: Engine, why: AdmissionRefusal) -> str:
     """What a refused client reads: which of the two limits it met."""
     if why == "overloaded":
@@ -102,28 +114,29 @@ def busy_message(engine: Engine, why: AdmissionRefusal) -> str:
     return f"all {engine.capacity} conversations of this server are in use; try again when one ends"
 
 
-class SessionPlumbing:
-    """One client's session over one WebSocket, in one nursery.
-
-    A dialect subclasses it and provides the greeting, the refusal event, its tasks
-    (``start_tasks``), how its state machine hears about socket writes and a lost
-    connection, and the figures of its report.
-    """
+class Lifetime:
+    """One client's session over one WebSocket, in one nursery: the slot, the
+    greeting, the sender, the closes and the report. It reads the dialect's
+    ``rules`` itself (greeting, refusal, how the session ended, the write clock);
+    its owner starts the dialect's other tasks (``run``'s ``start_tasks``)."""
 
     def __init__(
         self,
         transport: Transport,
         engine: Engine,
         limits: Limits,
-        *,
-        session_id: str,
-        shutdown: trio.Event | None = None,
-        observer: Observer | None = None,
-        recording: Recording | None = None,
+        rules: Rules,
+        **serving: Unpack[Serving],
     ) -> None:
+        shutdown, observer = serving.get("shutdown"), serving.get("observer")
+        recording = serving.get("recording")
         self.transport = transport
         self.engine = engine
         self.limits = limits
+        self.rules = rules
+        self._watcher = rules if isinstance(rules, WatchesWrites) else None
+        """The rules again, when they keep a clock of their own on socket writes."""
+        session_id = rules.session_id
         self.session_id = session_id
         self.shutdown = shutdown if shutdown is not None else trio.Event()
         self.observer = observer if observer is not None else Observer()
@@ -133,7 +146,7 @@ class SessionPlumbing:
         """``--record``: this session's call recording (by default one that records nothing)."""
         self.close_code: int | None = None
         self._started = trio.current_time()
-        self._stop = threading.Event()
+        self.stop = threading.Event()
         """Set on cancel or release: the engine skips this session's queued work."""
         self._closed_on_engine: concurrent.futures.Future[None] | None = None
         self._writing = False
@@ -153,37 +166,25 @@ class SessionPlumbing:
             limits.send_queue_events
         )
 
-    # --- what a dialect provides ------------------------------------------------------
+    # --- the rules' side of a socket write ------------------------------------------
 
-    def created_event(self) -> str:
-        """The first event, sent once the slot is held."""
-        raise NotImplementedError
+    def _sending(self, now: float) -> None:
+        """A socket write starts (the stalled-reader clock runs until ``_sent``)."""
+        self.rules.backlog.sending(now)
+        if self._watcher is not None:
+            self._watcher.sending(now)
 
-    def refusal_event(self, code: Refusal, message: str) -> str:
-        """The error event a refused client gets before its close."""
-        raise NotImplementedError
-
-    def start_tasks(self, nursery: trio.Nursery) -> None:
-        """Start the dialect's tasks (receiver, model pipeline, clock)."""
-        raise NotImplementedError
-
-    def connection_lost(self, outcome: SessionOutcome, reason: str) -> None:
-        """The plumbing ended the connection itself (client gone, shutdown)."""
-
-    def sending(self, now: float) -> None:
-        """A socket write starts (the stalled-reader clock runs until ``sent``)."""
-
-    def sent(self, now: float) -> None:
-        """A socket write finished."""
-
-    def ending(self) -> tuple[SessionOutcome, str]:
-        """How the session ended and why, as the dialect's rules decided it."""
-        raise NotImplementedError
+    def _sent(self, now: float) -> None:
+        backlog = self.rules.backlog
+        backlog.sent(now)
+        if self._watcher is not None:
+            self._watcher.sent(now)
+        self.observer.send_queue(self.session_id, backlog.unsent)
 
     def report(self) -> SessionReport:
         """The session report, the same for both dialects: the figures are counted
         here, on the shared path; only the outcome is the dialect's."""
-        outcome, reason = self.ending()
+        outcome, reason = self.rules.ending()
         return SessionReport(
             session_id=self.session_id,
             outcome=outcome,
@@ -204,15 +205,15 @@ class SessionPlumbing:
 
     # --- the lifetime ---------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Serve the client until the connection is over; the slot is released on
-        every way out."""
+    async def run(self, start_tasks: Callable[[trio.Nursery], None]) -> None:
+        """Serve the client until the connection is over (``start_tasks`` starts the
+        dialect's tasks in its nursery); the slot is released on every way out."""
         try:
-            await self._serve()
+            await self._serve(start_tasks)
         finally:
             self.waker.close()
 
-    async def _serve(self) -> None:
+    async def _serve(self, start_tasks: Callable[[trio.Nursery], None]) -> None:
         if not self.engine.alive:
             self.observer.connection_refused("engine_unavailable")
             message = f"the model engine has stopped: {self.engine.dead_reason}"
@@ -230,17 +231,17 @@ class SessionPlumbing:
         log.info("session %s opened", self.session_id)
         going_away = False
         try:
-            created = self.created_event()
+            created = self.rules.serialize(self.rules.created_event())
             self.recorder.event("server", created)
             await self.transport.send(created)
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self._until_gone, self._sender, name=self.task_name("sender"))
+                nursery.start_soon(self.until_gone, self._sender, name=self.task_name("sender"))
                 nursery.start_soon(self.recorder.writer, name=self.task_name("recorder"))
-                self.start_tasks(nursery)
+                start_tasks(nursery)
                 await self.shutdown.wait()
                 going_away = True
-                self.connection_lost("shutdown", "server shutting down")
+                self.rules.connection_lost("shutdown", "server shutting down")
                 nursery.cancel_scope.cancel()
         except TransportClosed as closed:
             self.client_gone(closed.code)
@@ -277,7 +278,7 @@ class SessionPlumbing:
     async def _refuse(self, code: Refusal, message: str, close_code: int) -> None:
         self.close_code = close_code
         try:
-            await self.transport.send(self.refusal_event(code, message))
+            await self.transport.send(self.rules.serialize(self.rules.refusal_event(code, message)))
             await self.transport.close(close_code, message[:120])
         except TransportClosed:
             pass
@@ -286,7 +287,7 @@ class SessionPlumbing:
         """Tell the engine to close the session; synchronous so it runs even when
         cancelled, and idempotent. The engine frees the slot once it has run it."""
         if self._closed_on_engine is None:
-            self._stop.set()
+            self.stop.set()
             self._closed_on_engine = self.engine.submit(CloseCommand(self.session_id))
         return self._closed_on_engine
 
@@ -305,17 +306,17 @@ class SessionPlumbing:
         if code is not None:
             if self.close_code is None:
                 self.close_code = code
-            self.connection_lost("closed", f"client closed ({code})")
+            self.rules.connection_lost("closed", f"client closed ({code})")
             return
-        self.connection_lost("client_gone", "client went away")
-        if self.ending()[0] == "client_gone":
+        self.rules.connection_lost("client_gone", "client went away")
+        if self.rules.ending()[0] == "client_gone":
             log.info("session %s: client went away", self.session_id)
 
     def finish(self) -> None:
         """End the connection: cancel every task of its nursery."""
         self._nursery.cancel_scope.cancel()
 
-    async def _until_gone(self, task: Callable[[], Awaitable[None]]) -> None:
+    async def until_gone(self, task: Callable[[], Awaitable[None]]) -> None:
         """Run a task that reads or writes the socket; the peer going away ends the
         whole connection."""
         try:
@@ -393,7 +394,7 @@ class SessionPlumbing:
         sender is idle with nothing queued, queued behind what waits otherwise.
 
         Written at once, a frame's audio (or a pong) reaches the socket one trip
-        through trio's scheduler sooner (60 to 80 µs on a 2-core VM). The collector
+        through trio's scheduler sooner (docs/performance.md). The collector
         (a model frame's events) and the receiver (answers to the client's own
         messages) call this, each run under ``_until_gone`` like the sender; the clock
         never does, so it stays free to notice a client that has stopped reading
@@ -410,15 +411,15 @@ class SessionPlumbing:
             self._written.unpark_all()
 
     async def _write(self, item: str | Audio) -> None:
-        self.sending(trio.current_time())
+        self._sending(trio.current_time())
         self.recorder.event("server", item if isinstance(item, str) else item.text)
         if isinstance(item, str):
             await self.transport.send(item)
-            self.sent(trio.current_time())
+            self._sent(trio.current_time())
             return
-        self.observer.audio_send(True)
+        self.observer.hop("audio_sending", time.perf_counter())
         await self.transport.send(item.text)
-        self.observer.audio_send(False)
+        self.observer.hop("audio_sent", time.perf_counter())
         now = trio.current_time()
         # Trio's clock, like ``received_at``: the frame latency is one clock's difference,
         # measured here for both dialects (append received until handed to the socket).
@@ -426,7 +427,7 @@ class SessionPlumbing:
         latency = now - item.received_at
         self.frame_latency.append(latency)
         self.observer.frame_sent(latency)
-        self.sent(now)
+        self._sent(now)
 
     async def _sender(self) -> None:
         async for item in self._out_recv:

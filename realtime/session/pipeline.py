@@ -1,7 +1,7 @@
 """One WebSocket session's model pipeline, the same for both endpoints.
 
 A dialect is only its rules (a pure state machine: client frames, model results and
-time in; events, :mod:`realtime.work` and closes out) and its serializer. This
+time in; events, :mod:`realtime.session.work` and closes out) and its serializer. This
 module moves things between the socket, those rules and the engine, once for both
 ``/v1/realtime`` (:class:`~realtime.native.rules.Conversation`) and
 ``/openai/v1/realtime`` (:class:`~realtime.openai.connection.OpenAIRules`). Four
@@ -23,7 +23,7 @@ tasks share the session, beside the sender of :mod:`realtime.session.lifetime`:
   dialect's silence feed).
 
 The frame latency (a frame's audio arrival until its audio is handed to the
-socket), the session report, the engine-failure value (:class:`~realtime.work.Failure`)
+socket), the session report, the engine-failure value (:class:`~realtime.session.work.Failure`)
 and the fast path are therefore the same on both endpoints.
 """
 
@@ -32,15 +32,14 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import time
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from contextlib import closing
-from typing import Any, ClassVar, Final, Protocol
+from typing import ClassVar, Final, Unpack
 
 import attrs
 import trio
 from trio.lowlevel import RunVar
 
-from realtime.close_codes import Close
 from realtime.engine.runner import Cancel as CancelCommand
 from realtime.engine.runner import Engine, EngineError, Step
 from realtime.engine.runner import Flush as FlushCommand
@@ -48,21 +47,21 @@ from realtime.engine.runner import Open as OpenCommand
 from realtime.engine.runner import Push as PushCommand
 from realtime.engine.runner import ToolResult as ToolResultCommand
 from realtime.limits import Limits
-from realtime.models.base import (
-    InferenceError,
-    ModelEvent,
-    PreparesToolResults,
-    PromptUse,
-    RealtimeModel,
-    Samples,
+from realtime.models.base import InferenceError, PreparesToolResults, Samples
+from realtime.observe import SessionOutcome
+from realtime.session.lifetime import PIPELINE_DEPTH, Audio, Lifetime, Serving, Transport
+from realtime.session.rules import (
+    CountsText,
+    DialectFactory,
+    Ended,
+    EndsTurns,
+    Event,
+    FeedsTools,
+    Output,
+    Rules,
+    lacking,
 )
-from realtime.native import wire as protocol
-from realtime.native.rules import Conversation
-from realtime.observe import Observer, SessionOutcome
-from realtime.session.lifetime import PIPELINE_DEPTH, Audio, Refusal, SessionPlumbing, Transport
-from realtime.telemetry.recording import Recording
-from realtime.work import (
-    Backlog,
+from realtime.session.work import (
     CancelModel,
     CountTokens,
     Failure,
@@ -74,13 +73,6 @@ from realtime.work import (
     StopModel,
     Work,
 )
-
-Event = dict[str, Any]
-Output = Event | Work | StopModel | Close | LimitRefused | CountTokens
-Ended = list[ModelEvent] | Failure | None
-"""What a flush or cancel came to: the model's events, its failure, or None (no
-session was open)."""
-
 
 TOKENIZING_THREADS: Final = 1
 """Worker threads all connections share for tokenizing what a client sent (tool
@@ -98,79 +90,6 @@ def tokenizing() -> trio.CapacityLimiter:
         limiter = trio.CapacityLimiter(TOKENIZING_THREADS)
         _TOKENIZING.set(limiter)
         return limiter
-
-
-class Rules(Protocol):
-    """A dialect as the pipeline drives it: its state machine and its serializer."""
-
-    session_id: str
-    session_open: bool
-    backlog: Backlog
-    """What is still owed the client: counted by the pipeline, read by the rules."""
-    audio_event: ClassVar[str]
-    """The event type a frame's audio travels in (the frame latency ends at its write)."""
-
-    def created_event(self) -> Event: ...
-    def refusal_event(self, code: Refusal, message: str) -> Event: ...
-    def serialize(self, event: Event) -> str: ...
-
-    def receive(self, frame: str | bytes | None, now: float) -> Sequence[Output]: ...
-    def check_timeouts(self, now: float) -> Sequence[Output]: ...
-    def next_check(self, now: float) -> float: ...
-
-    def begin_audio(self, work: RunAudio) -> Sequence[Output] | None: ...
-    def keep_submitting(self, tag: int) -> bool: ...
-    def slice_done(
-        self, tag: int, events: list[ModelEvent] | None, now: float
-    ) -> Sequence[Output]: ...
-    def slice_failed(self, tag: int, failure: Failure, now: float) -> Sequence[Output]: ...
-    def opened(
-        self, failure: Failure | None, now: float, *, prompt: PromptUse | None = None
-    ) -> Sequence[Output]: ...
-    def flushed(
-        self, result: list[ModelEvent] | Failure | None, now: float
-    ) -> Sequence[Output]: ...
-    def cancelled(
-        self, result: list[ModelEvent] | Failure | None, now: float
-    ) -> Sequence[Output]: ...
-    def fed(self, failure: Failure | None, now: float, tokens: int) -> Sequence[Output]: ...
-    def counted(self, text: str, tokens: int | Exception, now: float) -> Sequence[Output]: ...
-
-    def sending(self, now: float) -> None: ...
-    def sent(self, now: float) -> None: ...
-    def connection_lost(self, outcome: SessionOutcome, reason: str) -> None: ...
-    def ending(self) -> tuple[SessionOutcome, str]: ...
-
-
-class NativeRules(Conversation):
-    """``/v1/realtime``: :class:`Conversation` with the native protocol's serializer."""
-
-    audio_event: ClassVar[str] = protocol.AUDIO_DELTA
-
-    @classmethod
-    def new(cls, model: RealtimeModel, limits: Limits, now: float) -> NativeRules:
-        return cls(
-            protocol.new_session_id(),
-            limits,
-            model_id=model.model_id,
-            model_path=model.path,
-            now=now,
-            count_tokens=model.count_tokens,
-            figures=model.figures,
-        )
-
-    def created_event(self) -> Event:
-        return protocol.session_created(self.session_id, self.figures)
-
-    def refusal_event(self, code: Refusal, message: str) -> Event:
-        wire: protocol.ErrorCode = "server_busy" if code == "server_busy" else "inference_error"
-        return protocol.error_event(wire, message)
-
-    def serialize(self, event: Event) -> str:
-        return protocol.serialize(event)
-
-    def ending(self) -> tuple[SessionOutcome, str]:
-        return self.outcome or "client_gone", self.close_reason
 
 
 @attrs.frozen(slots=True, eq=False)
@@ -201,11 +120,13 @@ class _Emit:
 _Stage = _Slice | _Barrier | _Emit
 
 
-class Connection(SessionPlumbing):
-    """Runs one client's session; ``run`` returns when it is over. ``dialect`` builds
-    the rules (the native protocol unless a subclass says otherwise)."""
+class Connection:
+    """Runs one client's session; ``run`` returns when it is over. A dialect's
+    connection says how to build its rules (``dialect``); the lifetime (slot,
+    greeting, sender, closes, report) is a :class:`~realtime.session.lifetime.Lifetime`
+    this pipeline owns."""
 
-    dialect: ClassVar[Callable[[RealtimeModel, Limits, float], Rules]] = NativeRules.new
+    dialect: ClassVar[DialectFactory]
     """Builds the rules: ``(model, limits, now) -> Rules``."""
 
     def __init__(
@@ -213,25 +134,21 @@ class Connection(SessionPlumbing):
         transport: Transport,
         engine: Engine,
         limits: Limits,
-        *,
-        shutdown: trio.Event | None = None,
-        observer: Observer | None = None,
-        recording: Recording | None = None,
+        **serving: Unpack[Serving],
     ) -> None:
-        self.rules: Rules = type(self).dialect(engine.model, limits, trio.current_time())
-        super().__init__(
-            transport,
-            engine,
-            limits,
-            session_id=self.rules.session_id,
-            shutdown=shutdown,
-            observer=observer,
-            recording=recording,
-        )
+        rules = type(self).dialect(engine.model, limits, trio.current_time())
+        self.rules: Rules = rules
+        self.lifetime = Lifetime(transport, engine, limits, rules, **serving)
+        self.session_id = rules.session_id
+        self.engine = engine
+        self.observer = self.lifetime.observer
+        self._ends = rules if isinstance(rules, EndsTurns) else None
+        self._feeds = rules if isinstance(rules, FeedsTools) else None
+        self._counts = rules if isinstance(rules, CountsText) else None
         self._frame = engine.model.figures.frame_samples
         """The model's frame: audio goes to the engine one of these at a time."""
         self._rate = engine.model.figures.input_sample_rate
-        self.backlog = self.rules.backlog
+        self.backlog = rules.backlog
         # Unbounded here: the rules bound it (queued messages, pending audio).
         self._work_send, self._work_recv = trio.open_memory_channel[Work](math.inf)
         self._pipe_send, self._pipe_recv = trio.open_memory_channel[_Stage](PIPELINE_DEPTH - 2)
@@ -239,37 +156,28 @@ class Connection(SessionPlumbing):
         """Set when the rules' clock moved earlier than the timer's wait."""
         self._timer_at = math.inf
 
-    # --- the lifetime's hooks ------------------------------------------------------------
+    async def run(self) -> None:
+        """Serve the client until the connection is over."""
+        await self.lifetime.run(self._start_tasks)
 
-    def created_event(self) -> str:
-        return self.rules.serialize(self.rules.created_event())
+    @property
+    def close_code(self) -> int | None:
+        """The close code the connection ended with (None while it runs)."""
+        return self.lifetime.close_code
 
-    def refusal_event(self, code: Refusal, message: str) -> str:
-        return self.rules.serialize(self.rules.refusal_event(code, message))
+    def ending(self) -> tuple[SessionOutcome, str]:
+        """How the session ended and why, as the dialect's rules decided it."""
+        return self.rules.ending()
 
-    def start_tasks(self, nursery: trio.Nursery) -> None:
-        nursery.start_soon(self._until_gone, self._receiver, name=self.task_name("receiver"))
-        nursery.start_soon(self._submitter, name=self.task_name("submitter"))
-        nursery.start_soon(self._until_gone, self._collector, name=self.task_name("collector"))
-        nursery.start_soon(self._timer, name=self.task_name("timer"))
-
-    def connection_lost(self, outcome: SessionOutcome, reason: str) -> None:
-        self.rules.connection_lost(outcome, reason)
-
-    def sending(self, now: float) -> None:
-        self.backlog.sending(now)
-        self.rules.sending(now)
-
-    def sent(self, now: float) -> None:
-        self.backlog.sent(now)
-        self.rules.sent(now)
-        self.observer.send_queue(self.session_id, self.backlog.unsent)
+    def _start_tasks(self, nursery: trio.Nursery) -> None:
+        life = self.lifetime
+        nursery.start_soon(life.until_gone, self._receiver, name=life.task_name("receiver"))
+        nursery.start_soon(self._submitter, name=life.task_name("submitter"))
+        nursery.start_soon(life.until_gone, self._collector, name=life.task_name("collector"))
+        nursery.start_soon(self._timer, name=life.task_name("timer"))
 
     def _pending_seconds(self) -> float:
         return self.backlog.pending_samples / self._rate
-
-    def ending(self) -> tuple[SessionOutcome, str]:
-        return self.rules.ending()
 
     # --- carrying the rules' outputs ---------------------------------------------------
 
@@ -278,7 +186,7 @@ class Connection(SessionPlumbing):
     ) -> None:
         """``direct``: events may be written by this task (``send_or_queue``); only the
         receiver and the collector pass it, never the timer. ``arrived``: the frame's
-        ``perf_counter()``, for the ``append_received`` hook only (a benchmark lines it
+        ``perf_counter()``, for the ``append_received`` hop only (a benchmark lines it
         up with its client's clock); the frame latency runs on trio's clock instead
         (``RunAudio.received_at``), like everything the rules time."""
         for out in outputs:
@@ -286,7 +194,7 @@ class Connection(SessionPlumbing):
                 await self._send_event(out, direct)
             elif isinstance(out, RunAudio):
                 self.backlog.accepted(out)
-                self.observer.append_received(arrived)
+                self.observer.hop("append_received", arrived)
                 self.observer.pending_audio(self.session_id, self._pending_seconds())
                 if not self._submit_now(out):
                     self._work_send.send_nowait(out)
@@ -294,18 +202,19 @@ class Connection(SessionPlumbing):
                 self.backlog.accepted(out)
                 self._work_send.send_nowait(out)
             elif isinstance(out, CountTokens):
+                counts = self._counts or lacking(self.rules, out, CountsText)
                 tokens = await self._count(out)
                 await self._apply(
-                    self.rules.counted(out.text, tokens, trio.current_time()), direct=direct
+                    counts.counted(out.text, tokens, trio.current_time()), direct=direct
                 )
             elif isinstance(out, StopModel):
-                self._stop.set()
+                self.lifetime.stop.set()
             elif isinstance(out, LimitRefused):
                 self.observer.limit_refused(out.limit)
             elif out.now:
-                await self.close_now(out)
+                await self.lifetime.close_now(out)
             else:
-                await self.queue(out)
+                await self.lifetime.queue(out)
         self._clock_moved()
 
     async def _count(self, work: CountTokens) -> int | Exception:
@@ -327,20 +236,20 @@ class Connection(SessionPlumbing):
             self.observer.error_sent(event["error"]["code"])
         self.backlog.event_queued()
         text = self.rules.serialize(event)
-        await (self.send_or_queue(text) if direct else self.queue(text))
+        await (self.lifetime.send_or_queue(text) if direct else self.lifetime.queue(text))
 
     # --- tasks ---------------------------------------------------------------------
 
     async def _receiver(self) -> None:
         rules = self.rules
         while True:
-            frame = await self.transport.receive()
+            frame = await self.lifetime.transport.receive()
             arrived = time.perf_counter()
             # Queued for the sender, never written here: a write that finds the socket
             # dead makes Hypercorn put the disconnect into its (full) receive queue from
             # inside the write, which only this task drains (issue 37).
             if frame is not None:
-                self.recorder.event("client", frame)
+                self.lifetime.recorder.event("client", frame)
             await self._apply(rules.receive(frame, trio.current_time()), arrived)
 
     async def _timer(self) -> None:
@@ -403,12 +312,12 @@ class Connection(SessionPlumbing):
             while offset < total and rules.keep_submitting(work.tag):
                 piece = samples[offset : offset + self._frame]
                 future = self.engine.submit(
-                    PushCommand(self.session_id, piece, work.sample_rate, self._stop)
+                    PushCommand(self.session_id, piece, work.sample_rate, self.lifetime.stop)
                 )
                 n = int(piece.shape[0])
                 offset += n
                 backlog.submitted(n)
-                self.observer.slice_submitted()
+                self.observer.hop("slice_submitted", time.perf_counter())
                 self.observer.pending_audio(self.session_id, self._pending_seconds())
                 yield _Slice(future, work.tag, work.received_at, piece)
         finally:
@@ -419,7 +328,7 @@ class Connection(SessionPlumbing):
         async for stage in self._pipe_recv:
             if isinstance(stage, _Slice):
                 try:
-                    step = await self.waker.result(stage.future)
+                    step = await self.lifetime.waker.result(stage.future)
                 except EngineError as exc:
                     now = trio.current_time()
                     self.backlog.frame_back(now)
@@ -427,12 +336,12 @@ class Connection(SessionPlumbing):
                     continue
                 now = trio.current_time()
                 self.backlog.frame_back(now)
-                self.observer.slice_collected()
+                self.observer.hop("slice_collected", time.perf_counter())
                 if step is None:
                     rules.slice_done(stage.tag, None, now)
                     continue
-                self.step_seconds.append(step.seconds)
-                self.recorder.frame(stage.samples, step.events)
+                self.lifetime.step_seconds.append(step.seconds)
+                self.lifetime.recorder.frame(stage.samples, step.events)
                 events = rules.slice_done(stage.tag, step.events, now)
                 await self._send_frame(events, stage.received_at)
             elif isinstance(stage, _Emit):
@@ -454,9 +363,9 @@ class Connection(SessionPlumbing):
             self.backlog.event_queued()
             text = rules.serialize(event)
             if event["type"] == rules.audio_event:
-                await self.send_or_queue(Audio(text, received_at))
+                await self.lifetime.send_or_queue(Audio(text, received_at))
             else:
-                await self.send_or_queue(text)
+                await self.lifetime.send_or_queue(text)
         self._clock_moved()
 
     async def _feed(self, output: str) -> tuple[Failure | None, int]:
@@ -473,7 +382,7 @@ class Connection(SessionPlumbing):
         except InferenceError as exc:
             return Failure("step_failed", str(exc), "tool_result"), 0
         try:
-            await self.engine.run(ToolResultCommand(self.session_id, tool, self._stop))
+            await self.engine.run(ToolResultCommand(self.session_id, tool, self.lifetime.stop))
         except EngineError as exc:
             return Failure.of(exc), 0
         return None, len(tool.ids)
@@ -482,16 +391,17 @@ class Connection(SessionPlumbing):
         rules = self.rules
         sid = self.session_id
         if isinstance(work, FeedModel):
+            feeds = self._feeds or lacking(rules, work, FeedsTools)
             failure, tokens = await self._feed(work.output)
             if failure is None:
-                self.recorder.tool_result(work.output)
+                self.lifetime.recorder.tool_result(work.output)
             self.backlog.finished(trio.current_time())
-            await self._apply(rules.fed(failure, trio.current_time(), tokens))
+            await self._apply(feeds.fed(failure, trio.current_time(), tokens))
             return
         if isinstance(work, OpenModel):
             started = time.perf_counter()
             command = OpenCommand(
-                sid, work.system_prompt, work.seed, work.max_streaming_seconds, self._stop
+                sid, work.system_prompt, work.seed, work.max_streaming_seconds, self.lifetime.stop
             )
             try:
                 await self.engine.run(command)
@@ -504,6 +414,7 @@ class Connection(SessionPlumbing):
             prompt = self.engine.prompt_use(sid)
             await self._apply(rules.opened(None, trio.current_time(), prompt=prompt))
             return
+        ends = self._ends or lacking(rules, work, EndsTurns)
         result: Ended = None
         if rules.session_open:
             ending = (
@@ -518,6 +429,6 @@ class Connection(SessionPlumbing):
         now = trio.current_time()
         self.backlog.finished(now)
         if isinstance(work, FlushModel):
-            await self._apply(rules.flushed(result, now))
+            await self._apply(ends.flushed(result, now))
         else:
-            await self._apply(rules.cancelled(result, now))
+            await self._apply(ends.cancelled(result, now))

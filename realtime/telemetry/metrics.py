@@ -39,9 +39,9 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from realtime import __version__, cpu_blas
+from realtime.endpoints import ErrorCode
 from realtime.engine.runner import Engine
 from realtime.models.prompt_cache import CachesPrompts
-from realtime.native.wire import ErrorCode
 from realtime.observe import (
     CommandKind,
     ErrorPlace,
@@ -338,47 +338,54 @@ class _ScrapeTime(Collector):
 
     def collect(self) -> Iterable[Metric]:
         engine = self._owner._engine
-        alive = engine is not None and engine.alive
-        yield GaugeMetricFamily(
-            "realtime_engine_alive", "1 while the model engine thread runs.", value=float(alive)
-        )
-        yield GaugeMetricFamily(
-            "realtime_draining",
-            "1 once the server drains (SIGTERM): no new conversations.",
-            value=float(self._owner._draining()),
-        )
-        yield GaugeMetricFamily(
-            "realtime_slot_reserved",
-            "1 while any session holds one of the engine's slots.",
-            value=float(engine is not None and engine.is_reserved()),
-        )
-        yield GaugeMetricFamily(
-            "realtime_sessions_capacity",
-            "Conversations this server serves at once (--max-sessions).",
-            value=float(engine.capacity if engine is not None else 0),
-        )
-        yield GaugeMetricFamily(
-            "realtime_sessions_reserved",
-            "Engine slots held now (a slot frees once the engine has closed its session).",
-            value=float(engine.reserved if engine is not None else 0),
-        )
-        yield GaugeMetricFamily(
-            "realtime_engine_queue_depth",
-            "Commands waiting for the engine thread, all sessions together.",
-            value=float(engine.queue_depth if engine is not None else 0),
-        )
+        owner = self._owner
         step = engine.step_p90 if engine is not None else None
-        yield GaugeMetricFamily(
-            "realtime_engine_step_p90_seconds",
-            "p90 of the engine's recent model steps, any batch size (time-sliced: what "
-            "admission by load reads; NaN until enough frames ran).",
-            value=float("nan") if step is None else step,
+        predicted = engine.admission_cost() if engine is not None else None
+        gauges: tuple[tuple[str, str, float], ...] = (
+            (
+                "realtime_engine_alive",
+                "1 while the model engine thread runs.",
+                float(engine is not None and engine.alive),
+            ),
+            (
+                "realtime_draining",
+                "1 once the server drains (SIGTERM): no new conversations.",
+                float(owner._draining()),
+            ),
+            (
+                "realtime_slot_reserved",
+                "1 while any session holds one of the engine's slots.",
+                float(engine is not None and engine.is_reserved()),
+            ),
+            (
+                "realtime_sessions_capacity",
+                "Conversations this server serves at once (--max-sessions).",
+                float(engine.capacity if engine is not None else 0),
+            ),
+            (
+                "realtime_sessions_reserved",
+                "Engine slots held now (a slot frees once the engine has closed its session).",
+                float(engine.reserved if engine is not None else 0),
+            ),
+            (
+                "realtime_engine_queue_depth",
+                "Commands waiting for the engine thread, all sessions together.",
+                float(engine.queue_depth if engine is not None else 0),
+            ),
+            (
+                "realtime_engine_step_p90_seconds",
+                "p90 of the engine's recent model steps, any batch size (time-sliced: what "
+                "admission by load reads; NaN until enough frames ran).",
+                float("nan") if step is None else step,
+            ),
+            (
+                "realtime_batch_frames",
+                "1 when the frames that are due run as one batched model step (--batch-frames).",
+                float(engine is not None and engine.batch_frames),
+            ),
         )
-        yield GaugeMetricFamily(
-            "realtime_batch_frames",
-            "1 when the frames that are due run as one batched model step (--batch-frames).",
-            value=float(engine is not None and engine.batch_frames),
-        )
+        for name, documentation, value in gauges:
+            yield GaugeMetricFamily(name, documentation, value=value)
         costs = GaugeMetricFamily(
             "realtime_engine_step_cost_seconds",
             "p90 of the engine's recent model steps per batch size (rows), for the sizes "
@@ -388,7 +395,6 @@ class _ScrapeTime(Collector):
         for rows, cost in (engine.step_costs if engine is not None else {}).items():
             costs.add_metric([str(rows)], cost)
         yield costs
-        predicted = engine.admission_cost() if engine is not None else None
         yield GaugeMetricFamily(
             "realtime_engine_admission_cost_seconds",
             "Predicted engine time of one frame of every open conversation and one more: "
@@ -397,22 +403,24 @@ class _ScrapeTime(Collector):
             value=float("nan") if predicted is None else predicted,
         )
         yield from _prompt_cache(engine)
-        owner = self._owner
         yield CounterMetricFamily(
             "realtime_frames",
             "Model frames (80 ms each) whose audio was handed to a client's socket.",
             value=owner._frames,
         )
-        yield GaugeMetricFamily(
-            "realtime_pending_input_audio_seconds",
-            "Input audio accepted from the client and not yet run by the model.",
-            value=sum(owner._pending_audio.values()),
-        )
-        yield GaugeMetricFamily(
-            "realtime_send_queue_events",
-            "Events queued for the client's socket.",
-            value=sum(owner._send_queue.values()),
-        )
+        for name, documentation, value in (
+            (
+                "realtime_pending_input_audio_seconds",
+                "Input audio accepted from the client and not yet run by the model.",
+                sum(owner._pending_audio.values()),
+            ),
+            (
+                "realtime_send_queue_events",
+                "Events queued for the client's socket.",
+                sum(owner._send_queue.values()),
+            ),
+        ):
+            yield GaugeMetricFamily(name, documentation, value=value)
         info = InfoMetricFamily("realtime_build", "Version, model and MLX build of this server.")
         info.add_metric([], self._build_info(engine))
         yield info

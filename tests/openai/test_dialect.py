@@ -10,7 +10,6 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from realtime.close_codes import Close
 from realtime.limits import Limits
 from realtime.models.base import (
     VOICECHAT_FIGURES,
@@ -26,8 +25,9 @@ from realtime.openai.responses import CREATE_TIMEOUT_FRAMES
 from realtime.openai.states import ModelState
 from realtime.openai.tools import parse_calls
 from realtime.openai.turns import END_TAIL_FRAMES, USER_QUIET_FRAMES
+from realtime.session.close_codes import Close
+from realtime.session.work import CountTokens
 from realtime.testing.fake import tone
-from realtime.work import CountTokens
 from tests.openai.scripted import CALL
 from tests.openai.validate import validate_ga
 

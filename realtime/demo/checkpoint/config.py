@@ -128,9 +128,9 @@ MEDIUM = attrs.evolve(
     codec_channels=16,
 )
 """``medium``: for benchmarks only (about 91 MB, 24 M parameters). Sized so that a
-frame step takes roughly 60-100 ms on a 2-core CPU and is mostly MLX evaluation (large
-matrix-vector products that release the GIL), like a real checkpoint's step and unlike
-the tiny one's, which is mostly Python graph building."""
+frame step is close to the 80 ms frame on a 2-core CPU (docs/performance.md) and is
+mostly MLX evaluation (large matrix-vector products that release the GIL), like a real
+checkpoint's step and unlike the tiny one's, which is mostly Python graph building."""
 
 NANO_9B_V2_PATTERN: Final = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"
 """Nemotron Nano 9B v2's 56 layers: 27 Mamba-2, 25 MLP, 4 attention."""
