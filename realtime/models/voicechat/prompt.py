@@ -205,13 +205,14 @@ class VoiceChain:
         self._tts = inner.model.tts_model.tts_model
         self._pad: int = inner.config.pad_token_id
         self._key = key
-        self._cache: list[Any] = list(inner._tts_cache)
-        (self._warm,) = {int(layer.offset) for layer in self._cache}  # one warm-up run
-        self._start = [tuple(layer.state) for layer in self._cache]
+        cache = list(inner._tts_cache)
+        (self._warm,) = {int(layer.offset) for layer in cache}  # one warm-up run
+        self._start = [tuple(layer.state) for layer in cache]
         mx.eval(*arrays(self._start))
-        self._written: list[tuple[list[Any], list[Any]]] = [([], []) for _ in self._cache]
-        for layer, written in zip(self._cache, self._written, strict=True):
-            layer.update_and_fetch = _recording(layer.update_and_fetch, written)
+        self._written: list[tuple[list[Any], list[Any]]] = [([], []) for _ in cache]
+        self._kinds = [_kind(cache, index) for index in range(len(cache))]
+        self._cache: list[Any] | None = None
+        self._running(cache)
         self._codes = [inner._previous_code]
         self._keys = [key._key]
         self._layouts: dict[tuple[int, int], Any] = {}
@@ -220,9 +221,22 @@ class VoiceChain:
 
     @property
     def nbytes(self) -> int:
-        """What it holds: warm-up entries, every step's entries, codes and keys, and its
-        own running cache."""
+        """What it holds: warm-up entries, every step's entries, codes and keys (and its
+        running cache until :meth:`settle`)."""
         return self._bytes + nbytes(self._cache)
+
+    def settle(self) -> None:
+        """Drop the running cache (it repeats the entries recorded): a later
+        :meth:`extend` rebuilds it from them, exactly."""
+        if self.steps > 0:
+            self._cache = None
+
+    def _running(self, cache: list[Any]) -> list[Any]:
+        """``cache`` made the chain's running cache, each layer's writes recorded."""
+        for layer, written in zip(cache, self._written, strict=True):
+            layer.update_and_fetch = _recording(layer.update_and_fetch, written)
+        self._cache = cache
+        return cache
 
     def extend(self, steps: int, most: int = STEPS_PER_SLICE) -> None:
         """Run up to ``most`` more steps towards ``steps`` as one graph."""
@@ -235,6 +249,9 @@ class VoiceChain:
         first, end = self.steps, min(steps, self.steps + most)
         if end <= first:
             return
+        cache = self._cache
+        if cache is None:
+            cache = self._running(list(self.voice(first).tts_cache))
         before = [len(keys) for keys, _ in self._written]
         try:
             with drawing_from(self._key):
@@ -246,7 +263,7 @@ class VoiceChain:
                             code,
                             current,
                             mx.ones(current.shape, dtype=mx.bool_),
-                            self._cache,
+                            cache,
                             guidance=True,
                         ).codes
                     self._codes.append(code)
@@ -256,7 +273,7 @@ class VoiceChain:
                 for (keys, values), start in zip(self._written, before, strict=True)
                 for array in (*keys[start:], *values[start:])
             ]
-            mx.eval(*new, *arrays(self._cache), self._codes[-1], self._keys[-1])
+            mx.eval(*new, *arrays(cache), self._codes[-1], self._keys[-1])
         except BaseException:
             self.failed = True  # its records may have run ahead of its counters
             raise
@@ -271,7 +288,7 @@ class VoiceChain:
             raise ValueError(f"the chain holds {self.steps} steps, not {steps}")
         entries = steps - 1
         return VoicePart(
-            tts_cache=[self._layer(index, entries) for index in range(len(self._cache))],
+            tts_cache=[self._layer(index, entries) for index in range(len(self._start))],
             previous_code=self._codes[steps],
             key=self._keys[steps],
             text_tokens=(self._pad,) * steps,
@@ -282,7 +299,7 @@ class VoiceChain:
     def _layer(self, index: int, entries: int) -> Any:
         import mlx.core as mx
 
-        kind = self._kind(index)
+        kind = self._kinds[index]
         placed = self._layouts.get((kind, entries))
         if placed is None:
             if len(self._layouts) >= 16:
@@ -300,15 +317,15 @@ class VoiceChain:
         layer.keys, layer.values = gathered
         return layer
 
-    def _kind(self, index: int) -> int:
-        """The first layer of the same class and window as layer ``index`` (the layout
-        of a kind is the same for all its layers)."""
 
-        def shape(layer: Any) -> tuple[type, Any, Any]:
-            return (type(layer), getattr(layer, "max_size", None), getattr(layer, "keep", None))
+def _kind(cache: list[Any], index: int) -> int:
+    """The first layer of the same class and window as layer ``index`` (the layout of
+    a kind is the same for all its layers)."""
 
-        wanted = shape(self._cache[index])
-        return next(i for i, layer in enumerate(self._cache) if shape(layer) == wanted)
+    def shape(layer: Any) -> tuple[type, Any, Any]:
+        return (type(layer), getattr(layer, "max_size", None), getattr(layer, "keep", None))
+
+    return next(i for i, layer in enumerate(cache) if shape(layer) == shape(cache[index]))
 
 
 def _recording(update: Callable[[Any, Any], Any], written: tuple[list[Any], list[Any]]) -> Any:
@@ -399,6 +416,7 @@ class Prefill:
         assert self.chain is not None
         self.language = LanguagePart(self._cache)
         self._states.store.put(LanguageKey(self.ids), self.language, nbytes(self.language))
+        self.chain.settle()
         self._states.store.put(VoiceKey(self.seed), self.chain, self.chain.nbytes)
         self.abandon()
 
