@@ -26,6 +26,7 @@ from realtime.models.base import (
     open_session,
 )
 from realtime.models.voicechat.model import VoiceChatModel
+from realtime.models.voicechat.prompt import STEPS_PER_SLICE
 from tests.models_fixtures import noise, push_all, run_realtime, speechlike
 
 
@@ -205,7 +206,7 @@ def test_load_failure_is_one_line_model_load_error(demo_path: Path, tmp_path: Pa
     assert "broken" in str(info.value) and "\n" not in str(info.value)
 
 
-def test_prefill_runs_one_step_per_token_and_stops_between_steps(
+def test_prefill_runs_in_slices_and_stops_between_them(
     demo_model: VoiceChatModel,
 ) -> None:
     prompt = "You are a helpful voice assistant. Keep answers short."
@@ -215,9 +216,10 @@ def test_prefill_runs_one_step_per_token_and_stops_between_steps(
         demo_model, system_prompt=prompt, seed=0, max_streaming_seconds=None, control=control
     )
     session.cancel()
-    # One slice for the seed and voice warm-up, then one model step per prompt token,
-    # BOS and EOS included (what the limit counts).
-    assert len(beats) == 1 + demo_model.count_tokens(prompt) > 3
+    # One slice for the seed's voice chain and the language cache, then one slice per
+    # STEPS_PER_SLICE prompt tokens, BOS and EOS included (what the limit counts).
+    tokens = demo_model.count_tokens(prompt)
+    assert len(beats) == 1 + -(-tokens // STEPS_PER_SLICE) > 3
     assert demo_model.count_tokens("   ") == 0
 
     stop = threading.Event()
@@ -228,6 +230,7 @@ def test_prefill_runs_one_step_per_token_and_stops_between_steps(
             stop.set()
 
     beats.clear()
+    demo_model.set_prompt_cache_bytes(demo_model.prompt_cache_figures().max_bytes)  # emptied
     with pytest.raises(SessionStopped):
         open_session(
             demo_model,
