@@ -155,9 +155,10 @@ def _frame_step(model: Any) -> float:
 
 def states(path: Path, tokens: Sequence[int], peer: bool) -> dict[str, Any]:
     """Open times by prompt length on the model itself (no sockets): cold (nothing
-    stored), cached (the same prompt again), warmed (opened after ``prepare_model``),
-    a new prompt of a length whose voice part is stored (its language-model steps
-    alone), and mlx-vlm's own constructor; the bytes a stored prompt holds."""
+    stored: the seed's voice chain and the language model's steps), cached (the same
+    prompt again), warmed (opened after ``prepare_model``), a new prompt once the seed's
+    chain is as long (``voice_stored``: its language-model steps alone, what any new
+    prompt costs), and mlx-vlm's own constructor; the bytes a stored prompt holds."""
     from mlx_vlm.models.nemotron_voicechat.streaming import VoiceChatStreamingSession
 
     from realtime.limits import Limits
@@ -195,6 +196,8 @@ def states(path: Path, tokens: Sequence[int], peer: bool) -> dict[str, Any]:
             )[0]
         if n:
             row["cold_per_token_frames"] = row["cold_s"] / n / frame
+            if peer:
+                row["mlx_vlm_per_token_frames"] = row["mlx_vlm_s"] / n / frame
             if row["voice_stored_s"] is not None:
                 row["voice_stored_per_token_frames"] = row["voice_stored_s"] / n / frame
             row["bytes_per_token"] = row["bytes"] / n

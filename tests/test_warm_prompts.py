@@ -159,3 +159,104 @@ async def test_an_agent_sized_prompt_is_accepted_at_the_default_limit(
     finally:
         engine.shutdown()
     assert demo_model.prompt_cache_figures().entries == 0
+
+
+def state_digest(inner: Any, key: Any) -> str:
+    """Every bit of an opened session's state (language and TTS caches, previous code,
+    key, token histories, timeline index), as one hash."""
+    import hashlib
+
+    import mlx.core as mx
+    import numpy as np
+
+    from realtime.models.voicechat.prompt import arrays
+
+    digest = hashlib.sha256()
+    state = (inner._language_cache, inner._tts_cache, inner._previous_code, key._key)
+    for array in arrays(state):
+        digest.update(str((array.dtype, array.shape)).encode())
+        digest.update(np.array(array.view(mx.uint8) if array.size else array).tobytes())
+    for layer in inner._tts_cache:
+        digest.update(
+            str(sorted((k, v) for k, v in vars(layer).items() if isinstance(v, int))).encode()
+        )
+    digest.update(str((inner._text_tokens, inner._function_tokens, inner._timeline_index)).encode())
+    return digest.hexdigest()
+
+
+async def test_an_openai_cached_open_equals_a_cold_open_through_the_socket(
+    demo_model: VoiceChatModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two OpenAI conversations with instructions and a tool, one after the other: the
+    first opens cold, the second from the prompt cache; each opened state is, bit for
+    bit, mlx-vlm's constructor's with the prompt the endpoint renders."""
+    from mlx_vlm.models.nemotron_voicechat.streaming import VoiceChatStreamingSession
+
+    from realtime.models.voicechat.keys import SessionKey, drawing_from
+    from realtime.models.voicechat.model import VoiceChatOpening
+    from realtime.warm import system_prompt_of
+
+    opened: list[str] = []
+    open_ = VoiceChatOpening._open
+
+    def recording(self: VoiceChatOpening) -> Any:
+        session = open_(self)
+        opened.append(state_digest(session._inner, session._key))
+        return session
+
+    monkeypatch.setattr(VoiceChatOpening, "_open", recording)
+    demo_model.set_prompt_cache_bytes(1 << 30)
+    engine = engine_for(lambda: demo_model, Limits())
+    engine.start()
+    try:
+        async with running_server(engine) as server:
+            url = server.http.replace("http://", "ws://") + "/openai/v1/realtime?model=x"
+            for n in (1, 2):
+                async with open_websocket_url(url) as ws:
+                    update = {"type": "session.update", "session": SESSION}
+                    await ws.send_message(json.dumps(update))
+                    silence = base64.b64encode(bytes(4800)).decode()  # the model opens
+                    append = {"type": "input_audio_buffer.append", "audio": silence}
+                    await ws.send_message(json.dumps(append))
+                    with trio.fail_after(120):
+                        while len(opened) < n:
+                            await trio.sleep(0.05)
+    finally:
+        engine.shutdown()
+    figures = demo_model.prompt_cache_figures()
+    assert (figures.misses, figures.hits) == (1, 1)
+    prompt = system_prompt_of(WarmPrompt("openai", session=SESSION), demo_model, Limits())
+    assert prompt is not None and "get_weather" in prompt
+    key = SessionKey(0)
+    with drawing_from(key):
+        theirs = VoiceChatStreamingSession(demo_model.runtime, system_prompt=prompt, seed=0)
+    assert opened == [state_digest(theirs, key)] * 2
+    demo_model.set_prompt_cache_bytes(1 << 30)
+
+
+async def test_an_agent_sized_prompt_is_served(demo_model: VoiceChatModel) -> None:
+    """A 4,000-character prompt read whole (native: ``session.updated`` once it is),
+    then a turn answered after it: the conversation runs on that prompt."""
+    demo_model.set_prompt_cache_bytes(1 << 30)
+    engine = engine_for(lambda: demo_model, Limits())
+    engine.start()
+    try:
+        async with running_server(engine) as server:
+            async with connect(server.url) as client:
+                assert (await client.recv())["type"] == "session.created"
+                session = {"seed": 0, "system_prompt": AGENT_PROMPT}
+                await client.send({"type": "session.update", "session": session})
+                assert (await client.recv(timeout=600))["type"] == "session.updated"
+                audio = audio_for(1)
+                for start in range(0, audio.shape[0], 2560):
+                    await client.send(append_msg(audio[start : start + 2560]))
+                await client.send({"type": "input_audio_buffer.commit"})
+                events = await client.recv_until("response.done", timeout=300)
+    finally:
+        engine.shutdown()
+    assert events[-1]["type"] == "response.done"
+    assert any(e["type"] == "response.audio.delta" for e in events)
+    tokens = demo_model.count_tokens(AGENT_PROMPT)
+    figures = demo_model.prompt_cache_figures()
+    assert figures.entries == 2 and figures.misses >= 1  # read whole and stored
+    assert demo_model.prompt_cache_figures().bytes > tokens

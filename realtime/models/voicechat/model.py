@@ -564,9 +564,9 @@ class VoiceChatOpening:
     then the system prompt prefilled one full timeline step (language model and TTS)
     per token, all in one call (a 512-token prompt is 6-23 s during which nothing
     else could run). Here the prompt's prefill runs in slices of its own
-    (:class:`realtime.models.voicechat.prompt.Prefill`: the constructor with a blank
-    prompt, then one token a slice, or a few language-model steps a slice when the
-    voice part of a prefill of that seed and length is stored), shared by every
+    (:class:`realtime.models.voicechat.prompt.Prefill`: a few language-model steps a
+    slice, and as many TTS steps while the seed's voice chain is shorter than the
+    prompt), shared by every
     opening of that prompt and seed under way, and stored in the model's prompt cache;
     the opening's own session is then the constructor with a blank prompt (mlx-vlm
     skips a blank one) given copies of the stored parts. A prompt stored whole opens in
@@ -635,8 +635,8 @@ class VoiceChatOpening:
         prefill = self._prefill
         assert prefill is not None
         prefill.advance()
-        if prefill.language is not None and prefill.voice is not None:
-            self._parts = (prefill.language, prefill.voice)
+        if prefill.done:
+            self._parts = prefill.parts()
             self._prefill = None
             self._prompts.leave(prefill)
 
