@@ -218,6 +218,15 @@ def install_voicechat() -> None:
     install(tts)
 
 
+def uniform(shape: Sequence[int]) -> Any:
+    """A uniform draw on [0, 1) of ``shape`` from the running key(s), exactly as the
+    TTS module's own ``mx.random.uniform(shape=shape)`` draws (the MoG head's component,
+    realtime/models/voicechat/codes.py)."""
+    import mlx.core as mx
+
+    return _keyed(mx.random.uniform, shape_at=2)(shape=tuple(shape))
+
+
 def normal(shape: Sequence[int]) -> Any:
     """A standard-normal draw of ``shape`` from the running key(s), exactly as the
     TTS module's own ``mx.random.normal(shape)`` draws (for the frame step's code

@@ -51,6 +51,7 @@ from realtime.models.checkpoint import (
 )
 from realtime.models.prompt_cache import CacheFigures
 from realtime.models.voicechat.cast import cast_once
+from realtime.models.voicechat.codes import compile_rounds
 from realtime.models.voicechat.prompt import LanguagePart, Prefill, PromptStates, VoicePart
 
 if TYPE_CHECKING:
@@ -726,6 +727,11 @@ class VoiceChatModel:
             max_streaming_seconds=max_streaming_seconds,
             profile=profile,
         )
+
+    def compile_step(self, batch_sizes: Sequence[int]) -> None:
+        """Trace the TTS's compiled refinement rounds for ``batch_sizes`` rows
+        (:func:`realtime.models.voicechat.codes.compile_rounds`)."""
+        compile_rounds(self._runtime.model.tts_model.tts_model, batch_sizes)
 
     def prompt_cache_figures(self) -> CacheFigures:
         """The prompt cache's bound, contents and counts (``/health``, ``/metrics``)."""
