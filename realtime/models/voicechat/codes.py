@@ -36,6 +36,9 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Generic, TypeVar
 
+import mlx.core as mx
+from mlx_vlm.models.nemotron_voicechat.tts import _top_p_logits
+
 T = TypeVar("T")
 
 
@@ -48,7 +51,6 @@ class Codebooks:
     __slots__ = ("code_dtype", "norms", "plan", "rows", "silence", "transposed", "tts")
 
     def __init__(self, tts: Any) -> None:
-        import mlx.core as mx
 
         config = tts.config
         self.tts = tts
@@ -64,7 +66,6 @@ class Codebooks:
 
     def silence_sum(self, tokens: Any) -> Any:
         """The code embedding sum of the codec's silence ``tokens`` (one per codebook)."""
-        import mlx.core as mx
 
         if self.silence is None or self.silence[0] is not tokens:
             total = self.tts.depthsum_embedding(tokens[None, None, :])
@@ -94,7 +95,6 @@ def rounds(quantizers: int, iterations: int, exponent: float) -> list[tuple[int,
 def _code_dtype(plan: Sequence[tuple[int, int]], quantizers: int) -> Any:
     """The dtype mlx-vlm's codes end in: it stacks the codes still masked (int32 at
     first) with each round's argmin (uint32), so MLX's promotion decides."""
-    import mlx.core as mx
 
     dtype = mx.int32
     for _, count in plan:
@@ -144,7 +144,6 @@ class Compiled:
     __slots__ = ("rounds",)
 
     def __init__(self, tts: Any) -> None:
-        import mlx.core as mx
 
         books = codebooks(tts)
         self.rounds: list[Callable[..., list[Any]]] = [
@@ -172,8 +171,6 @@ def _round(
     component drawn with ``uniform``), the residual with ``noise``, and each of the
     round's codebooks' nearest row to what is left of it, taken off it and added to
     ``total``. Returns the new ``total``, then each codebook's pick."""
-    import mlx.core as mx
-    from mlx_vlm.models.nemotron_voicechat.tts import _top_p_logits
 
     config = tts.config
     head = tts.mog_head
@@ -215,7 +212,6 @@ def compile_rounds(tts: Any, batch_sizes: Sequence[int]) -> None:
     """Trace and build :class:`Compiled`'s rounds for each of ``batch_sizes`` rows (one
     frame each): a throwaway key per row, the codes of zero hidden states, evaluated
     (the fused kernels are built when first run)."""
-    import mlx.core as mx
 
     from realtime.models.voicechat.keys import SessionKey, drawing_rows
 
@@ -229,7 +225,6 @@ def generate_codes(tts: Any, hidden: Any) -> tuple[Any, Any]:
     """The codes for ``hidden`` (all conditional rows, then all unconditional ones, as
     mlx-vlm's ``generate_codes`` takes it) and their code embedding's input sum (what
     ``depthsum_embedding`` gives for them), drawing from the running keys."""
-    import mlx.core as mx
 
     from realtime.models.voicechat.keys import normal, uniform
 
@@ -271,7 +266,6 @@ def previous_sums(
     code set anywhere else, an opening's or a tool response's, is summed afresh), the
     sum of the codec's ``silence`` tokens for ``None`` (a row whose text ended its
     turn speaks silence next), else ``depthsum_embedding``."""
-    import mlx.core as mx
 
     books = codebooks(tts)
     parts = []
@@ -293,7 +287,6 @@ class _CodecTable:
     __slots__ = ("offsets", "table")
 
     def __init__(self, prvq: Any) -> None:
-        import mlx.core as mx
 
         means = prvq.mus_list
         self.table = mx.concatenate(means, axis=0)
@@ -313,7 +306,6 @@ def codec_latents(prvq: Any, codes: Any) -> Any:
     float32 (where a scan's accumulator could be wider than its element), and any
     device but the CPU (an accelerator's scan may add in another order), take the
     quantizer's own ``decode``."""
-    import mlx.core as mx
 
     if (
         prvq.mus_list[0].dtype != mx.float32

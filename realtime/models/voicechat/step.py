@@ -44,7 +44,13 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import attrs
+import mlx.core as mx
 import numpy as np
+from mlx_audio.codec.models.nemotron_voicechat import CausalConv1dCache
+from mlx_audio.stt.models.nemotron_asr import streaming as conformer
+from mlx_audio.stt.models.nemotron_asr import tokenizer as rnnt_tokenizer
+from mlx_audio.stt.models.nemotron_asr.audio import log_mel_spectrogram
+from mlx_vlm.models.cache import ArraysCache, KVCache
 
 from realtime.models.base import (
     AssistantTextDelta,
@@ -148,7 +154,6 @@ class _RowsKV:
     def __init__(self, caches: Sequence[Any], rows_each: int) -> None:
         self._caches = caches
         self._rows_each = rows_each
-        import mlx.core as mx
 
         self.offset = mx.array(
             [int(cache.offset) for _ in range(rows_each) for cache in caches], dtype=mx.int32
@@ -160,7 +165,6 @@ class _RowsKV:
         return size if limit is None else min(size, int(limit))
 
     def make_mask(self, n: int, **_: Any) -> Any:
-        import mlx.core as mx
 
         sizes = [self._size_after(cache, n) for cache in self._caches]
         longest = max(sizes)
@@ -173,7 +177,6 @@ class _RowsKV:
         return (positions >= starts[:, None])[:, None, None, :]
 
     def update_and_fetch(self, keys: Any, values: Any) -> tuple[Any, Any]:
-        import mlx.core as mx
 
         count = len(self._caches)
         fetched_k: list[Any] = []
@@ -203,8 +206,6 @@ class _RowsKV:
 
 def _stacked_arrays(caches: Sequence[Any]) -> Any:
     """One ArraysCache (Mamba conv and SSM states) holding every row's, stacked."""
-    import mlx.core as mx
-    from mlx_vlm.models.cache import ArraysCache
 
     first = caches[0]
     batch = ArraysCache(size=len(first.cache))
@@ -229,7 +230,6 @@ def _language(rows: Sequence[StepRow], fused: Any) -> tuple[Any, Any]:
     """The language model over ``rows`` (one batch per group of rows whose recurrent
     states exist: a session's first step starts them), each row's caches advanced;
     the text and function logits of the new position, (rows, vocabulary) each."""
-    import mlx.core as mx
 
     started = [row.inner._timeline_index > 0 for row in rows]
     if all(started) or not any(started):
@@ -246,7 +246,6 @@ def _language(rows: Sequence[StepRow], fused: Any) -> tuple[Any, Any]:
 
 
 def _language_batch(rows: Sequence[StepRow], fused: Any) -> Any:
-    from mlx_vlm.models.cache import KVCache
 
     model = rows[0].inner.model.stt_model
     if len(rows) == 1:
@@ -272,7 +271,6 @@ def _subwords(tts: Any, ids: Any) -> Any:
     """The TTS's conditioning for each row's text token: its character encoder over
     groups of rows whose tokens spell equally many characters (no padding, so each row
     gets what it gets alone)."""
-    import mlx.core as mx
 
     encoder = tts.embed_subword
     table = encoder._subword_to_chars
@@ -297,7 +295,6 @@ def _tts(
     and its codes from :func:`realtime.models.voicechat.codes.generate_codes`;
     ``previous`` is each row's previous codes (None: silence, its text ended the turn).
     The new codes, (rows, 1, codebooks), and their code embedding sums."""
-    import mlx.core as mx
 
     from realtime.models.voicechat.keys import drawing_rows
 
@@ -324,8 +321,6 @@ def _codec(rows: Sequence[StepRow], clean: Any) -> list[Any]:
     its quantizer's latents, here :func:`~realtime.models.voicechat.codes.codec_latents`,
     then ``decode_latents``), one batch per group of rows whose caches hold the same
     layers (a conversation's first frame starts its cache)."""
-    import mlx.core as mx
-    from mlx_audio.codec.models.nemotron_voicechat import CausalConv1dCache
 
     codec = rows[0].inner.model.tts_model.audio_codec
     samples: list[Any] = [None] * len(rows)
@@ -381,7 +376,6 @@ def _perceive(rows: Sequence[StepRow]) -> tuple[list[Any], list[Any]]:
     runs once for each group of rows whose streaming states are equally far (a
     conversation older than its attention's left context, 70 encoder frames, shares
     its shapes with every other such one), else per row as mlx-audio's push."""
-    import mlx.core as mx
 
     proj = rows[0].inner.model.stt_model.perception.proj
     mels = push_frames([row.inner._mel_stream for row in rows], [row.frame for row in rows])
@@ -421,8 +415,6 @@ def _pre_encoded(streams: Sequence[Any], mels: Sequence[Any]) -> Any:
     """The conformer's subsampling for a group of equally far ``streams`` (each with
     its cached mel tail before its new ``mels``): the one new subsampled frame of each,
     stacked; each stream's mel tail and counters move on."""
-    import mlx.core as mx
-    from mlx_audio.stt.models.nemotron_asr import streaming as conformer
 
     lead = streams[0]
     windows = [
@@ -453,7 +445,6 @@ def _pre_encoded(streams: Sequence[Any], mels: Sequence[Any]) -> Any:
 def _conformer_blocks(streams: Sequence[Any], h: Any) -> Any:
     """The conformer's blocks over a group's subsampled frames ``h``, each stream's
     attention and convolution caches read stacked and written back per row."""
-    from mlx_audio.stt.models.nemotron_asr import streaming as conformer
 
     lead = streams[0]
     for layer, block in enumerate(lead.encoder.layers):
@@ -476,7 +467,6 @@ def _conformer_blocks(streams: Sequence[Any], h: Any) -> Any:
 
 def _stacked(parts: Sequence[Any]) -> Any:
     """``parts`` as one batch (one part as it is: no copy in the graph)."""
-    import mlx.core as mx
 
     return parts[0] if len(parts) == 1 else mx.concatenate(list(parts), axis=0)
 
@@ -492,7 +482,6 @@ def _predict(lstm: Any, inputs: Any, hidden: tuple[Any, Any] | None) -> tuple[An
     input time-major, which MLX reads as (batch, time), so it steps one row only (for
     one row the two layouts are the same array). Returns the top layer's output and
     the new (h, c), each (layers, rows, width), as the wrapper does."""
-    import mlx.core as mx
 
     outputs = inputs
     next_h: list[Any] = []
@@ -525,7 +514,6 @@ def _rnnt_round(rows: Sequence[StepRow], encoded: Sequence[Any], active: list[in
     such row, rows whose predictor has no state yet (a conversation's first symbols)
     as a group of their own, as mlx-vlm starts that state (no recurrent term); a
     blank's input is the zero embedding mlx-vlm uses."""
-    import mlx.core as mx
 
     first = rows[0].inner
     stt = first.model.stt_model
@@ -577,7 +565,6 @@ def _take_round(
 ) -> list[int]:
     """Apply a round's picks to the rows' RNN-T states (a blank or ``max_symbols``
     ends a row's frame); the rows still emitting."""
-    from mlx_audio.stt.models.nemotron_asr import tokenizer as rnnt_tokenizer
 
     config = rows[0].inner.model.config
     blank, limit = config.rnnt_blank_id, config.audio_config.max_symbols
@@ -606,7 +593,6 @@ def _transcribe(
     (:func:`_first_round`, already evaluated), then a round for every row still
     emitting (one wait on the device each, not one per row) until each row's blank
     or ``max_symbols``."""
-    from mlx_audio.stt.models.nemotron_asr import tokenizer as rnnt_tokenizer
 
     if first is None:
         return [None] * len(rows)
@@ -640,7 +626,6 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
     return each row's events. The caller keeps rows at their ``max_streaming_seconds``
     out (ContextLimitReached here, before any work, if one is not); any other exception
     means every row's state may be partly advanced."""
-    import mlx.core as mx
 
     for row in rows:
         inner = row.inner
@@ -703,7 +688,6 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
 def _language_input(rows: Sequence[StepRow], projected: Sequence[Any], fresh: list[bool]) -> Any:
     """The language model's input for every row: its previous text and function tokens'
     embeddings (pad for a fresh row) fused with its audio projection."""
-    import mlx.core as mx
 
     first = rows[0].inner
     model, config = first.model, first.config
@@ -731,7 +715,6 @@ def _speak(
     """Every row's codes for this frame, (rows, 1, codebooks): the TTS's for the rows
     that speak (all but fresh ones, whose first frame is the codec's silence), and
     those rows' codes by row."""
-    import mlx.core as mx
 
     first = rows[0].inner
     config = first.config
@@ -788,7 +771,6 @@ def float_samples(samples: Any) -> Samples:
     (a fresh buffer, filled by MLX moments before, copied cold). Anything else
     (another dtype, a list) is converted.
     """
-    import mlx.core as mx
 
     if isinstance(samples, mx.array) and samples.dtype == mx.float32:
         view: Samples = np.asarray(samples).reshape(-1)
@@ -828,8 +810,6 @@ def tool_response_text(output: str) -> str:
 def _encoded_silence(model: Any) -> Any:
     """The perception of one second of silence, frame 0: the user-audio input of every
     inserted tool-response step, as NVIDIA's wrapper feeds it."""
-    import mlx.core as mx
-    from mlx_audio.stt.models.nemotron_asr.audio import log_mel_spectrogram
 
     config = model.config
     zeros = mx.zeros((int(config.input_sample_rate),), dtype=mx.float32)
@@ -852,7 +832,6 @@ def inserted_step(row: StepRow, forced_function: int | None) -> int:
     (after the response it is trained to say ``<SPECIAL_22>``, end of response); the TTS
     steps on PAD (its cache follows the timeline) and nothing is heard. Returns the
     function token recorded."""
-    import mlx.core as mx
 
     from realtime.models.voicechat.keys import drawing_from
 
