@@ -484,6 +484,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="load the weights as stored (no cast once at load), to compare",
     )
+    parser.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="run the step's compiled pieces op by op (mx.disable_compile), to compare",
+    )
     return parser
 
 
@@ -494,6 +499,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from realtime.models.voicechat.model import load_voicechat
 
+    if args.no_compile:
+        import mlx.core as mx
+
+        mx.disable_compile()
     results: dict[str, list[ShapeFigures]] = {}
     for size in args.size:
         model = load_voicechat(checkpoint(size), cast_weights=not args.no_cast)

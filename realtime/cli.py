@@ -142,6 +142,18 @@ def _add_cpu_blas_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_compile_option(parser: argparse.ArgumentParser) -> None:
+    """``--no-compile``: run the frame step's compiled pieces op by op (MLX's
+    ``disable_compile``, process-wide; set in :func:`main` before the model loads)."""
+    parser.add_argument(
+        "--no-compile",
+        dest="compile",
+        action="store_false",
+        help="run the frame step's compiled pieces (mx.compile) op by op, to compare: the "
+        "same bits, more kernels a frame (default: compiled, traced at start)",
+    )
+
+
 def batch_frames_from_args(args: argparse.Namespace) -> bool | None:
     """The flag, else ``REALTIME_BATCH_FRAMES`` (a bad value is a usage error), else
     ``None`` (the default: :func:`realtime.limits.batching`)."""
@@ -277,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_batch_option(serve)
     _add_warm_option(serve)
     _add_cpu_blas_option(serve)
+    _add_compile_option(serve)
 
     gen = sub.add_parser("generate", help="run a WAV through the model offline")
     gen.add_argument("-m", "--model", metavar="PATH|REPO", help=_MODEL_HELP)
@@ -302,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_demo_turns_option(gen)
     _add_cpu_blas_option(gen)
+    _add_compile_option(gen)
 
     demo = sub.add_parser("demo-model", help="write a random-weight demo checkpoint")
     demo.add_argument("dir", metavar="DIR")
@@ -369,6 +383,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from realtime.cpu_blas import install_from
 
             install_from(args.cpu_blas)
+            if not args.compile:
+                import mlx.core as mx
+
+                mx.disable_compile()
         if args.command == "serve":
             from realtime.server import serve_command
 

@@ -165,3 +165,12 @@ def test_serve_prints_the_native_openai_and_page_urls() -> None:
     found = [m.group(1) for line in lines if (m := SERVING_LINE.search(line))]
     assert found == ["ws://127.0.0.1:8080/v1/realtime"]
     assert serving_lines(["http://[::1]:1"])[2] == "realtime: browser page http://[::1]:1/"
+
+
+@pytest.mark.parametrize(
+    "command", [["serve"], ["generate", "--input", "a.wav", "--output", "b.wav"]]
+)
+def test_no_compile_runs_the_step_uncompiled(command: list[str]) -> None:
+    """``--no-compile`` (issue 34 item 7) is off by default: the step runs compiled."""
+    assert build_parser().parse_args(command).compile is True
+    assert build_parser().parse_args([*command, "--no-compile"]).compile is False

@@ -55,10 +55,16 @@ def test_the_rounds_are_ear_tts_masking_schedule() -> None:
     "name", ["demo_model", pytest.param("medium_model", marks=pytest.mark.slow)]
 )
 @pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "no-compile"])
 def test_codes_are_mlx_vlms_bit_for_bit(
-    request: pytest.FixtureRequest, name: str, rows: int
+    request: pytest.FixtureRequest, name: str, rows: int, compiled: bool
 ) -> None:
     tts = _tts(request.getfixturevalue(name))
+    import mlx.core as mx
+
+    if not compiled:
+        mx.disable_compile()
+        request.addfinalizer(mx.enable_compile)
     for seed in range(3):
         hidden = _hidden(tts, rows, seed)
         theirs_keys = [SessionKey(seed * 10 + r) for r in range(rows)]

@@ -38,6 +38,7 @@ from realtime.models.base import (
     AssistantTextDelta,
     AudioDelta,
     Cancelled,
+    CompilesStep,
     Done,
     Frame,
     FunctionDelta,
@@ -764,6 +765,10 @@ class DemoTurnModel:
         if isinstance(self.inner, CachesPrompts):
             return self.inner.prompt_cache_figures()
         return CacheFigures(0, 0, 0, 0, 0, 0, 0)
+
+    def compile_step(self, batch_sizes: Sequence[int]) -> None:
+        if isinstance(self.inner, CompilesStep):
+            self.inner.compile_step(batch_sizes)
 
     def set_prompt_cache_bytes(self, max_bytes: int) -> None:
         if isinstance(self.inner, CachesPrompts):

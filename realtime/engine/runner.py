@@ -715,8 +715,28 @@ class Engine:
         """Model work that runs once, on the engine thread, after the load and before the
         engine reports ready (``start`` returns, so ``/ready`` and every client wait for
         it). Each kind of warm-up is one step here."""
+        self._compile_step()
         if self.warm_up:
             self._measure_steps()
+
+    def _compile_step(self) -> None:
+        """Have a model with compiled step pieces (:class:`~realtime.models.base.CompilesStep`)
+        trace them for every batch size this engine steps (1 to ``max_batch``), so the
+        compilation is paid here and not by the first conversation of each size."""
+        if not isinstance(self.model, model.CompilesStep):
+            return
+        began = time.perf_counter()
+        sizes = range(1, self.max_batch + 1)
+        try:
+            self.model.compile_step(sizes)
+        except Exception:
+            log.exception("compiling the model step at start failed; frames compile as they come")
+            return
+        log.info(
+            "compiled the model step for %d batch size(s) at start in %.2f s",
+            len(sizes),
+            time.perf_counter() - began,
+        )
 
     def _measure_steps(self) -> None:
         """Step silence through sessions opened for it at the batch sizes admission

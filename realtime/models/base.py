@@ -388,6 +388,17 @@ def open_session(
     return open_now(opening, control)
 
 
+@runtime_checkable
+class CompilesStep(Protocol):
+    """A model whose frame step has compiled pieces (VoiceChat's, ``mx.compile``): the
+    engine has them traced at start for every batch size it may step, so no client's
+    first frame pays the compilation."""
+
+    def compile_step(self, batch_sizes: Sequence[int]) -> None:
+        """Trace and build the compiled pieces for ``batch_sizes`` rows (engine thread)."""
+        ...
+
+
 class RealtimeModel(Protocol):
     """A loaded model. Built by a loader callable on the engine thread."""
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import mlx.core as mx
+
 from realtime.demo.checkpoint.config import QUANT_GROUP_SIZE
 from realtime.demo.checkpoint.weights import Array
 
@@ -21,7 +23,6 @@ def _quantizable(name: str, value: Array) -> bool:
 def quantized(name: str, value: Array, bits: int) -> list[tuple[str, Array]]:
     """One checkpoint tensor as the real uploads store it at ``bits``: packed, with its
     ``scales`` and ``biases`` (MLX's own ``mx.quantize``), or as it is."""
-    import mlx.core as mx
     import numpy as np
 
     if not _quantizable(name, value):

@@ -12,8 +12,11 @@ import zlib
 from typing import Any, Final, cast
 
 import attrs
+import mlx.core as mx
 import numpy as np
 import numpy.typing as npt
+from mlx.utils import tree_flatten
+from mlx_vlm.models.nemotron_voicechat import Model, ModelConfig
 
 from realtime.demo.checkpoint.config import BOS, EOS, NUM_SPECIALS, PAD, RNNT_BLANK
 from realtime.demo.checkpoint.tokenizer import Vocab, byte_alphabet, readable_token_ids
@@ -63,9 +66,6 @@ class Template:
 def parameter_templates(config: dict[str, Any]) -> dict[str, Template]:
     """Parameter names, shapes and kept initial values of mlx-vlm's model for ``config``
     (MLX builds the model lazily: only the kept values are evaluated)."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_vlm.models.nemotron_voicechat import Model, ModelConfig
 
     model = Model(ModelConfig.from_dict(json.loads(json.dumps(config))))
     templates: dict[str, Template] = {}

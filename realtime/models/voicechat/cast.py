@@ -17,6 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Final, cast
 
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_unflatten
+
 CAST_ONCE: Final = (
     "stt_model.llm.",
     "stt_model.lm_head.",
@@ -38,7 +41,6 @@ def castable(
 ) -> list[tuple[str, Any]]:
     """The bfloat16 and float16 parameters under ``prefixes`` (quantized weights and
     integer tables are not cast)."""
-    import mlx.core as mx
 
     wanted = tuple(prefixes)
     return [
@@ -52,8 +54,6 @@ def cast_once(model: Any, prefixes: Iterable[str] = CAST_ONCE) -> int:
     """Cast ``model``'s parameters under ``prefixes`` to float32 in place, a module
     group at a time (so the two copies of one group at most are in memory); the bytes
     the model grew by."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten, tree_unflatten
 
     flat = cast("list[tuple[str, Any]]", tree_flatten(model.parameters()))
     grown = 0

@@ -30,10 +30,14 @@ tests/test_voicechat_codes.py holds it to mlx-vlm's ``generate_codes`` bit for b
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Generic, TypeVar
+
+import mlx.core as mx
+from mlx_vlm.models.nemotron_voicechat.tts import _top_p_logits
 
 T = TypeVar("T")
 
@@ -47,7 +51,6 @@ class Codebooks:
     __slots__ = ("code_dtype", "norms", "plan", "rows", "silence", "transposed", "tts")
 
     def __init__(self, tts: Any) -> None:
-        import mlx.core as mx
 
         config = tts.config
         self.tts = tts
@@ -63,7 +66,6 @@ class Codebooks:
 
     def silence_sum(self, tokens: Any) -> Any:
         """The code embedding sum of the codec's silence ``tokens`` (one per codebook)."""
-        import mlx.core as mx
 
         if self.silence is None or self.silence[0] is not tokens:
             total = self.tts.depthsum_embedding(tokens[None, None, :])
@@ -93,7 +95,6 @@ def rounds(quantizers: int, iterations: int, exponent: float) -> list[tuple[int,
 def _code_dtype(plan: Sequence[tuple[int, int]], quantizers: int) -> Any:
     """The dtype mlx-vlm's codes end in: it stacks the codes still masked (int32 at
     first) with each round's argmin (uint32), so MLX's promotion decides."""
-    import mlx.core as mx
 
     dtype = mx.int32
     for _, count in plan:
@@ -128,13 +129,104 @@ codebooks: Final = PerModel(Codebooks)
 """A TTS model's :class:`Codebooks`, built on first use."""
 
 
+class Compiled:
+    """One TTS model's refinement rounds for :func:`generate_codes`, each compiled
+    (``mx.compile``): the code embedding, the MoG head with its guidance mix, the
+    residual and the round's codebook search. A round's shapes are fixed for a batch
+    size, so MLX traces it once per batch size (its compile cache is keyed by the
+    inputs' shapes: one entry per bucket) and replays the fused graph every frame.
+    The weights are captured as constants of the trace; they never change after
+    loading (:mod:`realtime.models.voicechat.cast` runs first). The draws stay
+    outside, in the order the head and mlx-vlm draw them, so the keys advance exactly
+    as before. ``mx.disable_compile()`` (``--no-compile``) runs the same functions op
+    by op: the same bits, a larger graph."""
+
+    __slots__ = ("rounds",)
+
+    def __init__(self, tts: Any) -> None:
+
+        books = codebooks(tts)
+        self.rounds: list[Callable[..., list[Any]]] = [
+            mx.compile(functools.partial(_round, tts, books, start, count))
+            for start, count in books.plan
+        ]
+
+
+compiled: Final = PerModel(Compiled)
+"""A TTS model's :class:`Compiled` rounds, traced on first use of each batch size."""
+
+
+def _round(
+    tts: Any,
+    books: Codebooks,
+    start: int,
+    count: int,
+    total: Any,
+    conditional: Any,
+    unconditional: Any,
+    uniform: Any,
+    noise: Any,
+) -> list[Any]:
+    """One refinement round: the MoG head's ``infer`` on the codes so far (its
+    component drawn with ``uniform``), the residual with ``noise``, and each of the
+    round's codebooks' nearest row to what is left of it, taken off it and added to
+    ``total``. Returns the new ``total``, then each codebook's pick."""
+
+    config = tts.config
+    head = tts.mog_head
+    rows, frames = conditional.shape[:2]
+    embedded = tts.embed_code(total.reshape(rows, frames, -1))
+    x = mx.concatenate([embedded + conditional, embedded + unconditional], axis=0)
+    for layer in head.mlp_stack:
+        x = layer(x)
+    if config.guidance_scale > 0.0:
+        cond, uncond = x[:rows], x[rows:]
+        x = cond + config.guidance_scale * (cond - uncond)
+    logits = _top_p_logits(head.proj_logits(x), config.top_p)
+    gumbel = -mx.log(-mx.log(uniform + 1e-8) + 1e-8)
+    component = mx.argmax(mx.log(mx.softmax(logits.astype(mx.float32), axis=-1)) + gumbel, axis=-1)
+    flat_x = x.reshape(-1, x.shape[-1])
+    flat_component = component.reshape(-1)
+    mus = head.proj_mus.weight.reshape(head.num_predictions, head.low_rank, -1)[flat_component]
+    mu = mx.matmul(mus, flat_x[..., None]).squeeze(-1)
+    mu = mx.matmul(head.low_mat[flat_component], mu[..., None]).squeeze(-1)
+    logs = mx.maximum(head.proj_logs(x), head.min_log_std)
+    mu = mu.reshape(rows, frames, head.out_size) * mx.exp(logs) + head.proj_else(x)
+    residual = mu + mx.exp(logs) * noise * config.noise_scale
+    # (rows, frames, latent) as rows*frames vectors: MLX multiplies a 3-D array by a
+    # matrix as exactly this 2-D product, without its reshapes every codebook.
+    residual = residual.reshape(rows * frames, -1)
+    picks = []
+    for book in range(start, start + count):
+        product = mx.matmul(residual, books.transposed[book])
+        # product + product: 2.0 * product exactly, without broadcasting 2.0.
+        picked = mx.argmin(books.norms[book] - (product + product), axis=-1)
+        row = books.rows[book][picked]
+        residual = residual - row
+        total = total + row
+        picks.append(picked)
+    return [total, *picks]
+
+
+def compile_rounds(tts: Any, batch_sizes: Sequence[int]) -> None:
+    """Trace and build :class:`Compiled`'s rounds for each of ``batch_sizes`` rows (one
+    frame each): a throwaway key per row, the codes of zero hidden states, evaluated
+    (the fused kernels are built when first run)."""
+
+    from realtime.models.voicechat.keys import SessionKey, drawing_rows
+
+    width = tts.mog_head.proj_logits.weight.shape[-1]
+    for rows in batch_sizes:
+        with drawing_rows([SessionKey(row) for row in range(rows)]):
+            mx.eval(*generate_codes(tts, mx.zeros((2 * rows, 1, width))))
+
+
 def generate_codes(tts: Any, hidden: Any) -> tuple[Any, Any]:
     """The codes for ``hidden`` (all conditional rows, then all unconditional ones, as
     mlx-vlm's ``generate_codes`` takes it) and their code embedding's input sum (what
     ``depthsum_embedding`` gives for them), drawing from the running keys."""
-    import mlx.core as mx
 
-    from realtime.models.voicechat.keys import normal
+    from realtime.models.voicechat.keys import normal, uniform
 
     config = tts.config
     if hidden.shape[0] % 2:
@@ -143,28 +235,15 @@ def generate_codes(tts: Any, hidden: Any) -> tuple[Any, Any]:
     conditional, unconditional = hidden[:half], hidden[half:]
     books = codebooks(tts)
     rows, frames = conditional.shape[:2]
-    flat = rows * frames
-    total = mx.zeros((flat, config.latent_size))
+    total = mx.zeros((rows * frames, config.latent_size))
     chosen: list[Any] = []
-    for start, count in books.plan:
-        embedded = tts.embed_code(total.reshape(rows, frames, -1))
-        mu, logs = tts.mog_head.infer(
-            mx.concatenate([embedded + conditional, embedded + unconditional], axis=0),
-            guidance_scale=config.guidance_scale,
-            top_p=config.top_p,
-        )
-        residual = mu + mx.exp(logs) * normal(mu.shape) * config.noise_scale
-        # (rows, frames, latent) as rows*frames vectors: MLX multiplies a 3-D array
-        # by a matrix as exactly this 2-D product, without its reshapes every codebook.
-        residual = residual.reshape(flat, -1)
-        for book in range(start, start + count):
-            product = mx.matmul(residual, books.transposed[book])
-            # product + product: 2.0 * product exactly, without broadcasting 2.0.
-            picked = mx.argmin(books.norms[book] - (product + product), axis=-1)
-            row = books.rows[book][picked]
-            residual = residual - row
-            total = total + row
-            chosen.append(picked)
+    head = tts.mog_head
+    for refine in compiled(tts).rounds:
+        # The head's component draw, then the residual's (mlx-vlm's order).
+        drawn = uniform((rows, frames, head.num_predictions))
+        noise = normal((rows, frames, head.out_size))
+        total, *picks = refine(total, conditional, unconditional, drawn, noise)
+        chosen.extend(picks)
     codes = mx.stack(chosen, axis=-1).reshape(rows, frames, -1)
     return codes.astype(books.code_dtype), total.reshape(rows, frames, -1)
 
@@ -187,7 +266,6 @@ def previous_sums(
     code set anywhere else, an opening's or a tool response's, is summed afresh), the
     sum of the codec's ``silence`` tokens for ``None`` (a row whose text ended its
     turn speaks silence next), else ``depthsum_embedding``."""
-    import mlx.core as mx
 
     books = codebooks(tts)
     parts = []
@@ -209,7 +287,6 @@ class _CodecTable:
     __slots__ = ("offsets", "table")
 
     def __init__(self, prvq: Any) -> None:
-        import mlx.core as mx
 
         means = prvq.mus_list
         self.table = mx.concatenate(means, axis=0)
@@ -229,7 +306,6 @@ def codec_latents(prvq: Any, codes: Any) -> Any:
     float32 (where a scan's accumulator could be wider than its element), and any
     device but the CPU (an accelerator's scan may add in another order), take the
     quantizer's own ``decode``."""
-    import mlx.core as mx
 
     if (
         prvq.mus_list[0].dtype != mx.float32

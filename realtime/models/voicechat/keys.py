@@ -37,6 +37,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
+import mlx.core as mx
+from mlx_vlm.models.nemotron_voicechat import tts as vlm_tts
+
 _RUNNING: Final = threading.local()
 """The key of the session now running on this thread (MLX work is per thread), or the
 keys of the rows of a batched step, one per conversation in batch order."""
@@ -50,13 +53,11 @@ class SessionKey:
     __slots__ = ("_key",)
 
     def __init__(self, seed: int) -> None:
-        import mlx.core as mx
 
         self._key: Any = mx.random.key(seed)
 
     def next(self) -> Any:
         """The key for one draw; the sequence moves on (MLX's ``KeySequence.next``)."""
-        import mlx.core as mx
 
         self._key, sub = mx.random.split(self._key)
         return sub
@@ -100,7 +101,6 @@ class RowKeys:
 
     def next(self) -> Any:
         """Every row's key for one draw, (rows, 2); each row's sequence moves on."""
-        import mlx.core as mx
 
         if self._stacked is None:
             self._stacked = mx.stack([key._key for key in self._keys])
@@ -118,7 +118,6 @@ class RowKeys:
 @functools.cache
 def _split_rows() -> Callable[[Any], Any]:
     """``mx.random.split`` over a stack of keys, each split as it would be alone."""
-    import mlx.core as mx
 
     return mx.vmap(lambda key: mx.random.split(key))
 
@@ -153,7 +152,6 @@ def _keyed(draw: Callable[..., Any], shape_at: int) -> Callable[..., Any]:
         if isinstance(key, SessionKey):
             kwargs["key"] = key.next()
             return draw(*args, **kwargs)
-        import mlx.core as mx
 
         args_list = list(args)
         if "shape" in kwargs:
@@ -194,7 +192,6 @@ def install(tts_module: types.ModuleType) -> None:
     """Give mlx-vlm's TTS module its keyed ``mx`` (once; idempotent)."""
     if getattr(tts_module, _MARK, False):
         return
-    import mlx.core as mx
 
     current = getattr(tts_module, "mx", None)
     if current is not mx:
@@ -213,15 +210,21 @@ def install(tts_module: types.ModuleType) -> None:
 
 def install_voicechat() -> None:
     """:func:`install` on mlx-vlm's VoiceChat TTS module."""
-    from mlx_vlm.models.nemotron_voicechat import tts
 
-    install(tts)
+    install(vlm_tts)
+
+
+def uniform(shape: Sequence[int]) -> Any:
+    """A uniform draw on [0, 1) of ``shape`` from the running key(s), exactly as the
+    TTS module's own ``mx.random.uniform(shape=shape)`` draws (the MoG head's component,
+    realtime/models/voicechat/codes.py)."""
+
+    return _keyed(mx.random.uniform, shape_at=2)(shape=tuple(shape))
 
 
 def normal(shape: Sequence[int]) -> Any:
     """A standard-normal draw of ``shape`` from the running key(s), exactly as the
     TTS module's own ``mx.random.normal(shape)`` draws (for the frame step's code
     generation, realtime/models/voicechat/codes.py)."""
-    import mlx.core as mx
 
     return _keyed(mx.random.normal, shape_at=0)(tuple(shape))

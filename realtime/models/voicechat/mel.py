@@ -26,6 +26,10 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Any, Final
 
+import mlx.core as mx
+from mlx_audio.stt.models.nemotron_asr.audio import _padded_window
+from mlx_audio.utils import mel_filters
+
 MEL_STATE: Final = (
     "args",
     "lookahead_samples",
@@ -48,7 +52,6 @@ class _Plan:
     __slots__ = ("first", "frame_end", "keep_sample", "key", "last", "samples")
 
     def __init__(self, stream: Any, samples: Any) -> None:
-        import mlx.core as mx
 
         self.samples = samples = mx.array(samples)
         args = stream.args
@@ -83,7 +86,6 @@ def push_frames(streams: Sequence[Any], frames: Sequence[Any]) -> list[Any]:
     computed as one batch (a row laid out unlike the others as a batch of one), any
     other row (a closed stream, an empty or multi-channel chunk, a chunk that emits no
     mel frame) by mlx-audio's own ``push``."""
-    import mlx.core as mx
 
     out: list[Any] = [None] * len(streams)
     plans: list[_Plan | None] = [
@@ -135,9 +137,6 @@ def log_mel_frames(x: Any, args: Any, frame_start: int, frame_end: int) -> Any:
     samples), each row a buffer as that function reads it; returns (rows, frames,
     features). The same operations in the same order on every row; ``pad_to`` and
     normalisation are never set for a streaming front end (mlx-audio refuses them)."""
-    import mlx.core as mx
-    from mlx_audio.stt.models.nemotron_asr.audio import _padded_window
-    from mlx_audio.utils import mel_filters
 
     dtype = x.dtype
     rows, total = x.shape
@@ -179,7 +178,6 @@ def log_mel_frames(x: Any, args: Any, frame_start: int, frame_end: int) -> Any:
 def _edge(inner: Any, width: int, mode: str) -> Any:
     """The padding beside a buffer's edge: ``inner`` (the samples next to the edge,
     ``width`` of them) mirrored for ``reflect``, zeros for ``constant``."""
-    import mlx.core as mx
 
     if mode == "reflect":
         return inner[:, ::-1]

@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import attrs
+import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_flatten
+from mlx_vlm.models.nemotron_voicechat import VoiceChatContextLimitError
+from mlx_vlm.models.nemotron_voicechat.config import ModelConfig
+from mlx_vlm.utils import load as mlx_vlm_load
 
 from realtime.limits import PROMPT_CACHE_BYTES
 from realtime.models.base import (
@@ -51,6 +56,7 @@ from realtime.models.checkpoint import (
 )
 from realtime.models.prompt_cache import CacheFigures
 from realtime.models.voicechat.cast import cast_once
+from realtime.models.voicechat.codes import compile_rounds
 from realtime.models.voicechat.prompt import LanguagePart, Prefill, PromptStates, VoicePart
 
 if TYPE_CHECKING:
@@ -70,8 +76,6 @@ def _gb(n: int) -> str:
 
 def _materialize(model: Any, started: float) -> None:
     """Read the lazily mapped weights in, logging progress by bytes."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
 
     flat = cast("list[tuple[str, Any]]", tree_flatten(model.parameters()))
     params = [value for _, value in flat]
@@ -148,7 +152,6 @@ def checkpoint_figures(path: str | os.PathLike[str]) -> ModelFigures:
     """A checkpoint folder's figures from its ``config.json`` as mlx-vlm reads it
     (its defaults included), without loading any weight: for tools that must know
     them before a server or a model is up (the benchmarks encode audio ahead)."""
-    from mlx_vlm.models.nemotron_voicechat.config import ModelConfig
 
     info = check_model_path(path)
     config = json.loads((info.path / "config.json").read_text("utf-8"))
@@ -257,7 +260,6 @@ class VoiceChatSession:
 
     def row(self, frame: Samples) -> Any:
         """This session's row in a batched frame step."""
-        import mlx.core as mx
 
         from realtime.models.voicechat.step import StepRow
 
@@ -272,7 +274,6 @@ class VoiceChatSession:
         return result
 
     def _reference_push(self, samples: Samples, sample_rate: int) -> list[ModelEvent]:
-        from mlx_vlm.models.nemotron_voicechat import VoiceChatContextLimitError
 
         from realtime.models.voicechat.keys import drawing_from
 
@@ -727,6 +728,11 @@ class VoiceChatModel:
             profile=profile,
         )
 
+    def compile_step(self, batch_sizes: Sequence[int]) -> None:
+        """Trace the TTS's compiled refinement rounds for ``batch_sizes`` rows
+        (:func:`realtime.models.voicechat.codes.compile_rounds`)."""
+        compile_rounds(self._runtime.model.tts_model.tts_model, batch_sizes)
+
     def prompt_cache_figures(self) -> CacheFigures:
         """The prompt cache's bound, contents and counts (``/health``, ``/metrics``)."""
         return self._prompts.store.figures()
@@ -766,7 +772,6 @@ class VoiceChatModel:
         max_seconds: float | None = None,
     ) -> OfflineResult:
         """mlx-vlm's offline path: perceive all audio at once, then decode every frame."""
-        import mlx.core as mx
 
         value = _check_seed(seed)
         max_frames = None
@@ -799,7 +804,6 @@ class VoiceChatModel:
         )
 
     def clear_cache(self) -> None:
-        import mlx.core as mx
 
         # Let queued device work finish first, so a closed session leaves nothing
         # running on MLX's stream worker when its buffers are freed.
@@ -844,7 +848,6 @@ def load_voicechat(
     ``cast_weights`` (the default), the weights that only meet float32 are cast to it
     once here (:mod:`realtime.models.voicechat.cast`; the same bits, fewer casts a frame).
     """
-    from mlx_vlm.utils import load as mlx_vlm_load
 
     info = info or check_model_path(path)
     started = time.perf_counter()

@@ -43,7 +43,14 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+import attrs
+import mlx.core as mx
 import numpy as np
+from mlx_audio.codec.models.nemotron_voicechat import CausalConv1dCache
+from mlx_audio.stt.models.nemotron_asr import streaming as conformer
+from mlx_audio.stt.models.nemotron_asr import tokenizer as rnnt_tokenizer
+from mlx_audio.stt.models.nemotron_asr.audio import log_mel_spectrogram
+from mlx_vlm.models.cache import ArraysCache, KVCache
 
 from realtime.models.base import (
     AssistantTextDelta,
@@ -147,7 +154,6 @@ class _RowsKV:
     def __init__(self, caches: Sequence[Any], rows_each: int) -> None:
         self._caches = caches
         self._rows_each = rows_each
-        import mlx.core as mx
 
         self.offset = mx.array(
             [int(cache.offset) for _ in range(rows_each) for cache in caches], dtype=mx.int32
@@ -159,7 +165,6 @@ class _RowsKV:
         return size if limit is None else min(size, int(limit))
 
     def make_mask(self, n: int, **_: Any) -> Any:
-        import mlx.core as mx
 
         sizes = [self._size_after(cache, n) for cache in self._caches]
         longest = max(sizes)
@@ -172,7 +177,6 @@ class _RowsKV:
         return (positions >= starts[:, None])[:, None, None, :]
 
     def update_and_fetch(self, keys: Any, values: Any) -> tuple[Any, Any]:
-        import mlx.core as mx
 
         count = len(self._caches)
         fetched_k: list[Any] = []
@@ -202,8 +206,6 @@ class _RowsKV:
 
 def _stacked_arrays(caches: Sequence[Any]) -> Any:
     """One ArraysCache (Mamba conv and SSM states) holding every row's, stacked."""
-    import mlx.core as mx
-    from mlx_vlm.models.cache import ArraysCache
 
     first = caches[0]
     batch = ArraysCache(size=len(first.cache))
@@ -228,7 +230,6 @@ def _language(rows: Sequence[StepRow], fused: Any) -> tuple[Any, Any]:
     """The language model over ``rows`` (one batch per group of rows whose recurrent
     states exist: a session's first step starts them), each row's caches advanced;
     the text and function logits of the new position, (rows, vocabulary) each."""
-    import mlx.core as mx
 
     started = [row.inner._timeline_index > 0 for row in rows]
     if all(started) or not any(started):
@@ -245,7 +246,6 @@ def _language(rows: Sequence[StepRow], fused: Any) -> tuple[Any, Any]:
 
 
 def _language_batch(rows: Sequence[StepRow], fused: Any) -> Any:
-    from mlx_vlm.models.cache import KVCache
 
     model = rows[0].inner.model.stt_model
     if len(rows) == 1:
@@ -271,7 +271,6 @@ def _subwords(tts: Any, ids: Any) -> Any:
     """The TTS's conditioning for each row's text token: its character encoder over
     groups of rows whose tokens spell equally many characters (no padding, so each row
     gets what it gets alone)."""
-    import mlx.core as mx
 
     encoder = tts.embed_subword
     table = encoder._subword_to_chars
@@ -296,7 +295,6 @@ def _tts(
     and its codes from :func:`realtime.models.voicechat.codes.generate_codes`;
     ``previous`` is each row's previous codes (None: silence, its text ended the turn).
     The new codes, (rows, 1, codebooks), and their code embedding sums."""
-    import mlx.core as mx
 
     from realtime.models.voicechat.keys import drawing_rows
 
@@ -323,8 +321,6 @@ def _codec(rows: Sequence[StepRow], clean: Any) -> list[Any]:
     its quantizer's latents, here :func:`~realtime.models.voicechat.codes.codec_latents`,
     then ``decode_latents``), one batch per group of rows whose caches hold the same
     layers (a conversation's first frame starts its cache)."""
-    import mlx.core as mx
-    from mlx_audio.codec.models.nemotron_voicechat import CausalConv1dCache
 
     codec = rows[0].inner.model.tts_model.audio_codec
     samples: list[Any] = [None] * len(rows)
@@ -380,11 +376,8 @@ def _perceive(rows: Sequence[StepRow]) -> tuple[list[Any], list[Any]]:
     runs once for each group of rows whose streaming states are equally far (a
     conversation older than its attention's left context, 70 encoder frames, shares
     its shapes with every other such one), else per row as mlx-audio's push."""
-    import mlx.core as mx
-    from mlx_audio.stt.models.nemotron_asr import streaming as conformer
 
-    first = rows[0].inner
-    proj = first.model.stt_model.perception.proj
+    proj = rows[0].inner.model.stt_model.perception.proj
     mels = push_frames([row.inner._mel_stream for row in rows], [row.frame for row in rows])
     plans = [
         _chunk_plan(row.inner._conformer_stream, mel) for row, mel in zip(rows, mels, strict=True)
@@ -395,66 +388,85 @@ def _perceive(rows: Sequence[StepRow]) -> tuple[list[Any], list[Any]]:
     ):
         if plans[members[0]] is None:  # a chunk this step does not cut: mlx-audio's push
             i = members[0]
-            chunks = rows[i].inner._conformer_stream.push(mels[i], emit_partial=True)
-            if len(chunks) != 1 or chunks[0].shape[1] != 1:
-                raise RuntimeError(
-                    "cached perception did not emit exactly one encoder frame: "
-                    f"mel={tuple(mels[i].shape)}, encoded={[tuple(c.shape) for c in chunks]}"
-                )
-            encoded[i] = chunks[0]
+            encoded[i] = _pushed(rows[i].inner._conformer_stream, mels[i])
             continue
         streams = [rows[i].inner._conformer_stream for i in members]
-        lead = streams[0]
-        windows = [
-            mels[i] if s.mel_cache is None else mx.concatenate([s.mel_cache, mels[i]], axis=1)
-            for i, s in zip(members, streams, strict=True)
-        ]
-        win = _stacked(windows)
-        width = win.shape[1]
-        # The widths as a Python list: pre_encode reads each with int(), which on an MLX
-        # array is an evaluation (a wait on the device) per row.
-        sub = lead.encoder.pre_encode(win, [width] * len(members))[0]
-        factor = lead.subsampling_factor
-        cache_len = 0 if lead.mel_cache is None else lead.mel_cache.shape[1]
-        base = (lead.consumed - cache_len) // factor
-        lo, hi = lead.emitted - base, sub.shape[1]
-        end = lead.consumed + mels[members[0]].shape[1]
-        keep = conformer._PRE_ENCODE_MEL_CACHE + (end - conformer._PRE_ENCODE_MEL_CACHE) % factor
-        if hi - lo != 1:
-            raise RuntimeError(f"cached perception would emit {hi - lo} encoder frames, not one")
-        for position, s in enumerate(streams):
-            row_base = (s.consumed - cache_len) // factor
-            s.consumed += mels[members[position]].shape[1]
-            s.mel_cache = windows[position][:, -keep:]
-            s.emitted = row_base + hi
-        h = sub[:, lo:hi]
-        for layer, block in enumerate(lead.encoder.layers):
-            attn = [s.attn_cache[layer] for s in streams]
-            conv = [s.conv_cache[layer] for s in streams]
-            h, attn_next, conv_next = conformer._stream_block(
-                block,
-                h,
-                lead.encoder.pos_enc,
-                None if attn[0] is None else _stacked(attn),
-                None if conv[0] is None else _stacked(conv),
-                lead.left_cache,
-                lead.conv_left,
-            )
-            for position, s in enumerate(streams):
-                s.attn_cache[layer] = _row(attn_next, position, len(streams))
-                s.conv_cache[layer] = _row(conv_next, position, len(streams))
+        h = _conformer_blocks(streams, _pre_encoded(streams, [mels[i] for i in members]))
         for position, i in enumerate(members):
             encoded[i] = _row(h, position, len(members))
-    audio = encoded[0] if len(rows) == 1 else mx.concatenate(encoded, axis=0)
-    projected = proj(audio)
-    return encoded, [projected[i : i + 1] for i in range(len(rows))] if len(rows) > 1 else [
-        projected
+    if len(rows) == 1:
+        return encoded, [proj(encoded[0])]
+    projected = proj(mx.concatenate(encoded, axis=0))
+    return encoded, [projected[i : i + 1] for i in range(len(rows))]
+
+
+def _pushed(stream: Any, mel: Any) -> Any:
+    """One row's encoder frame through mlx-audio's own streaming ``push``."""
+    chunks = stream.push(mel, emit_partial=True)
+    if len(chunks) != 1 or chunks[0].shape[1] != 1:
+        raise RuntimeError(
+            "cached perception did not emit exactly one encoder frame: "
+            f"mel={tuple(mel.shape)}, encoded={[tuple(c.shape) for c in chunks]}"
+        )
+    return chunks[0]
+
+
+def _pre_encoded(streams: Sequence[Any], mels: Sequence[Any]) -> Any:
+    """The conformer's subsampling for a group of equally far ``streams`` (each with
+    its cached mel tail before its new ``mels``): the one new subsampled frame of each,
+    stacked; each stream's mel tail and counters move on."""
+
+    lead = streams[0]
+    windows = [
+        mel if s.mel_cache is None else mx.concatenate([s.mel_cache, mel], axis=1)
+        for mel, s in zip(mels, streams, strict=True)
     ]
+    win = _stacked(windows)
+    width = win.shape[1]
+    # The widths as a Python list: pre_encode reads each with int(), which on an MLX
+    # array is an evaluation (a wait on the device) per row.
+    sub = lead.encoder.pre_encode(win, [width] * len(streams))[0]
+    factor = lead.subsampling_factor
+    cache_len = 0 if lead.mel_cache is None else lead.mel_cache.shape[1]
+    base = (lead.consumed - cache_len) // factor
+    lo, hi = lead.emitted - base, sub.shape[1]
+    end = lead.consumed + mels[0].shape[1]
+    keep = conformer._PRE_ENCODE_MEL_CACHE + (end - conformer._PRE_ENCODE_MEL_CACHE) % factor
+    if hi - lo != 1:
+        raise RuntimeError(f"cached perception would emit {hi - lo} encoder frames, not one")
+    for position, s in enumerate(streams):
+        row_base = (s.consumed - cache_len) // factor
+        s.consumed += mels[position].shape[1]
+        s.mel_cache = windows[position][:, -keep:]
+        s.emitted = row_base + hi
+    return sub[:, lo:hi]
+
+
+def _conformer_blocks(streams: Sequence[Any], h: Any) -> Any:
+    """The conformer's blocks over a group's subsampled frames ``h``, each stream's
+    attention and convolution caches read stacked and written back per row."""
+
+    lead = streams[0]
+    for layer, block in enumerate(lead.encoder.layers):
+        attn = [s.attn_cache[layer] for s in streams]
+        conv = [s.conv_cache[layer] for s in streams]
+        h, attn_next, conv_next = conformer._stream_block(
+            block,
+            h,
+            lead.encoder.pos_enc,
+            None if attn[0] is None else _stacked(attn),
+            None if conv[0] is None else _stacked(conv),
+            lead.left_cache,
+            lead.conv_left,
+        )
+        for position, s in enumerate(streams):
+            s.attn_cache[layer] = _row(attn_next, position, len(streams))
+            s.conv_cache[layer] = _row(conv_next, position, len(streams))
+    return h
 
 
 def _stacked(parts: Sequence[Any]) -> Any:
     """``parts`` as one batch (one part as it is: no copy in the graph)."""
-    import mlx.core as mx
 
     return parts[0] if len(parts) == 1 else mx.concatenate(list(parts), axis=0)
 
@@ -470,7 +482,6 @@ def _predict(lstm: Any, inputs: Any, hidden: tuple[Any, Any] | None) -> tuple[An
     input time-major, which MLX reads as (batch, time), so it steps one row only (for
     one row the two layouts are the same array). Returns the top layer's output and
     the new (h, c), each (layers, rows, width), as the wrapper does."""
-    import mlx.core as mx
 
     outputs = inputs
     next_h: list[Any] = []
@@ -487,75 +498,111 @@ def _predict(lstm: Any, inputs: Any, hidden: tuple[Any, Any] | None) -> tuple[An
     return outputs, (mx.stack(next_h, axis=0), mx.stack(next_c, axis=0))
 
 
-def _transcribe(rows: Sequence[StepRow], encoded: Sequence[Any]) -> list[tuple[str, str] | None]:
-    """Each row's user-transcript update for its encoder frame, as mlx-vlm's
-    ``_RNNTState.step`` gives it, with the rows' greedy RNN-T steps batched: each round
-    runs the prediction network and joint once for every row still emitting (one wait
-    on the device, not one per row) and a row leaves at its blank or its
-    ``max_symbols``. Rows whose predictor has no state yet (a conversation's first
-    symbols) run as a group of their own, as mlx-vlm starts that state (no recurrent
-    term); a blank's input is the zero embedding mlx-vlm uses."""
-    import mlx.core as mx
-    from mlx_audio.stt.models.nemotron_asr import tokenizer as rnnt_tokenizer
+@attrs.frozen(slots=True)
+class _Round:
+    """One greedy RNN-T round built for the rows still emitting (``active``): each
+    one's best symbol (``picks``, stacked, not yet read) and the predictor state it
+    would move to."""
+
+    active: list[int]
+    picks: Any
+    proposed: dict[int, tuple[Any, Any]]
+
+
+def _rnnt_round(rows: Sequence[StepRow], encoded: Sequence[Any], active: list[int]) -> _Round:
+    """Build one round for ``active``: the prediction network and joint once for every
+    such row, rows whose predictor has no state yet (a conversation's first symbols)
+    as a group of their own, as mlx-vlm starts that state (no recurrent term); a
+    blank's input is the zero embedding mlx-vlm uses."""
 
     first = rows[0].inner
-    config = first.model.config
-    vocabulary = config.rnnt_vocabulary
-    if not vocabulary:
-        return [None] * len(rows)
     stt = first.model.stt_model
     embed, lstm = stt.rnnt_decoder.prediction["embed"], stt.rnnt_decoder.prediction["dec_rnn"]
-    joint, blank = stt.rnnt_joint, config.rnnt_blank_id
-    limit = config.audio_config.max_symbols
+    blank = first.model.config.rnnt_blank_id
+    states = [row.inner._rnnt for row in rows]
+    chosen: dict[int, Any] = {}
+    proposed: dict[int, tuple[Any, Any]] = {}
+    for members in groups(active, lambda i: states[i].hidden is None):
+        inputs = [
+            embed(mx.array([[states[i].last_token]], dtype=mx.int32))
+            if states[i].last_token != blank
+            else mx.zeros((1, 1, lstm.hidden_size))
+            for i in members
+        ]
+        hidden = states[members[0]].hidden
+        if hidden is not None and len(members) > 1:
+            hidden = tuple(
+                mx.concatenate([states[i].hidden[part] for i in members], axis=1)
+                for part in range(2)
+            )
+        prediction, (h, c) = _predict(
+            lstm, inputs[0] if len(members) == 1 else mx.concatenate(inputs, axis=0), hidden
+        )
+        frames = (
+            encoded[members[0]]
+            if len(members) == 1
+            else mx.concatenate([encoded[i] for i in members], axis=0)
+        )
+        logits = stt.rnnt_joint(frames, prediction.astype(frames.dtype))
+        best = mx.argmax(logits.reshape(len(members), -1), axis=-1)
+        for position, i in enumerate(members):
+            chosen[i] = best[position]
+            proposed[i] = (h[:, position : position + 1], c[:, position : position + 1])
+    return _Round(active, mx.stack([chosen[i] for i in active]), proposed)
+
+
+def _first_round(rows: Sequence[StepRow], encoded: Sequence[Any]) -> _Round | None:
+    """The frame's first RNN-T round for every row (None: the model has no RNN-T),
+    built before the frame's final evaluation and evaluated with it, so the round
+    every frame runs costs no wait of its own."""
+    if not rows[0].inner.model.config.rnnt_vocabulary:
+        return None
+    return _rnnt_round(rows, encoded, list(range(len(rows))))
+
+
+def _take_round(
+    rows: Sequence[StepRow], encoded: Sequence[Any], built: _Round, emitted: list[int]
+) -> list[int]:
+    """Apply a round's picks to the rows' RNN-T states (a blank or ``max_symbols``
+    ends a row's frame); the rows still emitting."""
+
+    config = rows[0].inner.model.config
+    blank, limit = config.rnnt_blank_id, config.audio_config.max_symbols
+    values = np.asarray(built.picks).reshape(-1).tolist()
+    still: list[int] = []
+    for i, token in zip(built.active, values, strict=True):
+        if token == blank:
+            continue
+        state = rows[i].inner._rnnt
+        state.last_token = token
+        dtype = encoded[i].dtype
+        state.hidden = tuple(value.astype(dtype) for value in built.proposed[i])
+        if not rnnt_tokenizer.is_special_token(token, config.rnnt_vocabulary):
+            state.tokens.append(token)
+        emitted[i] += 1
+        if emitted[i] < limit:
+            still.append(i)
+    return still
+
+
+def _transcribe(
+    rows: Sequence[StepRow], encoded: Sequence[Any], first: _Round | None
+) -> list[tuple[str, str] | None]:
+    """Each row's user-transcript update for its encoder frame, as mlx-vlm's
+    ``_RNNTState.step`` gives it, with the rows' greedy RNN-T steps batched: ``first``
+    (:func:`_first_round`, already evaluated), then a round for every row still
+    emitting (one wait on the device each, not one per row) until each row's blank
+    or ``max_symbols``."""
+
+    if first is None:
+        return [None] * len(rows)
+    vocabulary = rows[0].inner.model.config.rnnt_vocabulary
     states = [row.inner._rnnt for row in rows]
     before = [len(state.tokens) for state in states]
     emitted = [0] * len(rows)
-    active = list(range(len(rows)))
+    active = _take_round(rows, encoded, first, emitted)
     while active:
-        chosen: dict[int, Any] = {}
-        proposed: dict[int, tuple[Any, Any]] = {}
-        for members in groups(active, lambda i: states[i].hidden is None):
-            inputs = [
-                embed(mx.array([[states[i].last_token]], dtype=mx.int32))
-                if states[i].last_token != blank
-                else mx.zeros((1, 1, lstm.hidden_size))
-                for i in members
-            ]
-            hidden = states[members[0]].hidden
-            if hidden is not None and len(members) > 1:
-                hidden = tuple(
-                    mx.concatenate([states[i].hidden[part] for i in members], axis=1)
-                    for part in range(2)
-                )
-            prediction, (h, c) = _predict(
-                lstm, inputs[0] if len(members) == 1 else mx.concatenate(inputs, axis=0), hidden
-            )
-            frames = (
-                encoded[members[0]]
-                if len(members) == 1
-                else mx.concatenate([encoded[i] for i in members], axis=0)
-            )
-            logits = joint(frames, prediction.astype(frames.dtype))
-            best = mx.argmax(logits.reshape(len(members), -1), axis=-1)
-            for position, i in enumerate(members):
-                chosen[i] = best[position]
-                proposed[i] = (h[:, position : position + 1], c[:, position : position + 1])
-        picks = [chosen[i] for i in active]
-        values = np.asarray(mx.stack(picks)).reshape(-1).tolist()
-        still: list[int] = []
-        for i, token in zip(active, values, strict=True):
-            if token == blank:
-                continue
-            state = states[i]
-            state.last_token = token
-            dtype = encoded[i].dtype
-            state.hidden = tuple(value.astype(dtype) for value in proposed[i])
-            if not rnnt_tokenizer.is_special_token(token, vocabulary):
-                state.tokens.append(token)
-            emitted[i] += 1
-            if emitted[i] < limit:
-                still.append(i)
-        active = still
+        active = _take_round(rows, encoded, _rnnt_round(rows, encoded, active), emitted)
     out: list[tuple[str, str] | None] = []
     for state, count in zip(states, before, strict=True):
         if len(state.tokens) == count:
@@ -579,7 +626,6 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
     return each row's events. The caller keeps rows at their ``max_streaming_seconds``
     out (ContextLimitReached here, before any work, if one is not); any other exception
     means every row's state may be partly advanced."""
-    import mlx.core as mx
 
     for row in rows:
         inner = row.inner
@@ -588,47 +634,91 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
                 f"stream exceeded the configured {inner.max_frames}-frame context"
             )
     first = rows[0].inner
-    model, config = first.model, first.config
-    pad = config.pad_token_id
-
     # Perception (batched where the rows' streaming states allow); the language
     # model's input for every row at once.
     encoded, projected = _perceive(rows)
     fresh = [row.inner._timeline_index == 0 for row in rows]
     """A session opened with no system prompt has run no timeline step yet: its first
     frame reads pad on both channels and speaks the codec's silence (no TTS step)."""
-    previous_text = mx.array(
-        [
-            [pad if new else row.inner._text_tokens[-1]]
-            for row, new in zip(rows, fresh, strict=True)
-        ],
-        dtype=mx.int32,
-    )
-    previous_function = mx.array(
-        [
-            [pad if new else row.inner._function_tokens[-1]]
-            for row, new in zip(rows, fresh, strict=True)
-        ],
-        dtype=mx.int32,
-    )
-    audio = projected[0] if len(rows) == 1 else mx.concatenate(projected, axis=0)
-    fused = (
-        model.stt_model.embed_tokens(previous_text)
-        + audio
-        + config.function_channel_weight * model.stt_model.embed_tokens(previous_function)
-    )
-    text_logits, function_logits = _language(rows, fused)
+    text_logits, function_logits = _language(rows, _language_input(rows, projected, fresh))
     text_ids = mx.argmax(text_logits, axis=-1)
     function_ids = mx.argmax(function_logits, axis=-1)
     mx.async_eval(text_ids, function_ids)  # type: ignore[no-untyped-call]
 
-    # The user transcript (host-driven, a sync per round of symbols) while that computes.
-    heard = _transcribe(rows, encoded)
-
     texts = [int(t) for t in np.asarray(text_ids).reshape(-1)]
     functions = [int(f) for f in np.asarray(function_ids).reshape(-1)]
-    silence_tokens = model.tts_model.codec_silence_tokens
-    silence = silence_tokens[None, None, :]
+    codes, spoken = _speak(rows, texts, fresh)
+    clean = first.parent._replace_control_codes(codes)
+    samples = _codec(rows, clean)
+    state: list[Any] = []
+    for row in rows:
+        state += _conformer_state(row.inner)
+    # The user transcript's first round rides on the final evaluation; only rows that
+    # emitted a symbol in it run more rounds (a wait each), after it.
+    first_round = _first_round(rows, encoded)
+    mx.eval(codes, clean, *samples, *state, *([] if first_round is None else [first_round.picks]))
+    heard = _transcribe(rows, encoded, first_round)
+
+    clean_rows = np.asarray(clean).reshape(len(rows), -1)
+    eos = first.config.eos_token_id
+    out: list[list[ModelEvent]] = []
+    for i, row in enumerate(rows):
+        inner = row.inner
+        index = inner._frame_index
+        inner._text_tokens.append(texts[i])
+        inner._function_tokens.append(functions[i])
+        if i in spoken:
+            inner._previous_code = spoken[i]
+        inner._timeline_index += 1
+        inner._frame_index += 1
+        events = _text_events(inner, index, heard[i], texts[i], functions[i])
+        events.append(
+            AudioDelta(
+                frame_index=index,
+                samples=_samples(samples[i], figures),
+                audio_codes=tuple(int(c) for c in clean_rows[i].tolist()),
+                sample_rate=figures.output_sample_rate,
+                end_of_turn=texts[i] == eos,
+            )
+        )
+        out.append(events)
+    return out
+
+
+def _language_input(rows: Sequence[StepRow], projected: Sequence[Any], fresh: list[bool]) -> Any:
+    """The language model's input for every row: its previous text and function tokens'
+    embeddings (pad for a fresh row) fused with its audio projection."""
+
+    first = rows[0].inner
+    model, config = first.model, first.config
+    pad = config.pad_token_id
+
+    def previous(tokens: Callable[[Any], list[int]]) -> Any:
+        return mx.array(
+            [[pad if new else tokens(row.inner)[-1]] for row, new in zip(rows, fresh, strict=True)],
+            dtype=mx.int32,
+        )
+
+    previous_text = previous(lambda inner: inner._text_tokens)
+    previous_function = previous(lambda inner: inner._function_tokens)
+    audio = projected[0] if len(rows) == 1 else mx.concatenate(list(projected), axis=0)
+    return (
+        model.stt_model.embed_tokens(previous_text)
+        + audio
+        + config.function_channel_weight * model.stt_model.embed_tokens(previous_function)
+    )
+
+
+def _speak(
+    rows: Sequence[StepRow], texts: list[int], fresh: list[bool]
+) -> tuple[Any, dict[int, Any]]:
+    """Every row's codes for this frame, (rows, 1, codebooks): the TTS's for the rows
+    that speak (all but fresh ones, whose first frame is the codec's silence), and
+    those rows' codes by row."""
+
+    first = rows[0].inner
+    config = first.config
+    silence_tokens = first.model.tts_model.codec_silence_tokens
     speaking = [i for i, new in enumerate(fresh) if not new]
     spoken: dict[int, Any] = {}
     if speaking:
@@ -644,61 +734,32 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
         for n, i in enumerate(speaking):
             spoken[i] = codes_now[n : n + 1]
             remember(rows[i].inner, spoken[i], sums[n : n + 1])
-        codes = codes_now if len(speaking) == len(rows) else None
-    if len(speaking) != len(rows):
-        codes = mx.concatenate(
-            [spoken[i] if i in spoken else silence.astype(mx.int32) for i in range(len(rows))],
-            axis=0,
-        )
-    assert codes is not None
-    clean = first.parent._replace_control_codes(codes)
-    samples = _codec(rows, clean)
-    state: list[Any] = []
-    for row in rows:
-        state += _conformer_state(row.inner)
-    mx.eval(codes, clean, *samples, *state)
+        if len(speaking) == len(rows):
+            return codes_now, spoken
+    silence = silence_tokens[None, None, :].astype(mx.int32)
+    codes = mx.concatenate([spoken.get(i, silence) for i in range(len(rows))], axis=0)
+    return codes, spoken
 
-    clean_rows = np.asarray(clean).reshape(len(rows), -1)
-    out: list[list[ModelEvent]] = []
-    for i, row in enumerate(rows):
-        inner = row.inner
-        index = inner._frame_index
-        inner._text_tokens.append(texts[i])
-        inner._function_tokens.append(functions[i])
-        if i in spoken:
-            inner._previous_code = spoken[i]
-        inner._timeline_index += 1
-        inner._frame_index += 1
-        events: list[ModelEvent] = []
-        transcript = heard[i]
-        if transcript is not None:
-            delta, text = transcript
-            events.append(UserTranscriptDelta(frame_index=index, delta=delta, transcript=text))
-        update = inner._text.append(texts[i])
-        if update is not None:
-            events.append(
-                AssistantTextDelta(
-                    frame_index=index, token_id=texts[i], delta=update[0], text=update[1]
-                )
-            )
-        update = inner._function.append(functions[i])
-        if update is not None:
-            events.append(
-                FunctionDelta(
-                    frame_index=index, token_id=functions[i], delta=update[0], text=update[1]
-                )
-            )
+
+def _text_events(
+    inner: Any, index: int, heard: tuple[str, str] | None, text: int, function: int
+) -> list[ModelEvent]:
+    """A row's user transcript, assistant text and function channel events for frame
+    ``index``, in that order (its tokens already appended to its channels' decoders)."""
+    events: list[ModelEvent] = []
+    if heard is not None:
+        events.append(UserTranscriptDelta(frame_index=index, delta=heard[0], transcript=heard[1]))
+    update = inner._text.append(text)
+    if update is not None:
         events.append(
-            AudioDelta(
-                frame_index=index,
-                samples=_samples(samples[i], figures),
-                audio_codes=tuple(int(c) for c in clean_rows[i].tolist()),
-                sample_rate=figures.output_sample_rate,
-                end_of_turn=texts[i] == config.eos_token_id,
-            )
+            AssistantTextDelta(frame_index=index, token_id=text, delta=update[0], text=update[1])
         )
-        out.append(events)
-    return out
+    update = inner._function.append(function)
+    if update is not None:
+        events.append(
+            FunctionDelta(frame_index=index, token_id=function, delta=update[0], text=update[1])
+        )
+    return events
 
 
 def float_samples(samples: Any) -> Samples:
@@ -710,7 +771,6 @@ def float_samples(samples: Any) -> Samples:
     (a fresh buffer, filled by MLX moments before, copied cold). Anything else
     (another dtype, a list) is converted.
     """
-    import mlx.core as mx
 
     if isinstance(samples, mx.array) and samples.dtype == mx.float32:
         view: Samples = np.asarray(samples).reshape(-1)
@@ -750,8 +810,6 @@ def tool_response_text(output: str) -> str:
 def _encoded_silence(model: Any) -> Any:
     """The perception of one second of silence, frame 0: the user-audio input of every
     inserted tool-response step, as NVIDIA's wrapper feeds it."""
-    import mlx.core as mx
-    from mlx_audio.stt.models.nemotron_asr.audio import log_mel_spectrogram
 
     config = model.config
     zeros = mx.zeros((int(config.input_sample_rate),), dtype=mx.float32)
@@ -774,7 +832,6 @@ def inserted_step(row: StepRow, forced_function: int | None) -> int:
     (after the response it is trained to say ``<SPECIAL_22>``, end of response); the TTS
     steps on PAD (its cache follows the timeline) and nothing is heard. Returns the
     function token recorded."""
-    import mlx.core as mx
 
     from realtime.models.voicechat.keys import drawing_from
 
