@@ -642,48 +642,16 @@ class Engine:
     # --- the engine thread ----------------------------------------------------
 
     def _run(self) -> None:
-        started = time.perf_counter()
-        try:
-            self._model = self._loader()
-        except BaseException as exc:
-            self._die(f"model failed to load: {_describe(exc)}")
-            self._loaded.set_exception(exc)
+        if not self._load():
             return
-        log.info(
-            "model %s ready on thread %s in %.2f s",
-            self._model.model_id,
-            threading.current_thread().name,
-            time.perf_counter() - started,
-        )
-        self._frame_seconds = self._model.figures.frame_seconds
-        try:
-            self._start_up()
-        except BaseException as exc:
-            self._die(f"model failed to start: {_describe(exc)}")
-            self._loaded.set_exception(exc)
-            return
-        self._loaded.set_result(self._model)
         entries: list[Entry[str, _Queued]] = []
         try:
             while self._dead_reason is None:
-                wait: float | None = None
-                with self._state_lock:
-                    if not self._halting:
-                        wait = self._gather_wait(time.monotonic())
-                    if wait is None:
-                        entries = self._pop()
-                if wait is not None:
-                    # A frame that will join this batch is on its way; any command
-                    # submitted meanwhile wakes the thread to look again.
-                    try:
-                        self._halting = self._wake.get(timeout=wait) is _STOP or self._halting
-                    except queue.Empty:
-                        pass
-                    continue
+                work = self._await_work()
+                if work is None:
+                    break
+                entries = work
                 if not entries:
-                    if self._halting:
-                        break
-                    self._halting = self._wake.get() is _STOP or self._halting
                     continue
                 if isinstance(entries[0].item.command, Push):
                     self._step_frames(entries)
@@ -698,16 +666,72 @@ class Engine:
             for entry in entries:
                 _settle(entry.item.future, exception=self._dead_error(entry.item.command, reason))
         finally:
-            with self._state_lock:
-                left = self._scheduler.drain()
-            for queued in left:
-                if queued.item.opening is not None:
-                    queued.item.opening.abandon()
-                _settle(queued.item.future, exception=self._dead_error(queued.item.command, None))
-            for session_id in list(self._sessions):
-                self._drop(session_id)
-            with self._state_lock:
-                self._reserved.clear()
+            self._abandon_left()
+
+    def _load(self) -> bool:
+        """Load the model and start it up; whether the engine is ready (a failure has
+        killed the engine and reached ``start`` through ``_loaded``)."""
+        started = time.perf_counter()
+        try:
+            self._model = self._loader()
+        except BaseException as exc:
+            self._die(f"model failed to load: {_describe(exc)}")
+            self._loaded.set_exception(exc)
+            return False
+        log.info(
+            "model %s ready on thread %s in %.2f s",
+            self._model.model_id,
+            threading.current_thread().name,
+            time.perf_counter() - started,
+        )
+        self._frame_seconds = self._model.figures.frame_seconds
+        try:
+            self._start_up()
+        except BaseException as exc:
+            self._die(f"model failed to start: {_describe(exc)}")
+            self._loaded.set_exception(exc)
+            return False
+        self._loaded.set_result(self._model)
+        return True
+
+    def _await_work(self) -> list[Entry[str, _Queued]] | None:
+        """The next entries to run; ``[]`` after waiting for a wake-up (look again),
+        None once halting with nothing left to run."""
+        wait: float | None = None
+        entries: list[Entry[str, _Queued]] = []
+        with self._state_lock:
+            if not self._halting:
+                wait = self._gather_wait(time.monotonic())
+            if wait is None:
+                entries = self._pop()
+        if wait is not None:
+            # A frame that will join this batch is on its way; any command
+            # submitted meanwhile wakes the thread to look again.
+            try:
+                self._halting = self._wake.get(timeout=wait) is _STOP or self._halting
+            except queue.Empty:
+                pass
+            return []
+        if not entries:
+            if self._halting:
+                return None
+            self._halting = self._wake.get() is _STOP or self._halting
+            return []
+        return entries
+
+    def _abandon_left(self) -> None:
+        """As the engine thread ends: every queued command fails with the engine's
+        death, every session is dropped and every reservation released."""
+        with self._state_lock:
+            left = self._scheduler.drain()
+        for queued in left:
+            if queued.item.opening is not None:
+                queued.item.opening.abandon()
+            _settle(queued.item.future, exception=self._dead_error(queued.item.command, None))
+        for session_id in list(self._sessions):
+            self._drop(session_id)
+        with self._state_lock:
+            self._reserved.clear()
 
     # --- start-up ---------------------------------------------------------------
 
@@ -956,22 +980,7 @@ class Engine:
         row's future gets its own :class:`Step` or error, and each frame is counted
         against its own deadline."""
         began = time.perf_counter()
-        rows: list[tuple[Entry[str, _Queued], Frame]] = []
-        for entry in entries:
-            item, command = entry.item, entry.item.command
-            assert isinstance(command, Push)
-            if not item.future.set_running_or_notify_cancel():
-                continue
-            self._observer.command_started("push")
-            if self._stopped(command):
-                self._skip(item, began)  # a cancel or disconnect: queued audio must not run
-                continue
-            try:
-                session = self._session(command.session_id, "push")
-            except EngineError as exc:
-                self._skip(item, began, exc)
-                continue
-            rows.append((entry, (session, command.samples, command.sample_rate)))
+        rows = self._runnable_rows(entries, began)
         if not rows:
             return
         with self._beating(tuple(entry.item for entry, _ in rows)) as timing:
@@ -995,6 +1004,29 @@ class Engine:
             self._observer.command_finished("push", time.perf_counter() - began)
         for entry, step, error in outcomes:
             _settle(entry.item.future, result=step, exception=error)
+
+    def _runnable_rows(
+        self, entries: list[Entry[str, _Queued]], began: float
+    ) -> list[tuple[Entry[str, _Queued], Frame]]:
+        """The entries' frames that run, each with its session; a cancelled future is
+        left alone, a stopped or unknown session's frame is settled at once."""
+        rows: list[tuple[Entry[str, _Queued], Frame]] = []
+        for entry in entries:
+            item, command = entry.item, entry.item.command
+            assert isinstance(command, Push)
+            if not item.future.set_running_or_notify_cancel():
+                continue
+            self._observer.command_started("push")
+            if self._stopped(command):
+                self._skip(item, began)  # a cancel or disconnect: queued audio must not run
+                continue
+            try:
+                session = self._session(command.session_id, "push")
+            except EngineError as exc:
+                self._skip(item, began, exc)
+                continue
+            rows.append((entry, (session, command.samples, command.sample_rate)))
+        return rows
 
     def _skip(self, item: _Queued, began: float, error: EngineError | None = None) -> None:
         """A frame that does not run: ``None`` (stopped) or its error, at once."""
