@@ -92,31 +92,11 @@ def push_frames(streams: Sequence[Any], frames: Sequence[Any]) -> list[Any]:
         _Plan(stream, frame) if _batchable(stream, frame) else None
         for stream, frame in zip(streams, frames, strict=True)
     ]
-    batches: dict[Hashable, list[int]] = {}
-    for i, plan in enumerate(plans):
-        if plan is None or plan.frame_end <= streams[i]._next_frame:
-            continue
-        batches.setdefault(plan.key, []).append(i)
     retained: list[Any] = []
-    for members in batches.values():
-        windows = []
-        for i in members:
-            stream, plan = streams[i], plans[i]
-            assert plan is not None
-            buffered = stream._samples
-            stream._samples = (
-                plan.samples if buffered.shape[0] == 0 else mx.concatenate([buffered, plan.samples])
-            )
-            stream._total_samples += plan.samples.shape[0]
-            stream._next_frame = plan.frame_end
-            windows.append(stream._samples)
-            trim = plan.keep_sample - stream._buffer_start
-            if trim > 0:
-                stream._samples = stream._samples[trim:]
-                stream._buffer_start = plan.keep_sample
-                retained.append(stream._samples)
+    for members in _batches(streams, plans).values():
         lead = plans[members[0]]
         assert lead is not None
+        windows = [_advance(streams[i], plans[i], retained) for i in members]
         stacked = windows[0][None] if len(windows) == 1 else mx.stack(windows)
         mels = log_mel_frames(stacked, streams[members[0]].args, lead.first, lead.last)
         for position, i in enumerate(members):
@@ -130,6 +110,37 @@ def push_frames(streams: Sequence[Any], frames: Sequence[Any]) -> list[Any]:
         if out[i] is None:
             out[i] = stream.push(frames[i])
     return out
+
+
+def _batches(streams: Sequence[Any], plans: Sequence[_Plan | None]) -> dict[Hashable, list[int]]:
+    """The rows that emit a mel frame, grouped by layout (rows of one group run as one
+    batch), in row order."""
+    batches: dict[Hashable, list[int]] = {}
+    for i, plan in enumerate(plans):
+        if plan is None or plan.frame_end <= streams[i]._next_frame:
+            continue
+        batches.setdefault(plan.key, []).append(i)
+    return batches
+
+
+def _advance(stream: Any, plan: _Plan | None, retained: list[Any]) -> Any:
+    """Append ``plan``'s samples to ``stream``'s buffer as mlx-audio's ``push`` does and
+    return the buffer the new mel frames are read from; a trimmed buffer's tail joins
+    ``retained``."""
+    assert plan is not None
+    buffered = stream._samples
+    stream._samples = (
+        plan.samples if buffered.shape[0] == 0 else mx.concatenate([buffered, plan.samples])
+    )
+    stream._total_samples += plan.samples.shape[0]
+    stream._next_frame = plan.frame_end
+    window = stream._samples
+    trim = plan.keep_sample - stream._buffer_start
+    if trim > 0:
+        stream._samples = stream._samples[trim:]
+        stream._buffer_start = plan.keep_sample
+        retained.append(stream._samples)
+    return window
 
 
 def log_mel_frames(x: Any, args: Any, frame_start: int, frame_end: int) -> Any:

@@ -440,13 +440,7 @@ def run_rows(
     One row's bad input or context limit is its own result; a failure of a batched
     computation fails every session in that batch (their states may be half advanced)."""
     results: list[RowResult] = [[] for _ in frames]
-    queued: list[list[Samples]] = []
-    for index, (session, samples, rate) in enumerate(frames):
-        try:
-            queued.append(session.take(samples, rate))
-        except InferenceError as exc:
-            results[index] = exc
-            queued.append([])
+    queued = _take_all(frames, results)
     depth = 0
     while True:
         members = [
@@ -456,29 +450,58 @@ def run_rows(
         ]
         if not members:
             return results
-        rows = []
-        running = []
-        for i in members:
-            session = frames[i][0]
-            if session.at_limit():
-                assert session._failed is not None
-                results[i] = ContextLimitReached(session._failed)
-                continue
-            rows.append(session.row(queued[i][depth]))
-            running.append(i)
-        if rows:
-            try:
-                stepped = _step_rows(rows, figures)
-            except Exception as exc:
-                log.exception("VoiceChat frame failed (%d sessions in the batch)", len(rows))
-                for i in running:
-                    results[i] = frames[i][0].failed(exc)
-            else:
-                for i, events in zip(running, stepped, strict=True):
-                    current = results[i]
-                    assert not isinstance(current, Exception)
-                    current.extend(events)
+        _run_depth(frames, queued, depth, members, results, figures)
         depth += 1
+
+
+def _take_all(
+    frames: Sequence[tuple[VoiceChatSession, Samples, int]], results: list[RowResult]
+) -> list[list[Samples]]:
+    """Each session's whole frames of its samples; a row whose samples are bad gets its
+    InferenceError as its result and no frame."""
+    queued: list[list[Samples]] = []
+    for index, (session, samples, rate) in enumerate(frames):
+        try:
+            queued.append(session.take(samples, rate))
+        except InferenceError as exc:
+            results[index] = exc
+            queued.append([])
+    return queued
+
+
+def _run_depth(
+    frames: Sequence[tuple[VoiceChatSession, Samples, int]],
+    queued: list[list[Samples]],
+    depth: int,
+    members: list[int],
+    results: list[RowResult],
+    figures: ModelFigures,
+) -> None:
+    """Frame ``depth`` of every member row as one batch: a row at its context limit
+    gets ContextLimitReached instead, a failed batch fails every row that ran in it."""
+    rows = []
+    running = []
+    for i in members:
+        session = frames[i][0]
+        if session.at_limit():
+            assert session._failed is not None
+            results[i] = ContextLimitReached(session._failed)
+            continue
+        rows.append(session.row(queued[i][depth]))
+        running.append(i)
+    if not rows:
+        return
+    try:
+        stepped = _step_rows(rows, figures)
+    except Exception as exc:
+        log.exception("VoiceChat frame failed (%d sessions in the batch)", len(rows))
+        for i in running:
+            results[i] = frames[i][0].failed(exc)
+    else:
+        for i, events in zip(running, stepped, strict=True):
+            current = results[i]
+            assert not isinstance(current, Exception)
+            current.extend(events)
 
 
 _TOKEN_DELTAS: Final[dict[str, type[AssistantTextDelta] | type[FunctionDelta]]] = {
