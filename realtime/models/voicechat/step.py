@@ -1,8 +1,8 @@
 """VoiceChat's frame step, ours: one 80 ms frame of one or many conversations at once.
 
 mlx-vlm's ``VoiceChatStreamingSession`` steps one conversation per call and waits on
-the device five times a frame (perception, each text and function token, the TTS
-codes, the codec's samples). This step runs the same network — mlx-vlm's loaded
+the device at every stage (perception, each text and function token, the TTS codes,
+the codec's samples). This step runs the same network — mlx-vlm's loaded
 modules and weights, called stage by stage — over a batch of rows, one per
 conversation, with the state of each row kept where mlx-vlm keeps it (the streaming
 session object: its caches, token lists and accumulators), so opening, prefill and
@@ -10,7 +10,7 @@ every cache stay mlx-vlm's own. Its own code waits on the device for the text to
 (the TTS's character encoder reads them on the host) and once at the end for
 everything else; the user transcript's RNN-T loop waits once a round of symbols, and
 mlx-vlm's TTS mask once per spelled-length group (``python -m benchmarks.graph`` counts
-every wait: 5 a frame at B=1, 6-8 batched, docs/performance.md).
+every wait; the figures are in docs/performance.md).
 
 Rows are combined only where the result stays bit for bit what each row gets alone
 (tests/test_voicechat_step.py checks every stage against mlx-vlm's own session):
