@@ -129,6 +129,18 @@ class _Progress:
             await self._changed.wait()
 
 
+def _nonempty_audio(audio: PCM16 | InputAudio) -> PCM16 | InputAudio:
+    """``audio`` as the client sends it (PCM as int16); :class:`ClientError` when empty."""
+    if isinstance(audio, InputAudio):
+        empty = audio.samples.shape[0] == 0
+    else:
+        audio = np.asarray(audio, dtype=np.int16)
+        empty = audio.ndim != 1 or audio.size == 0
+    if empty:
+        raise ClientError("input audio is empty")
+    return audio
+
+
 async def run_file_client(
     url: str,
     audio: PCM16 | InputAudio,
@@ -155,13 +167,7 @@ async def run_file_client(
     any failure to get a session, server error, early close, protocol violation, or
     ``event_timeout`` seconds without an event.
     """
-    if isinstance(audio, InputAudio):
-        empty = audio.samples.shape[0] == 0
-    else:
-        audio = np.asarray(audio, dtype=np.int16)
-        empty = audio.ndim != 1 or audio.size == 0
-    if empty:
-        raise ClientError("input audio is empty")
+    audio = _nonempty_audio(audio)
     started = time.perf_counter()
     progress = _Progress()
     chunks: list[PCM16] = []

@@ -396,12 +396,13 @@ def declared_tool(system_prompt: str | None) -> Mapping[str, Any] | None:
     return next(named, None)
 
 
-def example_value(schema: object, depth: int = 0) -> Any:
-    """A value for a JSON schema: its first example, else its default, else its first
-    enum or const, else a placeholder of its type (an object's properties filled in
-    the same way)."""
-    if not isinstance(schema, Mapping):
-        return _PLACEHOLDERS["string"]
+_NO_VALUE: Final = object()
+"""What :func:`_given_value` returns for a schema that names no value of its own."""
+
+
+def _given_value(schema: Mapping[Any, Any]) -> Any:
+    """The value ``schema`` names itself: its first example, else its default, else its
+    const, else its first enum; :data:`_NO_VALUE` when it names none."""
     examples = schema.get("examples")
     if isinstance(examples, list) and examples:
         return examples[0]
@@ -411,6 +412,18 @@ def example_value(schema: object, depth: int = 0) -> Any:
     enum_values = schema.get("enum")
     if isinstance(enum_values, list) and enum_values:
         return enum_values[0]
+    return _NO_VALUE
+
+
+def example_value(schema: object, depth: int = 0) -> Any:
+    """A value for a JSON schema: its first example, else its default, else its first
+    enum or const, else a placeholder of its type (an object's properties filled in
+    the same way)."""
+    if not isinstance(schema, Mapping):
+        return _PLACEHOLDERS["string"]
+    given = _given_value(schema)
+    if given is not _NO_VALUE:
+        return given
     kind = schema.get("type")
     if isinstance(kind, list):  # ["string", "null"]: the first that is not null
         kind = next((k for k in kind if k != "null"), "null")

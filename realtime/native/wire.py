@@ -151,12 +151,8 @@ def _hinted(message: str, *, openai: bool) -> str:
     return f"{message}; {OPENAI_DIALECT_HINT}" if openai else message
 
 
-def _parse_session_update(msg: dict[str, Any], figures: ModelFigures) -> SessionUpdate:
-    session = msg.get("session", {})
-    if session is None:
-        session = {}
-    if not isinstance(session, dict):
-        raise ProtocolError("session must be an object")
+def _check_session_fields(session: dict[str, Any]) -> None:
+    """Refuse any field ``session.update`` does not know, naming the accepted ones."""
     unknown = sorted(str(k) for k in session if k not in SESSION_FIELDS)
     if unknown:
         raise ProtocolError(
@@ -167,27 +163,50 @@ def _parse_session_update(msg: dict[str, Any], figures: ModelFigures) -> Session
                 openai=any(k in OPENAI_SESSION_KEYS for k in unknown),
             )
         )
-    model = _optional_str(session, "model", "session")
-    system_prompt = _optional_str(session, "system_prompt", "session")
+
+
+def _parse_seed(session: dict[str, Any]) -> int:
+    """``session.seed``: an integer in [0, MAX_SEED], 0 when absent or null."""
     seed, where = _field(session, "seed", "session")
     if seed is None:
-        seed = 0
-    elif not _is_int(seed) or not 0 <= seed <= MAX_SEED:
+        return 0
+    if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
         raise ProtocolError(f"{where} must be an integer between 0 and {MAX_SEED}")
+    checked: int = seed
+    return checked
+
+
+def _parse_max_streaming_seconds(session: dict[str, Any], figures: ModelFigures) -> float | None:
+    """``session.max_streaming_seconds``: null (no bound) or one frame up to the cap."""
     mss, where = _field(session, "max_streaming_seconds", "session")
-    if mss is not None:
-        if not isinstance(mss, (int, float)) or isinstance(mss, bool):
-            raise ProtocolError(f"{where} must be a number > 0 or null")
-        try:
-            mss = float(mss)
-        except OverflowError:
-            mss = math.inf
-        shortest = figures.frame_seconds
-        if not shortest <= mss <= MAX_STREAMING_SECONDS:
-            raise ProtocolError(
-                f"{where} must lie between {shortest:g} (one frame) and "
-                f"{MAX_STREAMING_SECONDS:g} seconds, or be null for no bound"
-            )
+    if mss is None:
+        return None
+    if not isinstance(mss, (int, float)) or isinstance(mss, bool):
+        raise ProtocolError(f"{where} must be a number > 0 or null")
+    try:
+        mss = float(mss)
+    except OverflowError:
+        mss = math.inf
+    shortest = figures.frame_seconds
+    if not shortest <= mss <= MAX_STREAMING_SECONDS:
+        raise ProtocolError(
+            f"{where} must lie between {shortest:g} (one frame) and "
+            f"{MAX_STREAMING_SECONDS:g} seconds, or be null for no bound"
+        )
+    return mss
+
+
+def _parse_session_update(msg: dict[str, Any], figures: ModelFigures) -> SessionUpdate:
+    session = msg.get("session", {})
+    if session is None:
+        session = {}
+    if not isinstance(session, dict):
+        raise ProtocolError("session must be an object")
+    _check_session_fields(session)
+    model = _optional_str(session, "model", "session")
+    system_prompt = _optional_str(session, "system_prompt", "session")
+    seed = _parse_seed(session)
+    mss = _parse_max_streaming_seconds(session, figures)
     return SessionUpdate(
         model=model, system_prompt=system_prompt, seed=seed, max_streaming_seconds=mss
     )

@@ -8,6 +8,8 @@ more vocabulary rows than the tokenizer has tokens, as the real one has).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Final
 
 import attrs
@@ -135,48 +137,57 @@ checkpoint's step and unlike the tiny one's, which is mostly Python graph buildi
 NANO_9B_V2_PATTERN: Final = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"
 """Nemotron Nano 9B v2's 56 layers: 27 Mamba-2, 25 MLP, 4 attention."""
 
+NANO_9B_V2_STRUCTURE: Final[Mapping[str, Any]] = MappingProxyType(
+    {
+        "llm_pattern": NANO_9B_V2_PATTERN,
+        "llm_heads": 40,
+        "llm_kv_heads": 8,
+        "mamba_groups": 8,
+        "encoder_layers": 24,
+        "encoder_heads": 8,
+        "encoder_ff_factor": 4,
+        "tts_layers": 28,
+        "tts_heads": 16,
+        "tts_kv_heads": 16,
+        "tts_window_pattern": 6,
+        "char_heads": 16,
+        "char_kv_heads": 16,
+        "mog_layers": 3,
+        "codec_blocks": 3,
+        "weight_dtype": "bfloat16",
+    }
+)
+"""The real model's structure, which ``full`` and ``deep`` share (one place, so the two
+cannot drift apart): every layer count, the layer pattern, the head counts and
+groupings, the TTS window pattern, and bfloat16 storage; the widths are each preset's."""
+
 FULL = attrs.evolve(
     SMALL,
     name="full",
+    **NANO_9B_V2_STRUCTURE,
     llm_hidden=4480,
     llm_intermediate=15680,
-    llm_pattern=NANO_9B_V2_PATTERN,
-    llm_heads=40,
-    llm_kv_heads=8,
     llm_head_dim=128,
     mamba_heads=128,
     mamba_head_dim=80,
-    mamba_groups=8,
     ssm_state=128,
     vocab=131072,
-    encoder_layers=24,
     encoder_width=1024,
-    encoder_heads=8,
-    encoder_ff_factor=4,
     subsampling_channels=256,
     predictor_hidden=640,
     joint_hidden=640,
     tts_hidden=1152,
     tts_intermediate=4608,
-    tts_layers=28,
-    tts_heads=16,
-    tts_kv_heads=16,
     tts_head_dim=72,
-    tts_window_pattern=6,
     latent=512,
     codebook=1024,
     char_intermediate=4608,
     char_layers=1,
-    char_heads=16,
-    char_kv_heads=16,
     char_head_dim=72,
     mog_intermediate=4608,
     mog_low_rank=64,
-    mog_layers=3,
     mog_predictions=1024,
     codec_channels=384,
-    codec_blocks=3,
-    weight_dtype="bfloat16",
 )
 """``full``: the real checkpoints' dimensions (11.1 B parameters) with random weights,
 for accelerator benchmarks: the language model is Nemotron Nano 9B v2's (the VoiceChat
@@ -187,29 +198,14 @@ over bfloat16 weights, as the real uploads store them. Not for a 2-core CPU."""
 DEEP = attrs.evolve(
     SMALL,
     name="deep",
+    **NANO_9B_V2_STRUCTURE,
     quantize=4,
-    llm_pattern=NANO_9B_V2_PATTERN,
-    llm_heads=40,
-    llm_kv_heads=8,
     llm_head_dim=8,
     mamba_heads=8,
     mamba_head_dim=16,
-    mamba_groups=8,
-    encoder_layers=24,
     encoder_width=64,
-    encoder_heads=8,
-    encoder_ff_factor=4,
-    tts_layers=28,
-    tts_heads=16,
-    tts_kv_heads=16,
     tts_head_dim=8,
-    tts_window_pattern=6,
-    char_heads=16,
-    char_kv_heads=16,
     char_head_dim=8,
-    mog_layers=3,
-    codec_blocks=3,
-    weight_dtype="bfloat16",
 )
 """``deep``: the real model's structure with tiny widths, for counting a frame step's
 graph (``python -m benchmarks.graph``): every layer count, the layer pattern, the head

@@ -28,34 +28,45 @@ def _codec_stage_start(name: str, config: dict[str, Any]) -> bool:
     return index < width * stages and index % width == 0
 
 
+def _lstm_tensors(name: str, value: Array) -> list[tuple[str, Array]]:
+    """An mlx-vlm LSTM parameter under PyTorch's names; its one bias becomes two."""
+    stem, layer, kind = name.rsplit(".", 2)
+    if kind == "Wx":
+        return [(f"{stem}.weight_ih_l{layer}", value)]
+    if kind == "Wh":
+        return [(f"{stem}.weight_hh_l{layer}", value)]
+    # PyTorch keeps two biases that the loader sums.
+    half = rng(name + ".split").standard_normal(value.shape, dtype=np.float32)
+    half = (half * np.float32(0.02)).astype(np.float32)
+    return [
+        (f"{stem}.bias_ih_l{layer}", half),
+        (f"{stem}.bias_hh_l{layer}", (value - half).astype(np.float32)),
+    ]
+
+
+def _codec_tensor(name: str, value: Array, config: dict[str, Any]) -> tuple[str, Array]:
+    """An audio codec parameter: NeMo's variance-list name, convolutions (out, in, k)
+    except the decoder's ConvTranspose1d stage starts (in, out, k)."""
+    key = name.replace("prvq.variance_list.", "prvq._variance_list.")
+    if name.endswith(".weight") and value.ndim == 3:
+        if name.startswith("tts_model.audio_codec.decoder.layers.") and (
+            "dwconv" not in name and _codec_stage_start(name, config)
+        ):
+            value = value.transpose(2, 0, 1)
+        else:
+            value = value.transpose(0, 2, 1)
+    return key, contiguous(value)
+
+
 def checkpoint_tensors(name: str, value: Array, config: dict[str, Any]) -> list[tuple[str, Array]]:
     """One mlx-vlm parameter as a NeMo-exported checkpoint stores it (a name and a
     layout; an LSTM bias becomes the two PyTorch keeps)."""
     if ".dec_rnn.lstm." in name:
-        stem, layer, kind = name.rsplit(".", 2)
-        if kind == "Wx":
-            return [(f"{stem}.weight_ih_l{layer}", value)]
-        if kind == "Wh":
-            return [(f"{stem}.weight_hh_l{layer}", value)]
-        # PyTorch keeps two biases that the loader sums.
-        half = rng(name + ".split").standard_normal(value.shape, dtype=np.float32)
-        half = (half * np.float32(0.02)).astype(np.float32)
-        return [
-            (f"{stem}.bias_ih_l{layer}", half),
-            (f"{stem}.bias_hh_l{layer}", (value - half).astype(np.float32)),
-        ]
+        return _lstm_tensors(name, value)
     if name == "tts_model.control_codes":
         return [("tts_model._control_codes", value)]
     if name.startswith("tts_model.audio_codec."):
-        key = name.replace("prvq.variance_list.", "prvq._variance_list.")
-        if name.endswith(".weight") and value.ndim == 3:
-            if name.startswith("tts_model.audio_codec.decoder.layers.") and (
-                "dwconv" not in name and _codec_stage_start(name, config)
-            ):
-                value = value.transpose(2, 0, 1)
-            else:
-                value = value.transpose(0, 2, 1)
-        return [(key, contiguous(value))]
+        return [_codec_tensor(name, value, config)]
     if name.startswith("stt_model.perception.") and value.ndim == 4:
         value = value.transpose(0, 3, 1, 2)
     elif value.ndim == 3 and (
