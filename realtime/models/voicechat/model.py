@@ -586,8 +586,8 @@ class VoiceChatOpening:
 
     mlx-vlm opens a streaming session in its constructor: seed, TTS voice warm-up,
     then the system prompt prefilled one full timeline step (language model and TTS)
-    per token, all in one call (a 512-token prompt is 6-23 s during which nothing
-    else could run). Here the prompt's prefill runs in slices of its own
+    per token, all in one call, during which nothing else could run. Here the
+    prompt's prefill runs in slices of its own
     (:class:`realtime.models.voicechat.prompt.Prefill`: a few language-model steps a
     slice, and as many TTS steps while the seed's voice chain is shorter than the
     prompt), shared by every
