@@ -277,14 +277,20 @@ def _subwords(tts: Any, ids: Any) -> Any:
     spelled = [len(table.get(int(token), ())) if table is not None else 0 for token in ids]
     if len(ids) == 1:
         current = mx.array([[ids[0]]], dtype=mx.int32)
-        return encoder(current, mx.ones(current.shape, dtype=mx.bool_))
+        return encoder(current, _kept(current.shape))
     parts: list[Any] = [None] * len(ids)
     for members in groups(range(len(ids)), lambda i: spelled[i]):
         current = mx.array([[ids[i]] for i in members], dtype=mx.int32)
-        out = encoder(current, mx.ones(current.shape, dtype=mx.bool_))
+        out = encoder(current, _kept(current.shape))
         for position, i in enumerate(members):
             parts[i] = out[position : position + 1]
     return mx.concatenate(parts, axis=0)
+
+
+def _kept(shape: tuple[int, ...]) -> Any:
+    """A subword mask keeping every token, as data (the character encoder reads its
+    mask on the host: a mask built by an MLX op would be a wait on the device)."""
+    return mx.array(np.ones(shape, dtype=np.bool_))
 
 
 def _tts(
@@ -645,8 +651,9 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
     function_ids = mx.argmax(function_logits, axis=-1)
     mx.async_eval(text_ids, function_ids)  # type: ignore[no-untyped-call]
 
+    # The text ids are read now (the TTS's character encoder spells them on the host);
+    # the function ids only once the frame's final evaluation has run.
     texts = [int(t) for t in np.asarray(text_ids).reshape(-1)]
-    functions = [int(f) for f in np.asarray(function_ids).reshape(-1)]
     codes, spoken = _speak(rows, texts, fresh)
     clean = first.parent._replace_control_codes(codes)
     samples = _codec(rows, clean)
@@ -656,7 +663,15 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
     # The user transcript's first round rides on the final evaluation; only rows that
     # emitted a symbol in it run more rounds (a wait each), after it.
     first_round = _first_round(rows, encoded)
-    mx.eval(codes, clean, *samples, *state, *([] if first_round is None else [first_round.picks]))
+    mx.eval(
+        codes,
+        clean,
+        function_ids,
+        *samples,
+        *state,
+        *([] if first_round is None else [first_round.picks]),
+    )
+    functions = [int(f) for f in np.asarray(function_ids).reshape(-1)]
     heard = _transcribe(rows, encoded, first_round)
 
     clean_rows = np.asarray(clean).reshape(len(rows), -1)
@@ -856,7 +871,7 @@ def inserted_step(row: StepRow, forced_function: int | None) -> int:
             out = model.tts_model.tts_model.step(
                 inner._previous_code,
                 current,
-                mx.ones(current.shape, dtype=mx.bool_),
+                _kept(current.shape),
                 inner._tts_cache,
                 guidance=True,
             )
