@@ -368,17 +368,25 @@ def test_a_tool_result_goes_in_as_inserted_function_channel_steps(
         session.begin_tool_result(demo_model.tool_input(output))
 
 
-def test_batched_transcript_steps_are_each_rows_own(demo_model: VoiceChatModel) -> None:
+@pytest.mark.parametrize("speculative", [1, 2, 3])
+def test_batched_transcript_steps_are_each_rows_own(
+    demo_model: VoiceChatModel, speculative: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The user transcript's greedy RNN-T, batched over rows (``_transcribe``): every
     row's tokens, text, last symbol and predictor state are bit for bit what mlx-vlm's
     own ``_RNNTState.step`` makes of the same encoder frames, also in frames where the
-    rows emit different numbers of symbols and where a row without predictor state yet
-    joins rows that have one."""
+    rows emit different numbers of symbols, where a row without predictor state yet
+    joins rows that have one, and whatever the number of rounds built speculatively
+    into the final evaluation."""
     import copy
+
+    from realtime.models.voicechat import step
+
+    monkeypatch.setattr(step, "SPECULATIVE_ROUNDS", speculative)
 
     import mlx.core as mx
 
-    from realtime.models.voicechat.step import StepRow, _first_round, _transcribe
+    from realtime.models.voicechat.step import StepRow, _early_rounds, _transcribe
 
     rows = 4
     sessions = [
@@ -403,7 +411,7 @@ def test_batched_transcript_steps_are_each_rows_own(demo_model: VoiceChatModel) 
         ]
         mixed |= len({row.inner._rnnt.hidden is None for row in ours}) == 2
         before = [len(row.inner._rnnt.tokens) for row in ours]
-        got = _transcribe(ours, encoded, _first_round(ours, encoded))
+        got = _transcribe(ours, encoded, _early_rounds(ours, encoded))
         want = [state.step(frame_k) for state, frame_k in zip(theirs, encoded, strict=True)]
         assert got == want, frame
         counts_seen.add(

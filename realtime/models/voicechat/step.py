@@ -6,11 +6,12 @@ the codec's samples). This step runs the same network — mlx-vlm's loaded
 modules and weights, called stage by stage — over a batch of rows, one per
 conversation, with the state of each row kept where mlx-vlm keeps it (the streaming
 session object: its caches, token lists and accumulators), so opening, prefill and
-every cache stay mlx-vlm's own. Its own code waits on the device for the text tokens
-(the TTS's character encoder reads them on the host) and once at the end for
-everything else; the user transcript's RNN-T loop waits once a round of symbols, and
-mlx-vlm's TTS mask once per spelled-length group (``python -m benchmarks.graph`` counts
-every wait; the figures are in docs/performance.md).
+every cache stay mlx-vlm's own. It waits on the device twice a frame: for the text
+tokens (the TTS's character encoder reads them on the host) and once at the end for
+everything else, the user transcript's first RNN-T rounds included; only a row that
+emits more symbols in a frame than those rounds cover costs a wait a round more
+(``python -m benchmarks.graph`` counts every wait; the figures are in
+docs/performance.md).
 
 Rows are combined only where the result stays bit for bit what each row gets alone
 (tests/test_voicechat_step.py checks every stage against mlx-vlm's own session):
@@ -471,10 +472,10 @@ def _conformer_blocks(streams: Sequence[Any], h: Any) -> Any:
     return h
 
 
-def _stacked(parts: Sequence[Any]) -> Any:
+def _stacked(parts: Sequence[Any], axis: int = 0) -> Any:
     """``parts`` as one batch (one part as it is: no copy in the graph)."""
 
-    return parts[0] if len(parts) == 1 else mx.concatenate(list(parts), axis=0)
+    return parts[0] if len(parts) == 1 else mx.concatenate(list(parts), axis=axis)
 
 
 def _row(batch: Any, position: int, rows: int) -> Any:
@@ -557,27 +558,70 @@ def _rnnt_round(rows: Sequence[StepRow], encoded: Sequence[Any], active: list[in
     return _Round(active, mx.stack([chosen[i] for i in active]), proposed)
 
 
-def _first_round(rows: Sequence[StepRow], encoded: Sequence[Any]) -> _Round | None:
-    """The frame's first RNN-T round for every row (None: the model has no RNN-T),
-    built before the frame's final evaluation and evaluated with it, so the round
-    every frame runs costs no wait of its own."""
-    if not rows[0].inner.model.config.rnnt_vocabulary:
-        return None
-    return _rnnt_round(rows, encoded, list(range(len(rows))))
+SPECULATIVE_ROUNDS: Final = 2
+"""RNN-T rounds built into every frame's final evaluation: the first for every row, then
+rounds that assume each row's previous pick was a symbol. A frame whose rows emit fewer
+symbols than this waits for none of its transcript; each further round is a wait."""
+
+
+def _early_rounds(rows: Sequence[StepRow], encoded: Sequence[Any]) -> list[_Round]:
+    """The frame's first RNN-T rounds for every row (none: the model has no RNN-T),
+    built before the frame's final evaluation and evaluated with it: the first round,
+    then each next one speculatively, from the state every row would be in had its
+    previous pick been a symbol (a row whose pick was blank ignores what follows)."""
+    config = rows[0].inner.model.config
+    if not config.rnnt_vocabulary:
+        return []
+    everyone = list(range(len(rows)))
+    built = [_rnnt_round(rows, encoded, everyone)]
+    for _ in range(1, min(SPECULATIVE_ROUNDS, config.audio_config.max_symbols)):
+        built.append(_round_after(rows, encoded, built[-1]))
+    return built
+
+
+def _round_after(rows: Sequence[StepRow], encoded: Sequence[Any], previous: _Round) -> _Round:
+    """The round after ``previous`` for all of its rows, each as if its pick there was a
+    symbol: that symbol's embedding in, the predictor state it proposed (cast as
+    :func:`_take_round` stores it) carried; the same network as :func:`_rnnt_round`,
+    one batch, nothing read on the host."""
+
+    stt = rows[0].inner.model.stt_model
+    embed, lstm = stt.rnnt_decoder.prediction["embed"], stt.rnnt_decoder.prediction["dec_rnn"]
+    active = previous.active
+    dtype = encoded[active[0]].dtype
+    hidden = tuple(
+        _stacked([previous.proposed[i][part].astype(dtype) for i in active], axis=1)
+        for part in range(2)
+    )
+    prediction, (h, c) = _predict(lstm, embed(previous.picks.reshape(len(active), 1)), hidden)
+    frames = _stacked([encoded[i] for i in active])
+    logits = stt.rnnt_joint(frames, prediction.astype(frames.dtype))
+    picks = mx.argmax(logits.reshape(len(active), -1), axis=-1)
+    proposed = {
+        i: (h[:, position : position + 1], c[:, position : position + 1])
+        for position, i in enumerate(active)
+    }
+    return _Round(active, picks, proposed)
 
 
 def _take_round(
-    rows: Sequence[StepRow], encoded: Sequence[Any], built: _Round, emitted: list[int]
+    rows: Sequence[StepRow],
+    encoded: Sequence[Any],
+    built: _Round,
+    emitted: list[int],
+    active: Sequence[int],
 ) -> list[int]:
-    """Apply a round's picks to the rows' RNN-T states (a blank or ``max_symbols``
-    ends a row's frame); the rows still emitting."""
+    """Apply a round's picks to the ``active`` rows' RNN-T states (a blank or
+    ``max_symbols`` ends a row's frame; a speculative round's other rows are ignored);
+    the rows still emitting."""
 
     config = rows[0].inner.model.config
     blank, limit = config.rnnt_blank_id, config.audio_config.max_symbols
     values = np.asarray(built.picks).reshape(-1).tolist()
+    wanted = set(active)
     still: list[int] = []
     for i, token in zip(built.active, values, strict=True):
-        if token == blank:
+        if i not in wanted or token == blank:
             continue
         state = rows[i].inner._rnnt
         state.last_token = token
@@ -592,23 +636,28 @@ def _take_round(
 
 
 def _transcribe(
-    rows: Sequence[StepRow], encoded: Sequence[Any], first: _Round | None
+    rows: Sequence[StepRow], encoded: Sequence[Any], early: Sequence[_Round]
 ) -> list[tuple[str, str] | None]:
     """Each row's user-transcript update for its encoder frame, as mlx-vlm's
-    ``_RNNTState.step`` gives it, with the rows' greedy RNN-T steps batched: ``first``
-    (:func:`_first_round`, already evaluated), then a round for every row still
-    emitting (one wait on the device each, not one per row) until each row's blank
-    or ``max_symbols``."""
+    ``_RNNTState.step`` gives it, with the rows' greedy RNN-T steps batched: the
+    ``early`` rounds (:func:`_early_rounds`, already evaluated), then a round for every
+    row still emitting (one wait on the device each, not one per row) until each
+    row's blank or ``max_symbols``."""
 
-    if first is None:
+    if not early:
         return [None] * len(rows)
     vocabulary = rows[0].inner.model.config.rnnt_vocabulary
     states = [row.inner._rnnt for row in rows]
     before = [len(state.tokens) for state in states]
     emitted = [0] * len(rows)
-    active = _take_round(rows, encoded, first, emitted)
+    active = list(range(len(rows)))
+    for built in early:
+        if not active:
+            break
+        active = _take_round(rows, encoded, built, emitted, active)
     while active:
-        active = _take_round(rows, encoded, _rnnt_round(rows, encoded, active), emitted)
+        built = _rnnt_round(rows, encoded, active)
+        active = _take_round(rows, encoded, built, emitted, active)
     out: list[tuple[str, str] | None] = []
     for state, count in zip(states, before, strict=True):
         if len(state.tokens) == count:
@@ -660,19 +709,19 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
     state: list[Any] = []
     for row in rows:
         state += _conformer_state(row.inner)
-    # The user transcript's first round rides on the final evaluation; only rows that
-    # emitted a symbol in it run more rounds (a wait each), after it.
-    first_round = _first_round(rows, encoded)
+    # The user transcript's first rounds ride on the final evaluation; only rows that
+    # emitted a symbol in each of them run more rounds (a wait each), after it.
+    early = _early_rounds(rows, encoded)
     mx.eval(
         codes,
         clean,
         function_ids,
         *samples,
         *state,
-        *([] if first_round is None else [first_round.picks]),
+        *(built.picks for built in early),
     )
     functions = [int(f) for f in np.asarray(function_ids).reshape(-1)]
-    heard = _transcribe(rows, encoded, first_round)
+    heard = _transcribe(rows, encoded, early)
 
     clean_rows = np.asarray(clean).reshape(len(rows), -1)
     eos = first.config.eos_token_id
