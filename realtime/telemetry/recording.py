@@ -182,20 +182,18 @@ class CallRecorder(Recorder):
         )
 
 
+@attrs.define(slots=True, eq=False)
 class _Files:
     """One session's three files, written on the worker thread only."""
 
-    def __init__(
-        self, stem: Path, session_id: str, wall: datetime.datetime, figures: ModelFigures
-    ) -> None:
-        self.stem = stem
-        self.session_id = session_id
-        self.wall = wall
-        self.figures = figures
-        self.failed = False
-        self._wav: wave.Wave_write | None = None
-        self._jsonl: IO[str] | None = None
-        self._lines: list[tuple[float, Speaker, str]] = []
+    stem: Path
+    session_id: str
+    wall: datetime.datetime
+    figures: ModelFigures
+    failed: bool = attrs.field(default=False, init=False)
+    _wav: wave.Wave_write | None = attrs.field(default=None, init=False)
+    _jsonl: IO[str] | None = attrs.field(default=None, init=False)
+    _lines: list[tuple[float, Speaker, str]] = attrs.field(factory=list, init=False)
 
     def path(self, suffix: str) -> Path:
         return self.stem.parent / (self.stem.name + suffix)
