@@ -133,10 +133,13 @@ def prepare_model(model: RealtimeModel, limits: Limits, prompts: Sequence[WarmPr
             tokens,
             time.perf_counter() - started,
         )
-    if warmed and isinstance(model, CachesPrompts):
-        figures = model.prompt_cache_figures()
-        if figures.bytes == 0:
-            log.warning("no warmed prompt fits --prompt-cache-bytes %d", figures.max_bytes)
+    if not isinstance(model, CachesPrompts):
+        return
+    # What warming left is kept for good: no client's openings can evict it.
+    model.pin_prompt_cache()
+    figures = model.prompt_cache_figures()
+    if warmed and figures.bytes == 0:
+        log.warning("no warmed prompt fits --prompt-cache-bytes %d", figures.max_bytes)
 
 
 def preparing(

@@ -45,6 +45,22 @@ def test_the_store_keeps_at_most_its_bytes_least_recently_used_first() -> None:
         PromptCache(-1)
 
 
+def test_pinned_entries_are_never_evicted() -> None:
+    """The warmed prompts are pinned: openings of other prompts evict only what is not
+    pinned, and one that fits only by evicting a pinned entry is not kept."""
+    cache: PromptCache[str, int] = PromptCache(100)
+    assert cache.put("warm", 1, 50)
+    cache.pin()
+    assert cache.put("a", 2, 30) and cache.put("b", 3, 30)  # a is evicted, not warm
+    assert "a" not in cache and cache.get("warm") == 1 and cache.get("b") == 3
+    assert not cache.put("c", 4, 60)  # only by evicting warm: refused, nothing changes
+    assert cache.held() == ["warm", "b"]
+    assert cache.put("warm", 5, 80)  # a pinned key replaced stays pinned (b evicted)
+    assert cache.held() == ["warm"] and not cache.put("d", 6, 40)
+    figures = cache.figures()
+    assert (figures.bytes, figures.pinned_bytes, figures.evictions) == (80, 80, 2)
+
+
 # --- on the model -------------------------------------------------------------------
 
 

@@ -71,12 +71,15 @@ async def test_warmed_prompts_are_hits_on_both_endpoints_alone_and_batched(
     conversations with them are hits; two native ones at once run batched; each native
     one's frames equal a cold open's."""
     warm = (WarmPrompt("native", text=LONG_PROMPT), WarmPrompt("openai", session=SESSION))
-    engine = engine_for(lambda: demo_model, Limits(max_sessions=2), batch_frames=True, warm=warm)
+    engine = engine_for(
+        lambda: demo_model, Limits(max_sessions=2, admission_margin=0), batch_frames=True, warm=warm
+    )
     engine.start()
     results: dict[int, list[dict[str, Any]]] = {}
     try:
         figures = demo_model.prompt_cache_figures()
         assert (figures.hits, figures.misses) == (0, 2)
+        assert figures.pinned_bytes == figures.bytes > 0  # no opening can evict them
         async with running_server(engine) as server:
 
             async def native(i: int) -> None:

@@ -787,6 +787,10 @@ class DemoTurnModel:
         if isinstance(self.inner, CachesPrompts):
             self.inner.set_prompt_cache_bytes(max_bytes)
 
+    def pin_prompt_cache(self) -> None:
+        if isinstance(self.inner, CachesPrompts):
+            self.inner.pin_prompt_cache()
+
     def clear_cache(self) -> None:
         self.inner.clear_cache()
 

@@ -37,6 +37,9 @@ class CacheFigures:
     instead of running their own."""
     evictions: int
     """Entries dropped to stay within ``max_bytes`` (least recently used first)."""
+    pinned_bytes: int = 0
+    """Of ``bytes``, what :meth:`PromptCache.pin` keeps whatever later openings need
+    (the warmed prompts)."""
 
 
 K = TypeVar("K", bound=Hashable)
@@ -47,12 +50,15 @@ V = TypeVar("V")
 class _Entry(Generic[V]):
     value: V
     nbytes: int
+    pinned: bool = False
 
 
 class PromptCache(Generic[K, V]):
     """Entries by key, at most ``max_bytes`` in all (0: nothing is kept). A new entry
     pushes out the least recently used ones until it fits; one larger than the whole
-    bound is not kept."""
+    bound is not kept. Pinned entries (:meth:`pin`) are never pushed out: an entry that
+    fits only by evicting one is not kept, so no client's openings can evict the
+    prompts an operator warmed for everyone."""
 
     def __init__(self, max_bytes: int) -> None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
@@ -88,22 +94,32 @@ class PromptCache(Generic[K, V]):
 
     def put(self, key: K, value: V, nbytes: int) -> bool:
         """Keep ``value`` (``nbytes`` of memory) under ``key``, evicting the least
-        recently used entries as needed; False when it is larger than the bound."""
+        recently used unpinned entries as needed (a pinned key stays pinned); False
+        when it cannot fit beside the pinned entries, and then nothing changes."""
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self._bytes -= old.nbytes
-            if nbytes > self._max_bytes:
+            old = self._entries.get(key)
+            pinned = old is not None and old.pinned
+            kept = sum(e.nbytes for k, e in self._entries.items() if e.pinned and k != key)
+            if kept + nbytes > self._max_bytes:
                 return False
+            if old is not None:
+                del self._entries[key]
+                self._bytes -= old.nbytes
             while self._bytes + nbytes > self._max_bytes:
-                _, dropped = self._entries.popitem(last=False)
-                self._bytes -= dropped.nbytes
+                victim = next(k for k, e in self._entries.items() if not e.pinned)
+                self._bytes -= self._entries.pop(victim).nbytes
                 self._evictions += 1
-            self._entries[key] = _Entry(value, nbytes)
+            self._entries[key] = _Entry(value, nbytes, pinned)
             self._bytes += nbytes
             return True
+
+    def pin(self) -> None:
+        """Pin every entry held now (:class:`PromptCache`)."""
+        with self._lock:
+            for entry in self._entries.values():
+                entry.pinned = True
 
     def held(self) -> list[K]:
         """The keys held, least recently used first."""
@@ -133,6 +149,7 @@ class PromptCache(Generic[K, V]):
                 misses=self._misses,
                 shared=self._shared,
                 evictions=self._evictions,
+                pinned_bytes=sum(e.nbytes for e in self._entries.values() if e.pinned),
             )
 
 
@@ -145,6 +162,11 @@ class CachesPrompts(Protocol):
 
     def set_prompt_cache_bytes(self, max_bytes: int) -> None:
         """Bound the cache (dropping what it holds); called before any session opens."""
+        ...
+
+    def pin_prompt_cache(self) -> None:
+        """Keep what the cache holds now (the warmed prompts) whatever later openings
+        need; called once warming is done, before any session opens."""
         ...
 
 

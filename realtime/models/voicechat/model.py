@@ -765,6 +765,11 @@ class VoiceChatModel:
         called on the engine thread before any session opens."""
         self._prompts = PromptStates(max_bytes)
 
+    def pin_prompt_cache(self) -> None:
+        """Keep the warmed prompts' states whatever later openings need
+        (:meth:`realtime.models.prompt_cache.PromptCache.pin`)."""
+        self._prompts.store.pin()
+
     def step(self, frames: Sequence[Frame]) -> list[RowResult]:
         """The sessions' frames as one batched frame step (:func:`run_rows`); sessions
         opened with ``profile=True`` (mlx-vlm's own step) one after another."""
