@@ -12,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import attrs
 import mlx.core as mx
+import numpy as np
+from mlx.nn.layers.activations import glu
 from mlx_audio.stt.models.nemotron_asr import streaming as conformer
 
 from realtime.models.voicechat.mel import push_frames
@@ -31,9 +34,20 @@ def groups(items: Iterable[T], key: Callable[[T], Hashable]) -> list[list[T]]:
     return list(out.values())
 
 
-def _chunk_plan(stream: Any, mel: Any) -> tuple[Any, ...] | None:
+@attrs.frozen(slots=True)
+class _ChunkPlan:
+    """How a conformer state encodes one frame's mel, in two keys: rows with equal
+    ``mel`` keys run the subsampling as one batch (their mel windows and emitted
+    frame line up), rows with equal ``blocks`` keys the conformer blocks (their caches
+    exist and are alike but for the attention caches' lengths, which are padded)."""
+
+    mel: tuple[Any, ...]
+    blocks: tuple[Any, ...]
+
+
+def _chunk_plan(stream: Any, mel: Any) -> _ChunkPlan | None:
     """How the conformer state ``stream`` would encode ``mel`` (one frame's mel, after
-    mlx-audio's ``push(mel, emit_partial=True)``), as a key that rows share exactly when
+    mlx-audio's ``push(mel, emit_partial=True)``), as keys that rows share exactly when
     one batched encode gives each what its own push would; None when this push is not
     the plain case (one chunk, emitted, closing the pending mel), which then runs as
     mlx-audio's own push."""
@@ -46,36 +60,46 @@ def _chunk_plan(stream: Any, mel: Any) -> tuple[Any, ...] | None:
     cache_len = 0 if stream.mel_cache is None else stream.mel_cache.shape[1]
     base = (stream.consumed - cache_len) // factor
     lo = stream.emitted - base
-    attn = tuple(None if c is None else tuple(c.shape) for c in stream.attn_cache)
+    attn = tuple(None if c is None else (c.shape[0], c.shape[2]) for c in stream.attn_cache)
     conv = tuple(None if c is None else tuple(c.shape) for c in stream.conv_cache)
-    return (tuple(mel.shape), cache_len, (stream.consumed - cache_len) % factor, lo, attn, conv)
+    return _ChunkPlan(
+        mel=(tuple(mel.shape), cache_len, (stream.consumed - cache_len) % factor, lo),
+        blocks=(attn, conv),
+    )
 
 
 def perceive(rows: Sequence[StepRow]) -> tuple[list[Any], list[Any]]:
     """Each row's encoder frame (for the RNN-T) and its projection (the language
     model's audio input). The log-mel front end runs as one batch for the rows whose
-    buffers are laid out alike (:mod:`realtime.models.voicechat.mel`); the conformer
-    runs once for each group of rows whose streaming states are equally far (a
-    conversation older than its attention's left context, 70 encoder frames, shares
-    its shapes with every other such one), else per row as mlx-audio's push."""
+    buffers are laid out alike (:mod:`realtime.models.voicechat.mel`); the conformer's
+    subsampling once for each group of rows whose mel windows line up, its blocks once
+    for the rows whose caches exist (every conversation past its first frame; younger
+    than the attention's left context, 70 encoder frames, with its attention cache
+    padded and masked); a chunk this step does not cut runs as mlx-audio's push."""
 
     proj = rows[0].inner.model.stt_model.perception.proj
     mels = push_frames([row.inner._mel_stream for row in rows], [row.frame for row in rows])
     plans = [
         _chunk_plan(row.inner._conformer_stream, mel) for row, mel in zip(rows, mels, strict=True)
     ]
+    planned = {i: plan for i, plan in enumerate(plans) if plan is not None}
     encoded: list[Any] = [None] * len(rows)
     for members in groups(
-        range(len(rows)), lambda i: plans[i] if plans[i] is not None else ("own", i)
+        range(len(rows)), lambda i: planned[i].blocks if i in planned else ("own", i)
     ):
-        if plans[members[0]] is None:  # a chunk this step does not cut: mlx-audio's push
+        if members[0] not in planned:  # a chunk this step does not cut: mlx-audio's push
             i = members[0]
             encoded[i] = _pushed(rows[i].inner._conformer_stream, mels[i])
             continue
-        streams = [rows[i].inner._conformer_stream for i in members]
-        h = _conformer_blocks(streams, _pre_encoded(streams, [mels[i] for i in members]))
-        for position, i in enumerate(members):
-            encoded[i] = _row(h, position, len(members))
+        order: list[int] = []
+        frames: list[Any] = []
+        for part in groups(members, lambda i: planned[i].mel):
+            streams = [rows[i].inner._conformer_stream for i in part]
+            frames.append(_pre_encoded(streams, [mels[i] for i in part]))
+            order += part
+        h = _conformer_blocks([rows[i].inner._conformer_stream for i in order], _stacked(frames))
+        for position, i in enumerate(order):
+            encoded[i] = _row(h, position, len(order))
     if len(rows) == 1:
         return encoded, [proj(encoded[0])]
     projected = proj(mx.concatenate(encoded, axis=0))
@@ -126,25 +150,117 @@ def _pre_encoded(streams: Sequence[Any], mels: Sequence[Any]) -> Any:
 
 def _conformer_blocks(streams: Sequence[Any], h: Any) -> Any:
     """The conformer's blocks over a group's subsampled frames ``h``, each stream's
-    attention and convolution caches read stacked and written back per row."""
+    attention and convolution caches read stacked and written back per row: through
+    mlx-audio's streaming block when the rows' attention caches are equally long, else
+    through :func:`_masked_block` (rows younger than the attention's left context)."""
 
     lead = streams[0]
+    masks: dict[tuple[int, ...], Any] = {}
     for layer, block in enumerate(lead.encoder.layers):
         attn = [s.attn_cache[layer] for s in streams]
         conv = [s.conv_cache[layer] for s in streams]
-        h, attn_next, conv_next = conformer._stream_block(
+        lengths = tuple(0 if a is None else a.shape[1] for a in attn)
+        if len(set(lengths)) == 1 or lead.left_cache <= 0:
+            h, attn_next, conv_next = conformer._stream_block(
+                block,
+                h,
+                lead.encoder.pos_enc,
+                None if attn[0] is None else _stacked(attn),
+                None if conv[0] is None else _stacked(conv),
+                lead.left_cache,
+                lead.conv_left,
+            )
+            for position, s in enumerate(streams):
+                s.attn_cache[layer] = _row(attn_next, position, len(streams))
+                s.conv_cache[layer] = _row(conv_next, position, len(streams))
+            continue
+        if lengths not in masks:
+            masks[lengths] = _key_mask(lengths, h.shape[1], h.dtype)
+        h, keys, conv_next = _masked_block(
             block,
             h,
             lead.encoder.pos_enc,
-            None if attn[0] is None else _stacked(attn),
-            None if conv[0] is None else _stacked(conv),
-            lead.left_cache,
+            _left_padded(attn, max(lengths)),
+            masks[lengths],
+            _stacked(conv),
             lead.conv_left,
         )
         for position, s in enumerate(streams):
-            s.attn_cache[layer] = _row(attn_next, position, len(streams))
-            s.conv_cache[layer] = _row(conv_next, position, len(streams))
+            # Each row keeps its own cache, as long as alone: its real keys, the last.
+            keep = min(lengths[position] + h.shape[1], lead.left_cache)
+            s.attn_cache[layer] = keys[position : position + 1, -keep:]
+            s.conv_cache[layer] = conv_next[position : position + 1]
     return h
+
+
+def _left_padded(caches: Sequence[Any], longest: int) -> Any:
+    """Rows' attention caches (1, length, width) stacked, each left-padded with zeros to
+    ``longest``: a row's real keys keep their distance from the new frame, so the
+    relative positions each one sees are those it sees alone."""
+
+    return mx.concatenate(
+        [
+            c if c.shape[1] == longest else mx.pad(c, [(0, 0), (longest - c.shape[1], 0), (0, 0)])
+            for c in caches
+        ],
+        axis=0,
+    )
+
+
+def _key_mask(lengths: Sequence[int], chunk: int, dtype: Any) -> Any:
+    """The additive key mask (rows, 1, 1, longest + chunk) of left-padded caches of
+    ``lengths``: minus infinity on each row's padding, zero elsewhere. Built from host
+    data (no wait on the device), in the scores' dtype (a float32 mask would promote
+    the attention's arithmetic)."""
+
+    longest = max(lengths)
+    mask = np.zeros((len(lengths), 1, 1, longest + chunk), dtype=np.float32)
+    for row, length in enumerate(lengths):
+        mask[row, ..., : longest - length] = -np.inf
+    return mx.array(mask, dtype=dtype)
+
+
+def _masked_block(
+    block: Any, x: Any, pos_enc: Any, cache: Any, mask: Any, conv_cache: Any, conv_left: int
+) -> tuple[Any, Any, Any]:
+    """One conformer block's streaming step over rows whose attention caches were
+    left-padded to one length (``cache``; ``mask`` hides the padding): the order of
+    operations of mlx-audio's streaming block (so every real value is computed as it
+    is alone), with a key mask in its self-attention. Returns the block's output, the
+    padded keys window (cache and new frames) and the new convolution caches."""
+
+    residual = x + 0.5 * block.feed_forward1(block.norm_feed_forward1(x))
+    normed = block.norm_self_att(residual)
+    window = mx.concatenate([cache, normed], axis=1)
+    pos_emb = pos_enc.pos_emb_for(window.shape[1], x.dtype)
+    residual = residual + _masked_attention(block.self_attn, normed, window, pos_emb, mask)
+    conv = block.conv
+    gated = glu(conv.pointwise_conv1(block.norm_conv(residual)), axis=-1)
+    conv_in = mx.concatenate([conv_cache, gated], axis=1)
+    y = conv.activation(conv.batch_norm(conv.depthwise_conv(conv_in)))
+    residual = residual + conv.pointwise_conv2(y)
+    residual = residual + 0.5 * block.feed_forward2(block.norm_feed_forward2(residual))
+    return block.norm_out(residual), window, conv_in[:, -conv_left:]
+
+
+def _masked_attention(attn: Any, x: Any, window: Any, pos_emb: Any, mask: Any) -> Any:
+    """The conformer's relative-position self-attention of the new frames ``x`` over
+    ``window`` (padded cache and new frames), its position scores plus ``mask``: the
+    streaming attention's arithmetic, with padded keys weighted exactly zero."""
+
+    rows, chunk, _ = x.shape
+    keys = window.shape[1]
+    heads, width = attn.n_head, attn.head_dim
+    q = attn.linear_q(x).reshape(rows, chunk, heads, width)
+    k = attn.linear_k(window).reshape(rows, keys, heads, width).transpose(0, 2, 1, 3)
+    v = attn.linear_v(window).reshape(rows, keys, heads, width).transpose(0, 2, 1, 3)
+    p = attn.linear_pos(pos_emb)
+    p = p.reshape(1, p.shape[1], heads, width).transpose(0, 2, 1, 3)
+    q_u = (q + attn.pos_bias_u).transpose(0, 2, 1, 3)
+    q_v = (q + attn.pos_bias_v).transpose(0, 2, 1, 3)
+    position = attn.rel_shift(mx.matmul(q_v, p.swapaxes(-2, -1)))[:, :, :, :keys] * attn.scale
+    out = mx.fast.scaled_dot_product_attention(q_u, k, v, scale=attn.scale, mask=position + mask)
+    return attn.linear_out(out.transpose(0, 2, 1, 3).reshape(rows, chunk, -1))
 
 
 def _stacked(parts: Sequence[Any]) -> Any:
