@@ -435,15 +435,18 @@ def test_young_rows_of_staggered_ages_run_the_conformer_as_one_batch(
     request: pytest.FixtureRequest, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Conversations younger than the conformer's attention context (70 encoder frames),
-    each a different age, so their attention caches differ in length: they run the
-    conformer as one batch, padded and masked, and every frame each one's events and
-    perception caches (mel tail, attention and convolution caches, each its own length)
-    are bit for bit its solo run's."""
+    each a different age, so their attention caches differ in length (on tiny with one
+    conversation past that context, its cache full): they run the conformer as one
+    batch, padded and masked, and every frame each one's events and perception caches
+    (mel tail, attention and convolution caches, each its own length) are bit for bit
+    its solo run's."""
     from realtime.models.voicechat import perception
 
     model = _models(request, name)
-    starts = [0, 1, 3, 6] if name == "demo_model" else [0, 2, 3]
-    frames = 9 if name == "demo_model" else 6
+    # (first frame, frames); ages 0 and 1 to 2 differ from older rows in their mel tails.
+    specs = [(0, 9), (1, 9), (3, 9), (6, 9)]
+    if name == "demo_model":
+        specs = [(0, 81), *((start + 70, frames) for start, frames in specs)]
     batched_rows: list[int] = []
     masked = perception._masked_block
 
@@ -452,14 +455,14 @@ def test_young_rows_of_staggered_ages_run_the_conformer_as_one_batch(
         return masked(block, x, *args)
 
     monkeypatch.setattr(perception, "_masked_block", spy)
-    audio = [_audio(k, frames) for k in range(len(starts))]
-    ours: list[ModelSession | None] = [None] * len(starts)
-    alone: list[ModelSession | None] = [None] * len(starts)
-    got: list[list[Any]] = [[] for _ in starts]
-    want: list[list[Any]] = [[] for _ in starts]
-    for t in range(max(starts) + frames):
+    audio = [_audio(k, frames) for k, (_, frames) in enumerate(specs)]
+    ours: list[ModelSession | None] = [None] * len(specs)
+    alone: list[ModelSession | None] = [None] * len(specs)
+    got: list[list[Any]] = [[] for _ in specs]
+    want: list[list[Any]] = [[] for _ in specs]
+    for t in range(max(start + frames for start, frames in specs)):
         batch = []
-        for k, start in enumerate(starts):
+        for k, (start, frames) in enumerate(specs):
             if t == start:
                 ours[k], alone[k] = (
                     open_session(model, system_prompt=None, seed=k, max_streaming_seconds=None)
@@ -481,4 +484,4 @@ def test_young_rows_of_staggered_ages_run_the_conformer_as_one_batch(
             assert [a.shape for a in mine] == [b.shape for b in theirs], (t, k)
             assert all(np.array_equal(a, b) for a, b in zip(mine, theirs, strict=True)), (t, k)
         assert [digest(g) for g in got] == [digest(w) for w in want], t
-    assert max(batched_rows) == len(starts)
+    assert max(batched_rows) == len(specs)

@@ -18,9 +18,9 @@ Rows are combined only where the result stays bit for bit what each row gets alo
 * the log-mel front end runs as one batch for the rows whose sample buffers are laid
   out alike (conversations of equal age, and every conversation fed whole frames from
   its third frame on): :mod:`realtime.models.voicechat.mel`;
-* perception runs as one batch for the rows whose conformer chunks are alike, i.e.
-  per row until a conversation is 70 encoder frames old: the conformer's attention
-  caches differ in length until then and its streaming block has no key-padding mask;
+* the conformer (:mod:`realtime.models.voicechat.perception`) runs its blocks as one
+  batch for every row past its first frame: attention caches of young conversations
+  (under 70 encoder frames) left-padded to the longest and masked;
 * the RNN-T runs one batch per round of symbols over the rows still emitting (each
   emits its own number), its predictor's LSTM layers called batch-first;
 * the language model runs as one batch: its Mamba states are stacked for the step
