@@ -456,8 +456,8 @@ def test_young_rows_of_staggered_ages_run_the_conformer_as_one_batch(
 
     monkeypatch.setattr(perception, "_masked_block", spy)
     audio = [_audio(k, frames) for k, (_, frames) in enumerate(specs)]
-    ours: list[ModelSession | None] = [None] * len(specs)
-    alone: list[ModelSession | None] = [None] * len(specs)
+    ours: dict[int, ModelSession] = {}
+    alone: dict[int, ModelSession] = {}
     got: list[list[Any]] = [[] for _ in specs]
     want: list[list[Any]] = [[] for _ in specs]
     for t in range(max(start + frames for start, frames in specs)):
@@ -468,19 +468,16 @@ def test_young_rows_of_staggered_ages_run_the_conformer_as_one_batch(
                     open_session(model, system_prompt=None, seed=k, max_streaming_seconds=None)
                     for _ in range(2)
                 )
-            f = t - start
-            if 0 <= f < frames:
+            if 0 <= (f := t - start) < frames:
                 batch.append((k, audio[k][f * 1280 : (f + 1) * 1280]))
         results = model.step([(ours[k], piece, 16000) for k, piece in batch])
         for (k, piece), result in zip(batch, results, strict=True):
             assert not isinstance(result, Exception), result
             got[k] += result
-            solo = alone[k]
-            assert solo is not None
-            (single,) = model.step([(solo, piece, 16000)])
+            (single,) = model.step([(alone[k], piece, 16000)])
             assert not isinstance(single, Exception), single
             want[k] += single
-            mine, theirs = _perception_state(ours[k]), _perception_state(solo)  # type: ignore[arg-type]
+            mine, theirs = _perception_state(ours[k]), _perception_state(alone[k])
             assert [a.shape for a in mine] == [b.shape for b in theirs], (t, k)
             assert all(np.array_equal(a, b) for a, b in zip(mine, theirs, strict=True)), (t, k)
         assert [digest(g) for g in got] == [digest(w) for w in want], t
