@@ -3,8 +3,18 @@ row's frame through the log-mel front end and the streaming conformer, batched w
 the result stays bit for bit what each row gets alone.
 
 The log-mel front end runs as one batch for the rows whose sample buffers are laid out
-alike (:mod:`realtime.models.voicechat.mel`); the conformer runs once for each group of
-rows whose streaming states are equally far, else per row as mlx-audio's own push.
+alike (:mod:`realtime.models.voicechat.mel`). The conformer's subsampling runs once for
+each group of rows whose mel tails and counters line up, its blocks once for all rows
+whose caches exist. A conversation younger than the attention's left context (70
+encoder frames) has a shorter attention cache than an older one: for the step, each
+row's cache is left-padded with zeros to the longest and the padded keys are masked
+(minus infinity on their position scores) in our own streaming block. Left padding
+keeps each real key's distance to the new frame, so the relative positions a row's
+keys get are those it gets alone; a padded key's weight is exactly zero, and exact
+zeros change none of the sums on MLX's CPU, whose reductions run in order
+(tests/test_voicechat_step.py checks every row's caches and events against its solo
+run; a GPU's attention kernels split the keys into blocks, so padding may move the
+last bits there). A chunk the step does not cut runs as mlx-audio's own push.
 """
 
 from __future__ import annotations
