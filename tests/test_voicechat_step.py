@@ -430,3 +430,63 @@ def test_batched_transcript_steps_are_each_rows_own(
                     assert np.array_equal(np.array(a), np.array(b))
     assert mixed
     assert any(len(set(counts)) > 1 for counts in counts_seen)
+
+
+def _perception_state(session: ModelSession) -> list[np.ndarray]:
+    stream = session._inner._conformer_stream  # type: ignore[attr-defined]
+    state = [stream.mel_cache, *stream.attn_cache, *stream.conv_cache]
+    return [np.array(value) for value in state if value is not None]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_young_rows_of_staggered_ages_run_the_conformer_as_one_batch(
+    request: pytest.FixtureRequest, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Conversations younger than the conformer's attention context (70 encoder frames),
+    each a different age, so their attention caches differ in length (on tiny with one
+    conversation past that context, its cache full): they run the conformer as one
+    batch, padded and masked, and every frame each one's events and perception caches
+    (mel tail, attention and convolution caches, each its own length) are bit for bit
+    its solo run's."""
+    from realtime.models.voicechat import perception
+
+    model = _models(request, name)
+    # (first frame, frames); ages 0 and 1 to 2 differ from older rows in their mel tails.
+    specs = [(0, 9), (1, 9), (3, 9), (6, 9)]
+    if name == "demo_model":
+        specs = [(0, 81), *((start + 70, frames) for start, frames in specs)]
+    batched_rows: list[int] = []
+    masked = perception._masked_block
+
+    def spy(block: Any, x: Any, *args: Any) -> Any:
+        batched_rows.append(x.shape[0])
+        return masked(block, x, *args)
+
+    monkeypatch.setattr(perception, "_masked_block", spy)
+    audio = [_audio(k, frames) for k, (_, frames) in enumerate(specs)]
+    ours: dict[int, ModelSession] = {}
+    alone: dict[int, ModelSession] = {}
+    got: list[list[Any]] = [[] for _ in specs]
+    want: list[list[Any]] = [[] for _ in specs]
+    for t in range(max(start + frames for start, frames in specs)):
+        batch = []
+        for k, (start, frames) in enumerate(specs):
+            if t == start:
+                ours[k], alone[k] = (
+                    open_session(model, system_prompt=None, seed=k, max_streaming_seconds=None)
+                    for _ in range(2)
+                )
+            if 0 <= (f := t - start) < frames:
+                batch.append((k, audio[k][f * 1280 : (f + 1) * 1280]))
+        results = model.step([(ours[k], piece, 16000) for k, piece in batch])
+        for (k, piece), result in zip(batch, results, strict=True):
+            assert not isinstance(result, Exception), result
+            got[k] += result
+            (single,) = model.step([(alone[k], piece, 16000)])
+            assert not isinstance(single, Exception), single
+            want[k] += single
+            mine, theirs = _perception_state(ours[k]), _perception_state(alone[k])
+            assert [a.shape for a in mine] == [b.shape for b in theirs], (t, k)
+            assert all(np.array_equal(a, b) for a, b in zip(mine, theirs, strict=True)), (t, k)
+        assert [digest(g) for g in got] == [digest(w) for w in want], t
+    assert max(batched_rows) == len(specs)

@@ -1,0 +1,284 @@
+"""Perception for the batched frame step (realtime/models/voicechat/step.py): each
+row's frame through the log-mel front end and the streaming conformer, batched where
+the result stays bit for bit what each row gets alone.
+
+The log-mel front end runs as one batch for the rows whose sample buffers are laid out
+alike (:mod:`realtime.models.voicechat.mel`). The conformer's subsampling runs once for
+each group of rows whose mel tails and counters line up, its blocks once for all rows
+whose caches exist. A conversation younger than the attention's left context (70
+encoder frames) has a shorter attention cache than an older one: for the step, each
+row's cache is left-padded with zeros to the longest and the padded keys are masked
+(minus infinity on their position scores) in our own streaming block. Left padding
+keeps each real key's distance to the new frame, so the relative positions a row's
+keys get are those it gets alone; a padded key's weight is exactly zero, and exact
+zeros change none of the sums on MLX's CPU, whose reductions run in order
+(tests/test_voicechat_step.py checks every row's caches and events against its solo
+run; a GPU's attention kernels split the keys into blocks, so padding may move the
+last bits there). A chunk the step does not cut runs as mlx-audio's own push.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import attrs
+import mlx.core as mx
+import numpy as np
+from mlx.nn.layers.activations import glu
+from mlx_audio.stt.models.nemotron_asr import streaming as conformer
+
+from realtime.models.voicechat.mel import push_frames
+
+if TYPE_CHECKING:
+    from realtime.models.voicechat.step import StepRow
+
+T = TypeVar("T")
+
+
+def groups(items: Iterable[T], key: Callable[[T], Hashable]) -> list[list[T]]:
+    """``items`` grouped by ``key``, each group in order, groups by first appearance."""
+    out: dict[Hashable, list[T]] = {}
+    for item in items:
+        out.setdefault(key(item), []).append(item)
+    return list(out.values())
+
+
+@attrs.frozen(slots=True)
+class _ChunkPlan:
+    """How a conformer state encodes one frame's mel, in two keys: rows with equal
+    ``mel`` keys run the subsampling as one batch (their mel windows and emitted
+    frame line up), rows with equal ``blocks`` keys the conformer blocks (their caches
+    exist and are alike but for the attention caches' lengths, which are padded)."""
+
+    mel: tuple[Any, ...]
+    blocks: tuple[Any, ...]
+
+
+def _chunk_plan(stream: Any, mel: Any) -> _ChunkPlan | None:
+    """How the conformer state ``stream`` would encode ``mel`` (one frame's mel, after
+    mlx-audio's ``push(mel, emit_partial=True)``), as keys that rows share exactly when
+    one batched encode gives each what its own push would; None when this push is not
+    the plain case (one chunk, emitted, closing the pending mel), which then runs as
+    mlx-audio's own push."""
+    if stream.closed or stream.pending is not None or mel.shape[1] == 0:
+        return None
+    chunk = stream.first_chunk_mel if stream.consumed == 0 else stream.chunk_mel
+    if mel.shape[1] > chunk:
+        return None
+    factor = stream.subsampling_factor
+    cache_len = 0 if stream.mel_cache is None else stream.mel_cache.shape[1]
+    base = (stream.consumed - cache_len) // factor
+    lo = stream.emitted - base
+    attn = tuple(None if c is None else (c.shape[0], c.shape[2]) for c in stream.attn_cache)
+    conv = tuple(None if c is None else tuple(c.shape) for c in stream.conv_cache)
+    return _ChunkPlan(
+        mel=(tuple(mel.shape), cache_len, (stream.consumed - cache_len) % factor, lo),
+        blocks=(attn, conv),
+    )
+
+
+def perceive(rows: Sequence[StepRow]) -> tuple[list[Any], list[Any]]:
+    """Each row's encoder frame (for the RNN-T) and its projection (the language
+    model's audio input). The log-mel front end runs as one batch for the rows whose
+    buffers are laid out alike (:mod:`realtime.models.voicechat.mel`); the conformer's
+    subsampling once for each group of rows whose mel windows line up, its blocks once
+    for the rows whose caches exist (every conversation past its first frame; younger
+    than the attention's left context, 70 encoder frames, with its attention cache
+    padded and masked); a chunk this step does not cut runs as mlx-audio's push."""
+
+    proj = rows[0].inner.model.stt_model.perception.proj
+    mels = push_frames([row.inner._mel_stream for row in rows], [row.frame for row in rows])
+    plans = [
+        _chunk_plan(row.inner._conformer_stream, mel) for row, mel in zip(rows, mels, strict=True)
+    ]
+    planned = {i: plan for i, plan in enumerate(plans) if plan is not None}
+    encoded: list[Any] = [None] * len(rows)
+    for members in groups(
+        range(len(rows)), lambda i: planned[i].blocks if i in planned else ("own", i)
+    ):
+        if members[0] not in planned:  # a chunk this step does not cut: mlx-audio's push
+            i = members[0]
+            encoded[i] = _pushed(rows[i].inner._conformer_stream, mels[i])
+            continue
+        order: list[int] = []
+        frames: list[Any] = []
+        for part in groups(members, lambda i: planned[i].mel):
+            streams = [rows[i].inner._conformer_stream for i in part]
+            frames.append(_pre_encoded(streams, [mels[i] for i in part]))
+            order += part
+        h = _conformer_blocks([rows[i].inner._conformer_stream for i in order], stacked(frames))
+        for position, i in enumerate(order):
+            encoded[i] = _row(h, position, len(order))
+    if len(rows) == 1:
+        return encoded, [proj(encoded[0])]
+    projected = proj(mx.concatenate(encoded, axis=0))
+    return encoded, [projected[i : i + 1] for i in range(len(rows))]
+
+
+def _pushed(stream: Any, mel: Any) -> Any:
+    """One row's encoder frame through mlx-audio's own streaming ``push``."""
+    chunks = stream.push(mel, emit_partial=True)
+    if len(chunks) != 1 or chunks[0].shape[1] != 1:
+        raise RuntimeError(
+            "cached perception did not emit exactly one encoder frame: "
+            f"mel={tuple(mel.shape)}, encoded={[tuple(c.shape) for c in chunks]}"
+        )
+    return chunks[0]
+
+
+def _pre_encoded(streams: Sequence[Any], mels: Sequence[Any]) -> Any:
+    """The conformer's subsampling for a group of equally far ``streams`` (each with
+    its cached mel tail before its new ``mels``): the one new subsampled frame of each,
+    stacked; each stream's mel tail and counters move on."""
+
+    lead = streams[0]
+    windows = [
+        mel if s.mel_cache is None else mx.concatenate([s.mel_cache, mel], axis=1)
+        for mel, s in zip(mels, streams, strict=True)
+    ]
+    win = stacked(windows)
+    width = win.shape[1]
+    # The widths as a Python list: pre_encode reads each with int(), which on an MLX
+    # array is an evaluation (a wait on the device) per row.
+    sub = lead.encoder.pre_encode(win, [width] * len(streams))[0]
+    factor = lead.subsampling_factor
+    cache_len = 0 if lead.mel_cache is None else lead.mel_cache.shape[1]
+    base = (lead.consumed - cache_len) // factor
+    lo, hi = lead.emitted - base, sub.shape[1]
+    end = lead.consumed + mels[0].shape[1]
+    keep = conformer._PRE_ENCODE_MEL_CACHE + (end - conformer._PRE_ENCODE_MEL_CACHE) % factor
+    if hi - lo != 1:
+        raise RuntimeError(f"cached perception would emit {hi - lo} encoder frames, not one")
+    for position, s in enumerate(streams):
+        row_base = (s.consumed - cache_len) // factor
+        s.consumed += mels[position].shape[1]
+        s.mel_cache = windows[position][:, -keep:]
+        s.emitted = row_base + hi
+    return sub[:, lo:hi]
+
+
+def _conformer_blocks(streams: Sequence[Any], h: Any) -> Any:
+    """The conformer's blocks over a group's subsampled frames ``h``, each stream's
+    attention and convolution caches read stacked and written back per row: through
+    mlx-audio's streaming block when the rows' attention caches are equally long, else
+    through :func:`_masked_block` (rows younger than the attention's left context)."""
+
+    lead = streams[0]
+    masks: dict[tuple[int, ...], Any] = {}
+    for layer, block in enumerate(lead.encoder.layers):
+        attn = [s.attn_cache[layer] for s in streams]
+        conv = [s.conv_cache[layer] for s in streams]
+        lengths = tuple(0 if a is None else a.shape[1] for a in attn)
+        if len(set(lengths)) == 1 or lead.left_cache <= 0:
+            h, attn_next, conv_next = conformer._stream_block(
+                block,
+                h,
+                lead.encoder.pos_enc,
+                None if attn[0] is None else stacked(attn),
+                None if conv[0] is None else stacked(conv),
+                lead.left_cache,
+                lead.conv_left,
+            )
+            for position, s in enumerate(streams):
+                s.attn_cache[layer] = _row(attn_next, position, len(streams))
+                s.conv_cache[layer] = _row(conv_next, position, len(streams))
+            continue
+        if lengths not in masks:
+            masks[lengths] = _key_mask(lengths, h.shape[1], h.dtype)
+        h, keys, conv_next = _masked_block(
+            block,
+            h,
+            lead.encoder.pos_enc,
+            _left_padded(attn, max(lengths)),
+            masks[lengths],
+            stacked(conv),
+            lead.conv_left,
+        )
+        for position, s in enumerate(streams):
+            # Each row keeps its own cache, as long as alone: its real keys, the last.
+            keep = min(lengths[position] + h.shape[1], lead.left_cache)
+            s.attn_cache[layer] = keys[position : position + 1, -keep:]
+            s.conv_cache[layer] = conv_next[position : position + 1]
+    return h
+
+
+def _left_padded(caches: Sequence[Any], longest: int) -> Any:
+    """Rows' attention caches (1, length, width) stacked, each left-padded with zeros to
+    ``longest``: a row's real keys keep their distance from the new frame, so the
+    relative positions each one sees are those it sees alone."""
+
+    return mx.concatenate(
+        [
+            c if c.shape[1] == longest else mx.pad(c, [(0, 0), (longest - c.shape[1], 0), (0, 0)])
+            for c in caches
+        ],
+        axis=0,
+    )
+
+
+def _key_mask(lengths: Sequence[int], chunk: int, dtype: Any) -> Any:
+    """The additive key mask (rows, 1, 1, longest + chunk) of left-padded caches of
+    ``lengths``: minus infinity on each row's padding, zero elsewhere. Built from host
+    data (no wait on the device), in the scores' dtype (a float32 mask would promote
+    the attention's arithmetic)."""
+
+    longest = max(lengths)
+    mask = np.zeros((len(lengths), 1, 1, longest + chunk), dtype=np.float32)
+    for row, length in enumerate(lengths):
+        mask[row, ..., : longest - length] = -np.inf
+    return mx.array(mask, dtype=dtype)
+
+
+def _masked_block(
+    block: Any, x: Any, pos_enc: Any, cache: Any, mask: Any, conv_cache: Any, conv_left: int
+) -> tuple[Any, Any, Any]:
+    """One conformer block's streaming step over rows whose attention caches were
+    left-padded to one length (``cache``; ``mask`` hides the padding): the order of
+    operations of mlx-audio's streaming block (so every real value is computed as it
+    is alone), with a key mask in its self-attention. Returns the block's output, the
+    padded keys window (cache and new frames) and the new convolution caches."""
+
+    residual = x + 0.5 * block.feed_forward1(block.norm_feed_forward1(x))
+    normed = block.norm_self_att(residual)
+    window = mx.concatenate([cache, normed], axis=1)
+    pos_emb = pos_enc.pos_emb_for(window.shape[1], x.dtype)
+    residual = residual + _masked_attention(block.self_attn, normed, window, pos_emb, mask)
+    conv = block.conv
+    gated = glu(conv.pointwise_conv1(block.norm_conv(residual)), axis=-1)
+    conv_in = mx.concatenate([conv_cache, gated], axis=1)
+    y = conv.activation(conv.batch_norm(conv.depthwise_conv(conv_in)))
+    residual = residual + conv.pointwise_conv2(y)
+    residual = residual + 0.5 * block.feed_forward2(block.norm_feed_forward2(residual))
+    return block.norm_out(residual), window, conv_in[:, -conv_left:]
+
+
+def _masked_attention(attn: Any, x: Any, window: Any, pos_emb: Any, mask: Any) -> Any:
+    """The conformer's relative-position self-attention of the new frames ``x`` over
+    ``window`` (padded cache and new frames), its position scores plus ``mask``: the
+    streaming attention's arithmetic, with padded keys weighted exactly zero."""
+
+    rows, chunk, _ = x.shape
+    keys = window.shape[1]
+    heads, width = attn.n_head, attn.head_dim
+    q = attn.linear_q(x).reshape(rows, chunk, heads, width)
+    k = attn.linear_k(window).reshape(rows, keys, heads, width).transpose(0, 2, 1, 3)
+    v = attn.linear_v(window).reshape(rows, keys, heads, width).transpose(0, 2, 1, 3)
+    p = attn.linear_pos(pos_emb)
+    p = p.reshape(1, p.shape[1], heads, width).transpose(0, 2, 1, 3)
+    q_u = (q + attn.pos_bias_u).transpose(0, 2, 1, 3)
+    q_v = (q + attn.pos_bias_v).transpose(0, 2, 1, 3)
+    position = attn.rel_shift(mx.matmul(q_v, p.swapaxes(-2, -1)))[:, :, :, :keys] * attn.scale
+    out = mx.fast.scaled_dot_product_attention(q_u, k, v, scale=attn.scale, mask=position + mask)
+    return attn.linear_out(out.transpose(0, 2, 1, 3).reshape(rows, chunk, -1))
+
+
+def stacked(parts: Sequence[Any], axis: int = 0) -> Any:
+    """``parts`` as one batch (one part as it is: no copy in the graph)."""
+
+    return parts[0] if len(parts) == 1 else mx.concatenate(list(parts), axis=axis)
+
+
+def _row(batch: Any, position: int, rows: int) -> Any:
+    """Row ``position`` of a batch of ``rows`` (a batch of one as it is)."""
+    return batch if rows == 1 else batch[position : position + 1]
