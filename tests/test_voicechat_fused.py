@@ -79,7 +79,7 @@ def test_a_prefill_shape_runs_op_by_op(demo_model: VoiceChatModel) -> None:
     assert not any(op.startswith("Compiled") for op in _kernels(module(longer)))
 
 
-def test_a_conversation_is_the_same_fused_or_not(demo_model: VoiceChatModel) -> None:
+def test_a_conversation_is_the_same_fused_unfused_or_uncompiled(demo_model: VoiceChatModel) -> None:
     trace(demo_model.runtime.model, [1])
     samples = np.concatenate([noise(8, seed=6, level=0.5), speechlike(4, seed=6)])
 
@@ -90,4 +90,20 @@ def test_a_conversation_is_the_same_fused_or_not(demo_model: VoiceChatModel) -> 
     fused = run()
     with unfused():
         plain = run()
-    assert fused == plain
+    mx.disable_compile()  # --no-compile: every compiled function op by op
+    try:
+        uncompiled = run()
+    finally:
+        mx.enable_compile()
+    assert fused == plain == uncompiled
+
+
+def test_compile_step_traces_the_fused_pieces(
+    demo_model: VoiceChatModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import realtime.models.voicechat.model as voicechat
+
+    traced: list[list[int]] = []
+    monkeypatch.setattr(voicechat, "trace", lambda model, sizes: traced.append(list(sizes)))
+    demo_model.compile_step([1, 2, 3])
+    assert traced == [[1, 2, 3]]
