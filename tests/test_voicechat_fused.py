@@ -61,7 +61,10 @@ def test_each_fused_piece_gives_its_op_by_op_bits(demo_model: VoiceChatModel, ba
     assert len(calls) >= 5
     for k, (module, zeros) in enumerate(calls):
         inputs = _random_like(zeros, seed=100 * batch + k)
-        offsets = (0, 7, 1234) if isinstance(module, FusedRoPE) else (None,)
+        # A rotary embedding at several positions, and per row (a batch's offsets).
+        rows = zeros[0].shape[0]
+        per_row = mx.arange(rows, dtype=mx.int32) * 5 + 2
+        offsets = (0, 7, 1234, per_row) if isinstance(module, FusedRoPE) else (None,)
         for offset in offsets:
             extra = () if offset is None else (offset,)
             fused = module(*inputs, *extra)

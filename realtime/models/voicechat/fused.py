@@ -122,10 +122,11 @@ def _gated_rms_norm_call(self: Any, x: Any, gate: Any = None) -> Any:
     return MambaRMSNormGated.__call__(self, x, gate)
 
 
-def _rope_call(self: Any, x: Any, offset: int = 0) -> Any:
-    # The offset as an array: one trace serves every position.
+def _rope_call(self: Any, x: Any, offset: Any = 0) -> Any:
+    # The offset as an array (a batch's per-row offsets already are one): one trace
+    # serves every position.
     if _frame(x):
-        position = mx.array(offset, dtype=mx.int32)
+        position = offset if isinstance(offset, mx.array) else mx.array(offset, dtype=mx.int32)
         return _rope(x, position, self.dims, self.traditional, self.base, self.scale)
     return RoPE.__call__(self, x, offset)
 
