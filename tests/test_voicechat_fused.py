@@ -13,7 +13,14 @@ import pytest
 from mlx.utils import tree_flatten
 
 from realtime.models.base import open_session
-from realtime.models.voicechat.fused import FUSED, FusedRoPE, frame_inputs, trace, unfused
+from realtime.models.voicechat.fused import (
+    FUSED,
+    TRACES,
+    FusedRoPE,
+    frame_inputs,
+    trace,
+    unfused,
+)
 from realtime.models.voicechat.model import VoiceChatModel
 from tests.models_fixtures import noise, push_all, speechlike
 from tests.test_sessions_isolation import digest
@@ -60,11 +67,12 @@ def test_each_fused_piece_gives_its_op_by_op_bits(demo_model: VoiceChatModel, ba
     calls = frame_inputs(demo_model.runtime.model, batch)
     assert len(calls) >= 5
     for k, (module, zeros) in enumerate(calls):
-        inputs = _random_like(zeros, seed=100 * batch + k)
+        rope = isinstance(module, FusedRoPE)
+        inputs = _random_like(zeros[:1] if rope else zeros, seed=100 * batch + k)
         # A rotary embedding at several positions, and per row (a batch's offsets).
         rows = zeros[0].shape[0]
         per_row = mx.arange(rows, dtype=mx.int32) * 5 + 2
-        offsets = (0, 7, 1234, per_row) if isinstance(module, FusedRoPE) else (None,)
+        offsets = (0, 7, 1234, per_row) if rope else (None,)
         for offset in offsets:
             extra = () if offset is None else (offset,)
             fused = module(*inputs, *extra)
@@ -110,3 +118,22 @@ def test_compile_step_traces_the_fused_pieces(
     monkeypatch.setattr(voicechat, "trace", lambda model, sizes: traced.append(list(sizes)))
     demo_model.compile_step([1, 2, 3])
     assert traced == [[1, 2, 3]]
+
+
+def test_frame_steps_trace_nothing_after_start(demo_model: VoiceChatModel) -> None:
+    """What ``compile_step`` traces is what frame steps meet: B=1 (scalar positions)
+    and B=3 (per-row positions), young rows and the first frames included."""
+    demo_model.compile_step([1, 2, 3])
+    before = sum(TRACES.values())
+    sessions = [
+        open_session(demo_model, system_prompt=None, seed=seed, max_streaming_seconds=None)
+        for seed in (7, 8, 9)
+    ]
+    audio = [noise(4, seed=seed, level=0.5) for seed in (7, 8, 9)]
+    for f in range(4):
+        rows = sessions if f >= 2 else sessions[:1]  # B=1, then B=3 with younger rows
+        results = demo_model.step(
+            [(s, audio[k][f * 1280 : (f + 1) * 1280], 16000) for k, s in enumerate(rows)]
+        )
+        assert not any(isinstance(r, Exception) for r in results)
+    assert sum(TRACES.values()) == before

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import types
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
@@ -62,25 +63,34 @@ def _frame(x: Any) -> bool:
     return not _bypass and x.ndim >= 3 and x.shape[-2] == 1 and x.dtype == mx.float32
 
 
+TRACES: Final[Counter[str]] = Counter()
+"""How many times each compiled function's Python body ran: once per trace (every call
+under ``mx.disable_compile()``), so a test can tell that a frame step traced nothing."""
+
+
 @mx.compile
 def _layer_norm(x: Any, weight: Any, bias: Any, eps: float) -> Any:
+    TRACES["layer_norm"] += 1
     return mx.fast.layer_norm(x, weight, bias, eps)
 
 
 @mx.compile
 def _rms_norm(x: Any, weight: Any, eps: float) -> Any:
+    TRACES["rms_norm"] += 1
     return mx.fast.rms_norm(x, weight, eps)
 
 
 @mx.compile
 def _offset_rms_norm(x: Any, weight: Any, eps: float) -> Any:
     # gemma3's RMSNorm: the weight is an offset from one.
+    TRACES["offset_rms_norm"] += 1
     return mx.fast.rms_norm(x, 1.0 + weight, eps)
 
 
 @mx.compile
 def _gated_rms_norm(x: Any, gate: Any, weight: Any, eps: float, group: int) -> Any:
     # mlx-vlm's own call, on a stand-in holding the module's weight and constants.
+    TRACES["gated_rms_norm"] += 1
     stand_in = types.SimpleNamespace(weight=weight, eps=eps, group_size=group)
     call: Any = MambaRMSNormGated.__call__
     return call(stand_in, x, gate)
@@ -88,6 +98,7 @@ def _gated_rms_norm(x: Any, gate: Any, weight: Any, eps: float, group: int) -> A
 
 @mx.compile
 def _rope(x: Any, offset: Any, dims: int, traditional: bool, base: float, scale: float) -> Any:
+    TRACES["rope"] += 1
     return mx.fast.rope(x, dims, traditional=traditional, base=base, scale=scale, offset=offset)
 
 
@@ -205,9 +216,16 @@ def frame_inputs(model: Any, batch: int) -> list[tuple[Callable[..., Any], list[
         picked.extend(_attention_shapes(model, tts_rows))
     for module, shape in picked:
         zeros = mx.zeros(shape)
-        inputs = [zeros, zeros] if isinstance(module, FusedMambaRMSNormGated) else [zeros]
+        variants = [[zeros]]
+        if isinstance(module, FusedMambaRMSNormGated):
+            variants = [[zeros, zeros]]
+        elif isinstance(module, FusedRoPE) and batch > 1:
+            # A batch's rows each at their own position: one offset per row.
+            variants.append([zeros, mx.zeros((shape[0],), dtype=mx.int32)])
         dims = tuple(getattr(module, k, None) for k in ("eps", "group_size", "dims", "base"))
-        calls.setdefault((type(module), shape, dims), (module, inputs))
+        for inputs in variants:
+            key = (type(module), dims, *(x.shape for x in inputs))
+            calls.setdefault(key, (module, inputs))
     return list(calls.values())
 
 
