@@ -326,9 +326,11 @@ def _ours(model: Any, starts: Sequence[int], frames: int) -> Stepper:
 
 
 def _mlx_vlm(model: Any, frames: int) -> Stepper:
-    """mlx-vlm's own streaming session, one row."""
+    """mlx-vlm's own streaming session, one row (this project's fused modules bypassed,
+    so that it is mlx-vlm's graph that is counted)."""
     from mlx_vlm.models.nemotron_voicechat.streaming import VoiceChatStreamingSession
 
+    from realtime.models.voicechat.fused import unfused
     from realtime.models.voicechat.keys import SessionKey, drawing_from, install_voicechat
 
     install_voicechat()
@@ -338,7 +340,7 @@ def _mlx_vlm(model: Any, frames: int) -> Stepper:
     audio = noise_audio(0, frames)
 
     def step(t: int) -> None:
-        with drawing_from(key):
+        with drawing_from(key), unfused():
             session.push_audio(audio[t * 1280 : (t + 1) * 1280], sample_rate=16000)
 
     return step

@@ -4,7 +4,9 @@ On the CPU every row of a batched step is bit for bit its conversation's solo ru
 (tested). On a GPU, MLX switches quantized matmul kernels as the rows grow (``qmv`` for a
 few rows, ``qmm`` past them), which sums in another order: this runs B conversations as
 one batch for ``--frames`` frames and each alone, and reports per batch size how many
-rows differ, from which frame, and the largest difference in their audio samples.
+rows differ, from which frame, and the largest difference in their audio samples; then
+one conversation with the step's compiled pieces against the same run op by op (MLX's
+CUDA backend compiles with fused multiply-adds, so a GPU may round those differently).
 """
 
 from __future__ import annotations
@@ -49,6 +51,18 @@ def _run(model: Any, seeds: Sequence[int], frames: int) -> list[list[Any]]:
     return out
 
 
+def _differences(mine: Sequence[Any], alone: Sequence[Any]) -> tuple[int | None, float]:
+    """The first frame where one row's run differs from another's, and the largest
+    difference in their audio samples."""
+    first, largest = None, 0.0
+    for f, (a, b) in enumerate(zip(mine, alone, strict=True)):
+        if a[:2] != b[:2] or a[2].tobytes() != b[2].tobytes():
+            first = f if first is None else first
+            if a[2].shape == b[2].shape:
+                largest = max(largest, float(np.max(np.abs(a[2] - b[2]), initial=0)))
+    return first, largest
+
+
 def compare(model: Any, rows: int, frames: int) -> dict[str, Any]:
     """``rows`` conversations batched against each run alone."""
     seeds = list(range(rows))
@@ -56,13 +70,8 @@ def compare(model: Any, rows: int, frames: int) -> dict[str, Any]:
     differing, first, largest = 0, None, 0.0
     for k, seed in enumerate(seeds):
         (solo,) = _run(model, [seed], frames)
-        row_first = None
-        for f, (mine, alone) in enumerate(zip(batched[k], solo, strict=True)):
-            same = mine[:2] == alone[:2] and mine[2].tobytes() == alone[2].tobytes()
-            if not same:
-                row_first = f if row_first is None else row_first
-                if mine[2].shape == alone[2].shape:
-                    largest = max(largest, float(np.max(np.abs(mine[2] - alone[2]), initial=0)))
+        row_first, row_largest = _differences(batched[k], solo)
+        largest = max(largest, row_largest)
         if row_first is not None:
             differing += 1
             first = row_first if first is None else min(first, row_first)
@@ -70,6 +79,26 @@ def compare(model: Any, rows: int, frames: int) -> dict[str, Any]:
         "rows": rows,
         "frames": frames,
         "rows_differing": differing,
+        "first_frame_differing": first,
+        "largest_sample_difference": largest,
+    }
+
+
+def compare_compiled(model: Any, frames: int) -> dict[str, Any]:
+    """One conversation with the step's compiled pieces (the TTS rounds, the fused norms
+    and rotary embeddings) against the same run op by op (``mx.disable_compile``): on
+    the CPU the same bits (tested); a GPU's compiled kernels use fused multiply-adds."""
+    import mlx.core as mx
+
+    (compiled,) = _run(model, [0], frames)
+    mx.disable_compile()
+    try:
+        (plain,) = _run(model, [0], frames)
+    finally:
+        mx.enable_compile()
+    first, largest = _differences(compiled, plain)
+    return {
+        "frames": frames,
         "first_frame_differing": first,
         "largest_sample_difference": largest,
     }
@@ -102,8 +131,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             f" difference {result['largest_sample_difference']:.3g})",
             flush=True,
         )
+    same = compare_compiled(model, args.frames)
+    print(
+        "B=1 compiled against op by op: "
+        + (
+            "the same bits"
+            if same["first_frame_differing"] is None
+            else f"differs from frame {same['first_frame_differing']} (largest sample"
+            f" difference {same['largest_sample_difference']:.3g})"
+        ),
+        flush=True,
+    )
     if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=2))
+        args.json.write_text(json.dumps({"batched": results, "compiled": same}, indent=2))
     return 0
 
 

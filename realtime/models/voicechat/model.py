@@ -57,6 +57,7 @@ from realtime.models.checkpoint import (
 from realtime.models.prompt_cache import CacheFigures
 from realtime.models.voicechat.cast import cast_once
 from realtime.models.voicechat.codes import compile_rounds
+from realtime.models.voicechat.fused import fuse, trace
 from realtime.models.voicechat.prompt import LanguagePart, Prefill, PromptStates, VoicePart
 
 if TYPE_CHECKING:
@@ -753,8 +754,10 @@ class VoiceChatModel:
 
     def compile_step(self, batch_sizes: Sequence[int]) -> None:
         """Trace the TTS's compiled refinement rounds for ``batch_sizes`` rows
-        (:func:`realtime.models.voicechat.codes.compile_rounds`)."""
+        (:func:`realtime.models.voicechat.codes.compile_rounds`) and the fused norms
+        and rotary embeddings (:func:`realtime.models.voicechat.fused.trace`)."""
         compile_rounds(self._runtime.model.tts_model.tts_model, batch_sizes)
+        trace(self._runtime.model, batch_sizes)
 
     def prompt_cache_figures(self) -> CacheFigures:
         """The prompt cache's bound, contents and counts (``/health``, ``/metrics``)."""
@@ -874,7 +877,9 @@ def load_voicechat(
 
     No text warm-up is run: the first session's prefill warms what it needs. With
     ``cast_weights`` (the default), the weights that only meet float32 are cast to it
-    once here (:mod:`realtime.models.voicechat.cast`; the same bits, fewer casts a frame).
+    once here (:mod:`realtime.models.voicechat.cast`; the same bits, fewer casts a frame),
+    and their norms and rotary embeddings compiled for frame steps
+    (:mod:`realtime.models.voicechat.fused`; the same bits, fewer kernels a frame).
     """
 
     info = info or check_model_path(path)
@@ -888,6 +893,7 @@ def load_voicechat(
     if cast_weights:
         grown = cast_once(model)
         log.info("cast once at load to the float32 they meet: %s more in memory", _gb(grown))
+        log.debug("%d norms and rotary embeddings compiled for frame steps", fuse(model))
     runtime = model.create_session(processor)
     log.info("loaded %s in %.1f s", info.model_id, time.perf_counter() - started)
     return VoiceChatModel(runtime, info.path, figures)
