@@ -13,7 +13,8 @@ tiny, medium and deep demo checkpoints:
   reshapes, slices, broadcasts and the like, which launch no kernel on a GPU);
 - **AsType** nodes (dtype casts, a compute node each);
 - **host ms**: the step's wall time minus the time spent inside MLX's evaluation entry
-  points, from a second, uninstrumented-graph run (the only figure that is a timing);
+  points, from runs that do not read the graphs (the only figure that is a timing; with
+  ``--rounds N`` the shapes alternate N times and the median is shown with its spread);
 - **weight bytes**: computed from the graphs: every edge from a model parameter into a
   primitive reads that parameter once, and a cast of a parameter writes and reads its
   float32 copy once more.
@@ -31,6 +32,7 @@ import contextlib
 import io
 import json
 import re
+import statistics
 import sys
 import time
 from collections import Counter
@@ -284,7 +286,10 @@ class ShapeFigures:
     astype: float
     weight_mb: float
     host_ms: float
+    """The median over the timing rounds (``host_rounds``: each round's)."""
     step_ms: float
+    host_rounds: tuple[float, ...] = ()
+    step_rounds: tuple[float, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -359,38 +364,53 @@ def _scenario(model: Any, shape: str, warm: int, frames: int) -> tuple[Stepper, 
     return _ours(model, [0] * rows, warm + frames), rows, warm
 
 
-def measure_shape(model: Any, shape: str, warm: int = 2, frames: int = 3) -> ShapeFigures:
-    """``shape``'s figures: a counting run, then a timing run on fresh sessions (the
-    same input, so the same path)."""
+def _run(
+    model: Any, shape: str, weights: dict[str, Any], graphs: bool, warm: int, frames: int
+) -> tuple[Probe, float]:
+    """One run of ``shape`` on fresh sessions (the same input, so the same path): its
+    probe (counting graphs or not) and the wall seconds of the measured steps."""
     import mlx.core as mx
 
-    weights = named_weights(model)
-    figures: dict[str, float] = {}
-    for graphs in (True, False):
-        step, rows, first = _scenario(model, shape, warm, frames)
-        for t in range(first):
+    step, _, first = _scenario(model, shape, warm, frames)
+    for t in range(first):
+        step(t)
+    mx.clear_cache()
+    probe = Probe(weights, graphs=graphs)
+    started = time.perf_counter()
+    with probing(probe):
+        for t in range(first, first + frames):
             step(t)
-        mx.clear_cache()
-        probe = Probe(weights, graphs=graphs)
-        started = time.perf_counter()
-        with probing(probe):
-            for t in range(first, first + frames):
-                step(t)
-        wall = time.perf_counter() - started
-        if graphs:
-            figures |= {
-                "waits": probe.waits / frames,
-                "compute": probe.counts.compute / frames,
-                "views": probe.counts.views / frames,
-                "astype": probe.counts.astype / frames,
-                "weight_mb": probe.counts.weight_bytes / frames / 1e6,
-            }
-        else:
-            figures |= {
-                "host_ms": (wall - probe.inside) / frames * 1e3,
-                "step_ms": wall / frames * 1e3,
-            }
-    return ShapeFigures(shape=shape, rows=rows, **figures)
+    return probe, time.perf_counter() - started
+
+
+def _counted(
+    model: Any, shape: str, weights: dict[str, Any], warm: int, frames: int
+) -> dict[str, float]:
+    probe, _ = _run(model, shape, weights, True, warm, frames)
+    return {
+        "waits": probe.waits / frames,
+        "compute": probe.counts.compute / frames,
+        "views": probe.counts.views / frames,
+        "astype": probe.counts.astype / frames,
+        "weight_mb": probe.counts.weight_bytes / frames / 1e6,
+    }
+
+
+def _timed(
+    model: Any, shape: str, weights: dict[str, Any], warm: int, frames: int
+) -> tuple[float, float]:
+    """Host and step milliseconds a step, from an uninstrumented-graph run."""
+    probe, wall = _run(model, shape, weights, False, warm, frames)
+    return (wall - probe.inside) / frames * 1e3, wall / frames * 1e3
+
+
+def _rows(shape: str) -> int:
+    return 1 if shape == "mlx-vlm B=1" else int(shape.split()[0].removeprefix("B="))
+
+
+def measure_shape(model: Any, shape: str, warm: int = 2, frames: int = 3) -> ShapeFigures:
+    """``shape``'s figures: a counting run, then one timing run."""
+    return measure(model, [shape], warm, frames, rounds=1, primed=True)[0]
 
 
 def prime(model: Any, frames: int = 4) -> None:
@@ -403,11 +423,40 @@ def prime(model: Any, frames: int = 4) -> None:
 
 
 def measure(
-    model: Any, shapes: Sequence[str] = SHAPES, warm: int = 2, frames: int = 3
+    model: Any,
+    shapes: Sequence[str] = SHAPES,
+    warm: int = 2,
+    frames: int = 3,
+    rounds: int = 1,
+    primed: bool = False,
 ) -> list[ShapeFigures]:
-    """Every shape's figures on one loaded model."""
-    prime(model, warm + frames)
-    return [measure_shape(model, shape, warm, frames) for shape in shapes]
+    """Every shape's figures on one loaded model: the counts once (they are exact),
+    the timings in ``rounds`` rounds that alternate the shapes (so a slow minute of a
+    shared machine falls on all of them), medians."""
+    if not primed:
+        prime(model, warm + frames)
+    weights = named_weights(model)
+    counts = {shape: _counted(model, shape, weights, warm, frames) for shape in shapes}
+    timings: dict[str, list[tuple[float, float]]] = {shape: [] for shape in shapes}
+    for _ in range(rounds):
+        for shape in shapes:
+            timings[shape].append(_timed(model, shape, weights, warm, frames))
+    out = []
+    for shape in shapes:
+        host = tuple(h for h, _ in timings[shape])
+        step = tuple(w for _, w in timings[shape])
+        out.append(
+            ShapeFigures(
+                shape=shape,
+                rows=_rows(shape),
+                **counts[shape],
+                host_ms=statistics.median(host),
+                step_ms=statistics.median(step),
+                host_rounds=host,
+                step_rounds=step,
+            )
+        )
+    return out
 
 
 def counts_of(path: Path, warm: int = 2, frames: int = 3) -> dict[str, Any]:
@@ -444,7 +493,12 @@ def table(results: Mapping[str, Sequence[ShapeFigures]]) -> str:
                     f"{r.views:,.0f}",
                     f"{r.astype:,.0f}",
                     f"{r.weight_mb:.2f}",
-                    f"{r.host_ms:.1f}",
+                    f"{r.host_ms:.1f}"
+                    + (
+                        f" [{min(r.host_rounds):.1f}-{max(r.host_rounds):.1f}]"
+                        if len(r.host_rounds) > 1
+                        else ""
+                    ),
                 )
             )
     widths = [max(len(line[i]) for line in lines) for i in range(len(headers))]
@@ -480,6 +534,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--warm", type=int, default=2, help="steps before measuring")
     parser.add_argument("--frames", type=int, default=3, help="steps measured")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="timing rounds, alternating the shapes; host ms is their median [min-max] "
+        "(the counts are exact, measured once)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument(
         "--no-cast",
@@ -496,8 +557,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.warm < 1 or args.frames < 1:
-        print("--warm and --frames must be at least 1", file=sys.stderr)
+    if args.warm < 1 or args.frames < 1 or args.rounds < 1:
+        print("--warm, --frames and --rounds must be at least 1", file=sys.stderr)
         return 2
     from realtime.models.voicechat.model import load_voicechat
 
@@ -508,7 +569,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, list[ShapeFigures]] = {}
     for size in args.size:
         model = load_voicechat(checkpoint(size), cast_weights=not args.no_cast)
-        results[size] = measure(model, args.shapes, args.warm, args.frames)
+        results[size] = measure(model, args.shapes, args.warm, args.frames, args.rounds)
         print(f"{size}: measured", file=sys.stderr, flush=True)
     print(table(results))
     if args.json is not None:
