@@ -378,7 +378,7 @@ def _figures(runs: list[tuple[str, str]], err: str) -> str:
 CALLS_WITH_CANCELLER = 4
 """Calls the canceller gets to show a whole answer: on a loaded 2-core machine its start
 (the first echo it ever hears) sometimes lets enough through to cut the first answer
-(3 calls in 8 here; docs/client.md), so one call is not a test."""
+(6 calls in 14 here; docs/client.md), so one call is not a test."""
 
 
 def test_the_demo_answers_whole_through_speakers_with_echo_cancellation(
