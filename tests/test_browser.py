@@ -238,6 +238,66 @@ def _blob_bytes(page: Any, url: str) -> bytes:
     return bytes(data)
 
 
+# Each append's send and each audio delta's arrival on the page's clock, and the
+# moments the underrun count rose: where the playback's underruns come from.
+ARRIVALS = """
+(() => {
+  const trace = (window.__arrivals = { sent: [], received: [], underruns: [] });
+  const Socket = window.WebSocket;
+  window.WebSocket = class extends Socket {
+    constructor(...args) {
+      super(...args);
+      this.addEventListener("message", (e) => {
+        if (typeof e.data === "string" && e.data.includes('"response.audio.delta"')) {
+          trace.received.push(performance.now());
+        }
+      });
+    }
+    send(data) {
+      if (typeof data === "string" && data.includes('"input_audio_buffer.append"')) {
+        trace.sent.push(performance.now());
+      }
+      return super.send(data);
+    }
+  };
+  let seen = 0;
+  setInterval(() => {
+    const count = Number(document.getElementById("stats")?.dataset.underruns || 0);
+    if (count > seen) trace.underruns.push(performance.now());
+    seen = Math.max(seen, count);
+  }, 20);
+})();
+"""
+
+
+def _arrival_figures(trace: dict[str, list[float]]) -> dict[str, Any]:
+    """How late the page sent its frames (against an even 80 ms clock), how long the
+    server took to answer each, how late each answer frame arrived for its place in
+    the stream, and when (seconds into the call) the underruns came."""
+    sent, received = np.array(trace["sent"]), np.array(trace["received"])
+    n = min(sent.size, received.size)
+    if n < 2:
+        return {"frames": n}
+
+    def late(times: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        offset = times - np.arange(times.size) * 80.0
+        lateness: np.ndarray[Any, Any] = offset - offset.min()
+        return lateness
+
+    rtt = received[:n] - sent[:n]
+    return {
+        "frames": n,
+        "send late ms p90/max": [round(float(np.percentile(late(sent), q))) for q in (90, 100)],
+        "server round trip ms p50/p90/max": [
+            round(float(np.percentile(rtt, q))) for q in (50, 90, 100)
+        ],
+        "arrival late ms p90/max": [
+            round(float(np.percentile(late(received), q))) for q in (90, 100)
+        ],
+        "underruns at s": [round(float(t - sent[0]) / 1000, 1) for t in trace["underruns"]],
+    }
+
+
 @pytest.mark.browser
 @pytest.mark.slow
 def test_browser_page_streams_in_headless_chromium(
@@ -248,6 +308,7 @@ def test_browser_page_streams_in_headless_chromium(
     answer finish before the session ends, and every turn plays again."""
     artifacts = _artifacts(tmp_path)
     page = browser.new_page()
+    page.add_init_script(ARRIVALS)
     page.set_viewport_size({"width": 1100, "height": 900})
     page.goto(demo_server.http + "/")
     # The served model's name, and the demo checkpoint's banner.
@@ -410,6 +471,8 @@ def test_browser_page_streams_in_headless_chromium(
     played = {k: final.get(k) for k in ("underruns", "caughtUpMs", "droppedMs")}
     played |= {f"live {k}": figures.get(k) for k in ("targetMs", "latencyMs", "bufferedMs")}
     print(f"\nplayback in the plain exchange: {played}")  # figures, not asserts
+    arrivals = _arrival_figures(page.evaluate("() => window.__arrivals"))
+    print(f"frames in the plain exchange: {arrivals}")
 
     # Every turn plays again: a mono WAV of its stretch of the timeline.
     replays = page.locator("#conversation .turn .replay")
@@ -569,7 +632,7 @@ def test_browser_jitter_buffer_scenarios(demo_server: ServerProcess, browser: _B
     assert stall["underruns"] == 1
     burst = runs["stallAt"]
     peak_target = max(p[2] for p in stall["trace"])
-    assert peak_target > 120
+    assert max(p[2] for p in stall["trace"] if p[0] > burst) > 200  # above the start's
     assert max(p[1] for p in stall["trace"] if p[0] > burst) > 300  # the backlog arrived
     assert _recovered_at(stall["trace"], burst, 50) - burst <= 3000
     assert stall["targetMs"] < peak_target and abs(stall["latencyMs"] - stall["targetMs"]) <= 50
@@ -589,10 +652,10 @@ def test_browser_jitter_buffer_scenarios(demo_server: ServerProcess, browser: _B
     assert all(abs(p[1] - p[2]) <= 50 for p in fast["trace"] if p[0] > 4000)
 
     # Frames up to 250 ms late throughout (a busy machine): the target follows their
-    # lateness before it underruns (1 underrun, 266 ms caught up, about 216 ms of
-    # latency; without the lateness estimate 2, 345 ms and 162 ms).
+    # lateness before it underruns (none from a 200 ms start, 1 from 120 ms; 2 without
+    # the lateness estimate).
     jittery = runs["jittery"]
-    assert jittery["underruns"] <= 1 and jittery["droppedMs"] == 0
+    assert jittery["underruns"] == 0 and jittery["droppedMs"] == 0
     assert browser.page_errors == []
 
 

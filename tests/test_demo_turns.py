@@ -37,6 +37,7 @@ from realtime.demo.turns import (
     frame_energy_db,
     initial_state,
     reply_text,
+    voice_envelope,
 )
 from realtime.engine.runner import Engine
 from realtime.models.base import (
@@ -251,6 +252,32 @@ def test_bad_input_is_refused_clearly() -> None:
                 later, _ = decide(RULES, later, SILENT_DB, lambda s, bad=bad: bad)  # type: ignore[misc]
 
 
+def test_the_demo_hears_its_own_voice_as_speech_and_not_its_raw_noise() -> None:
+    """The answer's echo (at -20 dBFS) comes back into the microphone two frames in:
+    the network's raw voice, steady noise, is learned as noise; shaped by the voice's
+    envelope it rises and falls as speech does and cuts the answer short."""
+    long_answer = tuple(range(300, 330))
+    question = [SILENT_DB] * 5 + SPEECH + [SILENT_DB] * RULES.end_frames
+    state, plans = run(question, answer=lambda s: long_answer)
+    assert plans[-1].heard_seconds is not None and state.answering
+    noise = white(3.0, 0.1, seed=4)  # -20 dBFS
+    voice = noise * voice_envelope(0, noise.size, 16000)
+    for echo, cut in ((noise, False), (voice, True)):
+        energies = [SILENT_DB] * 2 + energies_of(echo)
+        _, plans = run(energies, state=state, answer=lambda s: long_answer)
+        assert any(p.interrupted for p in plans) is cut, energies
+    frames = energies_of(voice)
+    spreads = [max(frames[i : i + 4]) - min(frames[i : i + 4]) for i in range(len(frames) - 3)]
+    assert min(spreads) > RULES.steady_db  # never steady: no 4 frames within 2 dB
+
+
+def test_voice_envelope() -> None:
+    gains = voice_envelope(0, 22050, 22050)
+    assert gains.dtype == np.float32 and gains[0] == pytest.approx(0.1)
+    assert gains.max() == pytest.approx(1.0, abs=1e-6) and gains.min() >= 0.1 - 1e-6
+    np.testing.assert_allclose(voice_envelope(1000, 500, 22050), gains[1000:1500])
+
+
 def test_frame_energy() -> None:
     assert frame_energy_db(np.zeros(FRAME, np.float32)) == SILENT_DB
     assert frame_energy_db(np.ones(FRAME, np.float32)) == pytest.approx(0.0)
@@ -399,6 +426,10 @@ def test_rows_step_in_one_inner_call_and_are_rewritten() -> None:
     assert [a.frame_index for a in events[0] if isinstance(a, AudioDelta) and a.end_of_turn] == [
         said[-1].frame_index + 1
     ]
+    # ... shaped as a voice rises and falls, from the answer's first sample.
+    played = np.concatenate([a.samples for a in spoken])
+    rate = VOICECHAT_FIGURES.output_sample_rate
+    np.testing.assert_array_equal(played, voice_envelope(0, played.size, rate))
 
 
 WEATHER = {

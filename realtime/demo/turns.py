@@ -14,9 +14,9 @@ path stay real) and decides the turns on the host instead:
   over the real model does.
 * :class:`DemoTurnModel` wraps the demo's model (the :class:`RealtimeModel` seam) and
   rewrites each frame's events by the policy: the answer's text from the demo's own
-  tokenizer, its audio the network's TTS output, silence (zeros and the codec's
-  silence codes) outside an answer, the network's random text, function and
-  transcript deltas dropped.
+  tokenizer, its audio the network's TTS output shaped as a voice rises and falls
+  (:func:`voice_envelope`), silence (zeros and the codec's silence codes) outside an
+  answer, the network's random text, function and transcript deltas dropped.
 
 Only the demo is wrapped (``realtime serve`` / ``generate --stream`` without ``-m``);
 a real checkpoint decides its turns by itself.
@@ -345,6 +345,29 @@ def _answering(answer: _Answer | None) -> tuple[_Answer | None, Plan]:
     return None, _END
 
 
+# --- the answer's voice: the network's noise, shaped as speech rises and falls -----------
+
+SYLLABLE_HZ: Final = 4.0
+"""Syllables a second: a voice's loudness rises and falls at about this rate."""
+VOICE_DIP: Final = 0.1
+"""The gain between syllables (-20 dB): a voice dips, it does not stop."""
+
+
+def voice_envelope(start: int, count: int, sample_rate: int) -> np.ndarray[Any, Any]:
+    """The gains of samples ``start`` to ``start + count`` of an answer: a syllable a
+    :data:`SYLLABLE_HZ` period, rising from :data:`VOICE_DIP` to 1 and back.
+
+    The random network's voice is noise of a steady loudness (its 80 ms frames stay
+    within a dB or two), which the turn policy rightly takes for noise, so the demo
+    never heard its own answer through speakers. A real voice moves several dB from
+    syllable to syllable; shaped so, the demo's answer is heard as speech, by the
+    policy as by anyone listening, and cuts itself short when its echo comes back
+    (the reason for echo cancellation)."""
+    t = np.arange(start, start + count, dtype=np.float64) / sample_rate
+    rise = np.sin(np.pi * SYLLABLE_HZ * t) ** 2
+    return (VOICE_DIP + (1.0 - VOICE_DIP) * rise).astype(np.float32)
+
+
 # --- the wrapper: the model seam around the demo's VoiceChat model ----------------------
 
 
@@ -530,6 +553,8 @@ class DemoTurnSession:
         turns (none when the session declares no tool): the tool's result, once a
         client sends it, is answered in words (:meth:`begin_tool_result`)."""
         self._heard = ""
+        self._voiced = 0
+        """Samples of the answer under way already played (its envelope's position)."""
         self._silence = np.zeros(self._figures.output_frame_samples, dtype=np.float32)
         self._silence.flags.writeable = False
 
@@ -571,6 +596,7 @@ class DemoTurnSession:
     def answer(self, text: str) -> None:
         """Start an answer of ``text`` on the next frame."""
         self._text.next_answer()
+        self._voiced = 0
         self._state = answer_now(self._state, self.model.speller.encode(text))
 
     def _next_energy(self, pad: bool) -> float:
@@ -625,8 +651,9 @@ class DemoTurnSession:
                 )
             )
         if plan.speak:
-            out.append(attrs.evolve(audio, end_of_turn=plan.end_of_turn))
+            out.append(self._voice(audio, plan.end_of_turn))
         else:
+            self._voiced = 0
             out.append(
                 attrs.evolve(
                     audio,
@@ -636,6 +663,13 @@ class DemoTurnSession:
                 )
             )
         return out
+
+    def _voice(self, audio: AudioDelta, end_of_turn: bool) -> AudioDelta:
+        """A frame of the answer: the network's audio under the voice's envelope."""
+        samples = np.asarray(audio.samples, dtype=np.float32).reshape(-1)
+        gains = voice_envelope(self._voiced, samples.shape[0], audio.sample_rate)
+        self._voiced = 0 if end_of_turn else self._voiced + samples.shape[0]
+        return attrs.evolve(audio, samples=samples * gains, end_of_turn=end_of_turn)
 
     def _calling(self, index: int) -> list[ModelEvent]:
         """The call, a token a delta, whole on the frame the user's turn ended (one
@@ -822,4 +856,5 @@ __all__ = [
     "initial_state",
     "reply_text",
     "tool_call_text",
+    "voice_envelope",
 ]

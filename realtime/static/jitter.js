@@ -26,7 +26,10 @@
 
 export const JITTER_DEFAULTS = Object.freeze({
   rate: 48000, // samples per second of what is pushed and pulled
-  targetMs: 120, // initial target (and prebuffer)
+  // Initial target (and prebuffer): above the lateness a loaded machine's first frames
+  // show, before the lateness estimate has any to go on; it decays once delivery is
+  // steady, and the call starts with the user's turn (silence plays), not an answer.
+  targetMs: 200,
   minTargetMs: 100,
   maxTargetMs: 600,
   stepMs: 80, // target increase per underrun
