@@ -62,6 +62,7 @@ from realtime.models.base import (
     Samples,
     UserTranscriptDelta,
 )
+from realtime.models.voicechat.batch import Resident, codec_layout, release, residents
 from realtime.models.voicechat.codes import (
     PerModel,
     codec_latents,
@@ -226,11 +227,15 @@ def _split_arrays(batch: Any, caches: Sequence[Any]) -> None:
             cache[slot] = stacked[row : row + 1]
 
 
-def _language(rows: Sequence[StepRow], fused: Any) -> tuple[Any, Any]:
-    """The language model over ``rows`` (one batch per group of rows whose recurrent
-    states exist: a session's first step starts them), each row's caches advanced;
-    the text and function logits of the new position, (rows, vocabulary) each."""
+def _language(rows: Sequence[StepRow], fused: Any, resident: Resident | None) -> tuple[Any, Any]:
+    """The language model over ``rows`` (the resident batch's state, else one batch
+    per group of rows whose recurrent states exist: a session's first step starts
+    them), each row's caches advanced; the text and function logits of the new
+    position, (rows, vocabulary) each."""
 
+    if resident is not None:
+        output = rows[0].inner.model.stt_model(fused, cache=resident.language)
+        return output.text_logits[:, -1], output.function_logits[:, -1]
     started = [row.inner._timeline_index > 0 for row in rows]
     if all(started) or not any(started):
         output = _language_batch(rows, fused)
@@ -294,7 +299,11 @@ def _kept(shape: tuple[int, ...]) -> Any:
 
 
 def _tts(
-    rows: Sequence[StepRow], ids: list[int], previous: list[Any | None], silence: Any
+    rows: Sequence[StepRow],
+    ids: list[int],
+    previous: list[Any | None],
+    silence: Any,
+    resident: Resident | None,
 ) -> tuple[Any, Any]:
     """One EAR-TTS step for ``rows``: mlx-vlm's ``RVQEARTTSModel.step`` with guidance,
     its conditioning built per group of rows, its backbone over every row's own caches
@@ -312,8 +321,10 @@ def _tts(
     cond = _subwords(tts, ids)
     null = mx.broadcast_to(tts.null_emb, cond.shape)
     inputs = tts.gated_fusion_audio_text(code_embed, mx.concatenate([cond, null], axis=0))
-    if count == 1:
-        cache: Any = rows[0].inner._tts_cache
+    if resident is not None:
+        cache: Any = resident.tts
+    elif count == 1:
+        cache = rows[0].inner._tts_cache
     else:
         per_row = [row.inner._tts_cache for row in rows]
         cache = [_RowsKV([c[layer] for c in per_row], 2) for layer in range(len(per_row[0]))]
@@ -322,20 +333,21 @@ def _tts(
         return generate_codes(tts, hidden)
 
 
-def _codec(rows: Sequence[StepRow], clean: Any) -> list[Any]:
+def _codec(rows: Sequence[StepRow], clean: Any, resident: Resident | None) -> list[Any]:
     """Each row's samples for its codes: the codec's streaming decode (``decode_step``:
     its quantizer's latents, here :func:`~realtime.models.voicechat.codes.codec_latents`,
-    then ``decode_latents``), one batch per group of rows whose caches hold the same
-    layers (a conversation's first frame starts its cache)."""
+    then ``decode_latents``), over the resident batch's caches, else one batch per
+    group of rows whose caches hold the same layers (a conversation's first frame
+    starts its cache)."""
 
     codec = rows[0].inner.model.tts_model.audio_codec
+    if resident is not None:
+        latents = codec_latents(codec.prvq, clean.transpose(0, 2, 1))
+        out = codec.decode_latents(latents, cache=resident.codec)
+        return [out[i, 0] for i in range(len(rows))]
     samples: list[Any] = [None] * len(rows)
 
-    def layout(i: int) -> Hashable:
-        cache = rows[i].inner._codec_cache.cache
-        return tuple(sorted(((str(k), tuple(v.shape[1:])) for k, v in cache.items())))
-
-    for members in groups(range(len(rows)), layout):
+    for members in groups(range(len(rows)), lambda i: codec_layout(rows[i].inner._codec_cache)):
         codes = clean[mx.array(members)] if len(members) < len(rows) else clean
         latents = codec_latents(codec.prvq, codes.transpose(0, 2, 1))
         if len(members) == 1:
@@ -639,6 +651,26 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
             raise ContextLimitReached(
                 f"stream exceeded the configured {inner.max_frames}-frame context"
             )
+    resident = residents(rows[0].inner.model)
+    order = resident.arrange([row.inner for row in rows])
+    try:
+        if order is None:
+            return _step(rows, figures, None)
+        out = _step([rows[k] for k in order], figures, resident)
+    except BaseException:
+        resident.drop()  # its rows' states may be partly advanced: they fail
+        raise
+    events: list[list[ModelEvent]] = [[] for _ in rows]
+    for position, k in enumerate(order):
+        events[k] = out[position]
+    return events
+
+
+def _step(
+    rows: Sequence[StepRow], figures: ModelFigures, resident: Resident | None
+) -> list[list[ModelEvent]]:
+    """:func:`step_frames` for ``rows`` in the resident batch's order (``resident``)
+    or through the per-step path (None)."""
     first = rows[0].inner
     # Perception (batched where the rows' streaming states allow); the language
     # model's input for every row at once.
@@ -646,7 +678,9 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
     fresh = [row.inner._timeline_index == 0 for row in rows]
     """A session opened with no system prompt has run no timeline step yet: its first
     frame reads pad on both channels and speaks the codec's silence (no TTS step)."""
-    text_logits, function_logits = _language(rows, _language_input(rows, projected, fresh))
+    text_logits, function_logits = _language(
+        rows, _language_input(rows, projected, fresh), resident
+    )
     text_ids = mx.argmax(text_logits, axis=-1)
     function_ids = mx.argmax(function_logits, axis=-1)
     mx.async_eval(text_ids, function_ids)  # type: ignore[no-untyped-call]
@@ -654,9 +688,9 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
     # The text ids are read now (the TTS's character encoder spells them on the host);
     # the function ids only once the frame's final evaluation has run.
     texts = [int(t) for t in np.asarray(text_ids).reshape(-1)]
-    codes, spoken = _speak(rows, texts, fresh)
+    codes, spoken = _speak(rows, texts, fresh, resident)
     clean = first.parent._replace_control_codes(codes)
-    samples = _codec(rows, clean)
+    samples = _codec(rows, clean, resident)
     state: list[Any] = []
     for row in rows:
         state += _conformer_state(row.inner)
@@ -725,7 +759,7 @@ def _language_input(rows: Sequence[StepRow], projected: Sequence[Any], fresh: li
 
 
 def _speak(
-    rows: Sequence[StepRow], texts: list[int], fresh: list[bool]
+    rows: Sequence[StepRow], texts: list[int], fresh: list[bool], resident: Resident | None
 ) -> tuple[Any, dict[int, Any]]:
     """Every row's codes for this frame, (rows, 1, codebooks): the TTS's for the rows
     that speak (all but fresh ones, whose first frame is the codec's silence), and
@@ -745,6 +779,7 @@ def _speak(
                 for i in speaking
             ],
             silence_tokens,
+            resident,
         )
         for n, i in enumerate(speaking):
             spoken[i] = codes_now[n : n + 1]
@@ -851,6 +886,7 @@ def inserted_step(row: StepRow, forced_function: int | None) -> int:
     from realtime.models.voicechat.keys import drawing_from
 
     inner = row.inner
+    release(inner)
     model, config = inner.model, inner.config
     pad = config.pad_token_id
     started = inner._timeline_index > 0
