@@ -18,11 +18,12 @@ first, which writes its rows back exactly and drops them from the batch.
 
 The layout is the one the per-step path builds (each row's entries in its own order,
 zeros on the left, the same mask), so each row's output stays bit for bit its solo
-run. A frame steps through the per-step path instead (the batch written back first)
-when a row is not steady: its timeline has not started (its first frame reads pad and
-speaks silence), its codec cache differs in layers (before its first decode), or the
-TTS's sliding window would wrap (``RotatingKVCache`` then reads its buffer in rotated
-order, which the left-padded layout does not keep).
+run. A row that is not steady steps beside the batch, on its own caches, through the
+per-step path (written back first if it was resident): its timeline has not started
+(its first frame reads pad and speaks silence), its codec has not decoded yet (its
+cache holds no layers), or the TTS's sliding window would wrap (``RotatingKVCache``
+then reads its buffer in rotated order, which the left-padded layout does not keep:
+past 7,500 steps, 10 minutes, a conversation steps beside the batch).
 
 Memory: resident attention buffers hold every row at the longest row's length (plus
 growth room of :data:`GROWTH` positions), so while batched a young conversation pays
@@ -97,9 +98,9 @@ class BatchedKV:
             self._offset = mx.array(self.lengths * self.rows_each, dtype=mx.int32)
         return self._offset
 
-    def fits(self) -> bool:
-        """The next position fits without a rotating cache wrapping."""
-        return self.max_size is None or self.width + 1 <= self.max_size
+    def fits(self, j: int) -> bool:
+        """Conversation ``j``'s next position fits without a rotating cache wrapping."""
+        return self.max_size is None or self.lengths[j] + 1 <= self.max_size
 
     def make_mask(self, n: int, **_: Any) -> Any:
         if n != 1:
@@ -217,32 +218,42 @@ class Resident:
         self.tts: list[BatchedKV] = []
         self.codec: Any = None
 
-    def arrange(self, inners: Sequence[Any]) -> list[int] | None:
-        """Make the batch hold exactly ``inners`` (rows that left written back and
-        filtered out, rows that joined extended in); the order to step them in (indices
-        into ``inners``), or None when they step through the per-step path (a batch of
-        one, or a row not steady: then no row of theirs is resident)."""
-        if len(inners) < 2 or not all(self._steady(inner) for inner in inners):
-            self.release(inners if len(inners) < 2 else self.inners)
-            return None
-        wanted = {id(inner) for inner in inners}
+    def arrange(self, inners: Sequence[Any]) -> tuple[list[int], int]:
+        """Make the batch hold exactly the steady rows of ``inners`` (rows that left
+        written back and filtered out, rows that joined extended in). Returns the order
+        to step ``inners`` in (indices into it: the batch's rows first, in its order,
+        then the rest, which step on their own caches) and how many lead it (0: none
+        of ``inners`` is resident; a lone steady row is not a batch)."""
+        layout = None if self.codec is None else codec_layout(self.codec)
+        steady: list[Any] = []
+        for inner in inners:
+            held = [j for j, mine in enumerate(self.inners) if mine is inner]
+            if held:
+                if all(kv.fits(held[0]) for kv in self.tts):
+                    steady.append(inner)
+            elif self._steady(inner):
+                own = codec_layout(inner._codec_cache)
+                if layout is None:
+                    layout = own
+                if own == layout:
+                    steady.append(inner)
+        if len(steady) < 2:
+            self.release(inners)
+            return list(range(len(inners))), 0
+        wanted = {id(inner) for inner in steady}
         self.release([inner for inner in self.inners if id(inner) not in wanted])
-        held = {id(inner) for inner in self.inners}
-        joining = [inner for inner in inners if id(inner) not in held]
+        resident = {id(inner) for inner in self.inners}
+        joining = [inner for inner in steady if id(inner) not in resident]
         if joining:
             self._extend(joining)
-        if any(not kv.fits() for kv in self.tts):
-            self.release(self.inners)
-            return None
         position = {id(inner): i for i, inner in enumerate(inners)}
-        return [position[id(inner)] for inner in self.inners]
+        order = [position[id(inner)] for inner in self.inners]
+        return order + [i for i in range(len(inners)) if id(inners[i]) not in wanted], len(order)
 
     def _steady(self, inner: Any) -> bool:
-        if any(held is inner for held in self.inners):
-            return True
+        """A row not resident can join: its timeline started, its codec decoded, its
+        attention caches in order with room for the next position."""
         if inner._timeline_index == 0 or not inner._codec_cache.cache:
-            return False
-        if self.codec is not None and codec_layout(inner._codec_cache) != codec_layout(self.codec):
             return False
         language = inner._language_cache
         if any(
@@ -251,13 +262,11 @@ class Resident:
             if isinstance(layer, ArraysCache)
         ):
             return False
+        attention = [c for c in language if not isinstance(c, ArraysCache)]
         return all(
             int(layer.offset) > 0
             and (getattr(layer, "max_size", None) is None or layer.offset + 1 <= layer.max_size)
-            for layer in [
-                *inner._tts_cache,
-                *(c for c in language if not isinstance(c, ArraysCache)),
-            ]
+            for layer in [*inner._tts_cache, *attention]
         )
 
     def _extend(self, joining: Sequence[Any]) -> None:

@@ -233,9 +233,21 @@ def _language(rows: Sequence[StepRow], fused: Any, resident: Resident | None) ->
     them), each row's caches advanced; the text and function logits of the new
     position, (rows, vocabulary) each."""
 
-    if resident is not None:
-        output = rows[0].inner.model.stt_model(fused, cache=resident.language)
-        return output.text_logits[:, -1], output.function_logits[:, -1]
+    held = 0 if resident is None else len(resident.inners)
+    if held:
+        assert resident is not None
+        whole = held == len(rows)
+        output = rows[0].inner.model.stt_model(
+            fused if whole else fused[:held], cache=resident.language
+        )
+        logits = output.text_logits[:, -1], output.function_logits[:, -1]
+        if whole:
+            return logits
+        beside = _language(rows[held:], fused[held:], None)
+        return (
+            mx.concatenate([logits[0], beside[0]], axis=0),
+            mx.concatenate([logits[1], beside[1]], axis=0),
+        )
     started = [row.inner._timeline_index > 0 for row in rows]
     if all(started) or not any(started):
         output = _language_batch(rows, fused)
@@ -341,10 +353,16 @@ def _codec(rows: Sequence[StepRow], clean: Any, resident: Resident | None) -> li
     starts its cache)."""
 
     codec = rows[0].inner.model.tts_model.audio_codec
-    if resident is not None:
-        latents = codec_latents(codec.prvq, clean.transpose(0, 2, 1))
-        out = codec.decode_latents(latents, cache=resident.codec)
-        return [out[i, 0] for i in range(len(rows))]
+    held = 0 if resident is None else len(resident.inners)
+    if held:
+        assert resident is not None
+        whole = held == len(rows)
+        codes = clean if whole else clean[:held]
+        out = codec.decode_latents(
+            codec_latents(codec.prvq, codes.transpose(0, 2, 1)), cache=resident.codec
+        )
+        decoded = [out[i, 0] for i in range(held)]
+        return decoded if whole else decoded + _codec(rows[held:], clean[held:], None)
     samples: list[Any] = [None] * len(rows)
 
     for members in groups(range(len(rows)), lambda i: codec_layout(rows[i].inner._codec_cache)):
@@ -652,13 +670,15 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
                 f"stream exceeded the configured {inner.max_frames}-frame context"
             )
     resident = residents(rows[0].inner.model)
-    order = resident.arrange([row.inner for row in rows])
+    order, held = resident.arrange([row.inner for row in rows])
+    if not held:
+        return _step(rows, figures, None)
     try:
-        if order is None:
-            return _step(rows, figures, None)
         out = _step([rows[k] for k in order], figures, resident)
     except BaseException:
-        resident.drop()  # its rows' states may be partly advanced: they fail
+        # The batch holds only this step's rows; their states may be partly advanced
+        # (the caller fails them all), so nothing is written back.
+        resident.drop()
         raise
     events: list[list[ModelEvent]] = [[] for _ in rows]
     for position, k in enumerate(order):
@@ -669,8 +689,8 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
 def _step(
     rows: Sequence[StepRow], figures: ModelFigures, resident: Resident | None
 ) -> list[list[ModelEvent]]:
-    """:func:`step_frames` for ``rows`` in the resident batch's order (``resident``)
-    or through the per-step path (None)."""
+    """:func:`step_frames` for ``rows``: the resident batch's rows first, in its order,
+    on its state (``resident``), the others on their own caches (all: None)."""
     first = rows[0].inner
     # Perception (batched where the rows' streaming states allow); the language
     # model's input for every row at once.
@@ -762,29 +782,33 @@ def _speak(
     rows: Sequence[StepRow], texts: list[int], fresh: list[bool], resident: Resident | None
 ) -> tuple[Any, dict[int, Any]]:
     """Every row's codes for this frame, (rows, 1, codebooks): the TTS's for the rows
-    that speak (all but fresh ones, whose first frame is the codec's silence), and
-    those rows' codes by row."""
+    that speak (all but fresh ones, whose first frame is the codec's silence; the
+    resident batch's rows, which lead, on its state, the others on their own caches),
+    and those rows' codes by row."""
 
     first = rows[0].inner
     config = first.config
     silence_tokens = first.model.tts_model.codec_silence_tokens
     speaking = [i for i, new in enumerate(fresh) if not new]
+    held = 0 if resident is None else len(resident.inners)
     spoken: dict[int, Any] = {}
-    if speaking:
+    for part, state in ((speaking[:held], resident), (speaking[held:], None)):
+        if not part:
+            continue
         codes_now, sums = _tts(
-            [rows[i] for i in speaking],
-            [texts[i] for i in speaking],
+            [rows[i] for i in part],
+            [texts[i] for i in part],
             [
                 None if texts[i] == config.eos_token_id else rows[i].inner._previous_code
-                for i in speaking
+                for i in part
             ],
             silence_tokens,
-            resident,
+            state,
         )
-        for n, i in enumerate(speaking):
+        for n, i in enumerate(part):
             spoken[i] = codes_now[n : n + 1]
             remember(rows[i].inner, spoken[i], sums[n : n + 1])
-        if len(speaking) == len(rows):
+        if len(part) == len(rows):
             return codes_now, spoken
     silence = silence_tokens[None, None, :].astype(mx.int32)
     codes = mx.concatenate([spoken.get(i, silence) for i in range(len(rows))], axis=0)
