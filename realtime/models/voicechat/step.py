@@ -23,19 +23,22 @@ Rows are combined only where the result stays bit for bit what each row gets alo
   caches differ in length until then and its streaming block has no key-padding mask;
 * the RNN-T runs one batch per round of symbols over the rows still emitting (each
   emits its own number), its predictor's LSTM layers called batch-first;
-* the language model runs as one batch: its Mamba states are stacked for the step
-  and split back after it, its attention layers read each row's own KV cache through
-  :class:`_RowsKV` (left-padded to the longest, masked);
+* the language model runs as one batch over the resident batch's stacked state
+  (:mod:`realtime.models.voicechat.batch`: Mamba states stacked, each attention layer
+  a :class:`~realtime.models.voicechat.batch.BatchedKV`, left-padded to the longest,
+  masked); rows beside it (not steady: a first frame, past the TTS window) read their
+  own caches through :class:`_RowsKV`, which lays them out the same way for the step;
 * the TTS runs as one batch of 2B rows (classifier-free guidance: all conditional
-  rows, then all unconditional ones), its backbone through :class:`_RowsKV` with
-  per-row RoPE offsets, its character encoder over groups of rows whose tokens spell
-  equally many characters (no padding), its random draws from each row's own key
+  rows, then all unconditional ones), its backbone over the resident batch's
+  (rows beside it: :class:`_RowsKV`) with per-row RoPE offsets, its character
+  encoder over groups of rows whose tokens spell equally many characters (no
+  padding), its random draws from each row's own key
   (:func:`realtime.models.voicechat.keys.drawing_rows`);
-* the codec decodes the rows whose streaming caches hold the same layers as one batch.
+* the codec decodes the resident batch's rows as one batch on their stacked caches, the
+  rows beside it per group whose streaming caches hold the same layers.
 
-The padded copy of the attention caches exists only during a step: each row keeps
-its own cache, sized by its own age, so a young conversation never pays for an old
-one between steps (docs/performance.md measures it).
+The resident batch's cost in memory (every row at the longest row's length while
+batched) is in docs/architecture.md.
 """
 
 from __future__ import annotations
