@@ -185,15 +185,18 @@ def _room(width: int) -> int:
     return (width // GROWTH + 1) * GROWTH
 
 
-def _stacked_states(caches: Sequence[Any]) -> Any:
-    """One ArraysCache (a Mamba layer's conv and SSM states) with every row's."""
+def stacked_states(caches: Sequence[Any]) -> Any:
+    """One ArraysCache (a Mamba layer's conv and SSM states) with every row's (None
+    for a slot no row has started yet: the layer starts it, for rows equally far)."""
     batch = ArraysCache(size=len(caches[0].cache))
     for slot in range(len(caches[0].cache)):
-        batch[slot] = mx.concatenate([cache[slot] for cache in caches], axis=0)
+        states = [cache[slot] for cache in caches]
+        batch[slot] = None if states[0] is None else mx.concatenate(states, axis=0)
     return batch
 
 
-def _stacked_codec(caches: Sequence[Any]) -> Any:
+def stacked_codec(caches: Sequence[Any]) -> Any:
+    """One codec cache with every row's entries (caches of one :func:`codec_layout`)."""
     batch = CausalConv1dCache()
     for name in caches[0].cache:
         batch.cache[name] = mx.concatenate([cache.cache[name] for cache in caches], axis=0)
@@ -274,14 +277,14 @@ class Resident:
         for layer in range(len(joining[0]._language_cache)):
             caches = [inner._language_cache[layer] for inner in joining]
             if isinstance(caches[0], ArraysCache):
-                language.append(_stacked_states(caches))
+                language.append(stacked_states(caches))
             else:
                 language.append(BatchedKV.of(caches, 1))
         tts = [
             BatchedKV.of([inner._tts_cache[layer] for inner in joining], 2)
             for layer in range(len(joining[0]._tts_cache))
         ]
-        codec = _stacked_codec([inner._codec_cache for inner in joining])
+        codec = stacked_codec([inner._codec_cache for inner in joining])
         if not self.inners:
             self.inners, self.language, self.tts, self.codec = list(joining), language, tts, codec
             return

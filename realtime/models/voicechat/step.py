@@ -49,11 +49,10 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import attrs
 import mlx.core as mx
 import numpy as np
-from mlx_audio.codec.models.nemotron_voicechat import CausalConv1dCache
 from mlx_audio.stt.models.nemotron_asr import streaming as conformer
 from mlx_audio.stt.models.nemotron_asr import tokenizer as rnnt_tokenizer
 from mlx_audio.stt.models.nemotron_asr.audio import log_mel_spectrogram
-from mlx_vlm.models.cache import ArraysCache, KVCache
+from mlx_vlm.models.cache import KVCache
 
 from realtime.models.base import (
     AssistantTextDelta,
@@ -65,7 +64,14 @@ from realtime.models.base import (
     Samples,
     UserTranscriptDelta,
 )
-from realtime.models.voicechat.batch import Resident, codec_layout, release, residents
+from realtime.models.voicechat.batch import (
+    Resident,
+    codec_layout,
+    release,
+    residents,
+    stacked_codec,
+    stacked_states,
+)
 from realtime.models.voicechat.codes import (
     PerModel,
     codec_latents,
@@ -208,19 +214,6 @@ class _RowsKV:
         return padded(fetched_k), padded(fetched_v)
 
 
-def _stacked_arrays(caches: Sequence[Any]) -> Any:
-    """One ArraysCache (Mamba conv and SSM states) holding every row's, stacked."""
-
-    first = caches[0]
-    batch = ArraysCache(size=len(first.cache))
-    for slot in range(len(first.cache)):
-        states = [cache[slot] for cache in caches]
-        # Before a session's first step its states do not exist yet: the layer starts
-        # them (every row of a group is equally far, see _language).
-        batch[slot] = None if states[0] is None else mx.concatenate(states, axis=0)
-    return batch
-
-
 def _split_arrays(batch: Any, caches: Sequence[Any]) -> None:
     for slot in range(len(batch.cache)):
         stacked = batch[slot]
@@ -278,7 +271,7 @@ def _language_batch(rows: Sequence[StepRow], fused: Any) -> Any:
         if isinstance(caches[0], KVCache):
             batch.append(_RowsKV(caches, 1))
         else:
-            merged = _stacked_arrays(caches)
+            merged = stacked_states(caches)
             batch.append(merged)
             stacked.append((merged, caches))
     output = model(fused, cache=batch)
@@ -376,9 +369,7 @@ def _codec(rows: Sequence[StepRow], clean: Any, resident: Resident | None) -> li
             samples[members[0]] = out[0, 0]
             continue
         caches = [rows[i].inner._codec_cache for i in members]
-        merged = CausalConv1dCache()
-        for name in caches[0].cache:
-            merged.cache[name] = mx.concatenate([c.cache[name] for c in caches], axis=0)
+        merged = stacked_codec(caches)
         out = codec.decode_latents(latents, cache=merged)
         for position, (i, cache) in enumerate(zip(members, caches, strict=True)):
             samples[i] = out[position, 0]
