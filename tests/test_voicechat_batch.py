@@ -173,3 +173,51 @@ def test_joins_leaves_and_inserted_steps_keep_each_conversation_its_solo_run(
     assert max(resident_sizes) == 3  # the batch did stay resident
     for k in range(len(PLAN)):
         assert digest(got[k]) == _solo(model, k), f"conversation {k}"
+
+
+def test_a_steady_batch_is_stacked_once_then_reused_as_it_is(
+    demo_model: VoiceChatModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three conversations stepping together: their first frame steps beside (nothing
+    started yet), the second stacks their state once, and every later frame reuses it:
+    nothing is stacked, filtered or written back again until a session ends."""
+    import realtime.models.voicechat.batch as batch
+
+    calls: list[str] = []
+    for name in ("of", "extend", "filter", "put"):
+        original = getattr(BatchedKV, name)
+
+        def counted(*args: Any, _name: str = name, _call: Any = original, **kw: Any) -> Any:
+            calls.append(_name)
+            return _call(*args, **kw)
+
+        monkeypatch.setattr(BatchedKV, name, counted)
+    stacked = batch.stacked_states
+
+    def stacking(caches: Any) -> Any:
+        calls.append("stacked_states")
+        return stacked(caches)
+
+    monkeypatch.setattr(batch, "stacked_states", stacking)
+    sessions = [
+        open_session(demo_model, system_prompt=None, seed=seed, max_streaming_seconds=None)
+        for seed in range(3)
+    ]
+    x = noise(6)
+    per_frame: list[list[str]] = []
+    for f in range(6):
+        calls.clear()
+        piece = x[f * 1280 : (f + 1) * 1280]
+        results = demo_model.step([(s, piece, 16000) for s in sessions])
+        assert not any(isinstance(r, Exception) for r in results)
+        per_frame.append(list(calls))
+    assert per_frame[0] == []
+    assert per_frame[1] and set(per_frame[1]) == {"of", "stacked_states"}
+    assert all(frame == [] for frame in per_frame[2:])
+    calls.clear()
+    for session in sessions:
+        session.flush(True)
+    assert "put" in calls
+    first = sessions[0]
+    assert isinstance(first, VoiceChatSession)
+    assert not residents(first._inner.model).inners
