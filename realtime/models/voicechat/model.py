@@ -298,6 +298,7 @@ class VoiceChatSession:
         return _mark_turn_ends(self._inner, converted, self._figures.eos_token_id)
 
     def flush(self, pad_partial: bool) -> list[ModelEvent]:
+        from realtime.models.voicechat.batch import release
         from realtime.models.voicechat.keys import drawing_from
 
         if self._inner.closed:
@@ -318,6 +319,7 @@ class VoiceChatSession:
                     log.exception("VoiceChat flush failed")
                     self.failed(exc)
         self._pending = np.zeros(0, dtype=np.float32)
+        release(self._inner)
         self._inner._closed = True
         self._inner._codec_cache.clear()
         events.append(Done(frame_index=self.frame_index))
@@ -342,7 +344,11 @@ class VoiceChatSession:
         return [_convert(e, self._figures) for e in events]
 
     def cancel(self) -> list[ModelEvent]:
+        from realtime.models.voicechat.batch import release
+
         self._pending = np.zeros(0, dtype=np.float32)
+        if not self._reference:
+            release(self._inner)
         return [_convert(e, self._figures) for e in self._inner.cancel()]
 
     def begin_tool_result(self, tool: ToolInput) -> VoiceChatToolResult:

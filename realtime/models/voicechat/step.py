@@ -24,33 +24,35 @@ Rows are combined only where the result stays bit for bit what each row gets alo
   (under 70 encoder frames) left-padded to the longest and masked;
 * the RNN-T runs one batch per round of symbols over the rows still emitting (each
   emits its own number), its predictor's LSTM layers called batch-first;
-* the language model runs as one batch: its Mamba states are stacked for the step
-  and split back after it, its attention layers read each row's own KV cache through
-  :class:`_RowsKV` (left-padded to the longest, masked);
+* the language model runs as one batch over the resident batch's stacked state
+  (:mod:`realtime.models.voicechat.batch`: Mamba states stacked, each attention layer
+  a :class:`~realtime.models.voicechat.batch.BatchedKV`, left-padded to the longest,
+  masked); rows beside it (not steady: a first frame, past the TTS window) read their
+  own caches through :class:`_RowsKV`, which lays them out the same way for the step;
 * the TTS runs as one batch of 2B rows (classifier-free guidance: all conditional
-  rows, then all unconditional ones), its backbone through :class:`_RowsKV` with
-  per-row RoPE offsets, its character encoder over groups of rows whose tokens spell
-  equally many characters (no padding), its random draws from each row's own key
+  rows, then all unconditional ones), its backbone over the resident batch's
+  (rows beside it: :class:`_RowsKV`) with per-row RoPE offsets, its character
+  encoder over groups of rows whose tokens spell equally many characters (no
+  padding), its random draws from each row's own key
   (:func:`realtime.models.voicechat.keys.drawing_rows`);
-* the codec decodes the rows whose streaming caches hold the same layers as one batch.
+* the codec decodes the resident batch's rows as one batch on their stacked caches, the
+  rows beside it per group whose streaming caches hold the same layers.
 
-The padded copy of the attention caches exists only during a step: each row keeps
-its own cache, sized by its own age, so a young conversation never pays for an old
-one between steps (docs/performance.md measures it).
+The resident batch's cost in memory (every row at the longest row's length while
+batched) is in docs/architecture.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import mlx.core as mx
 import numpy as np
-from mlx_audio.codec.models.nemotron_voicechat import CausalConv1dCache
 from mlx_audio.stt.models.nemotron_asr import tokenizer as rnnt_tokenizer
 from mlx_audio.stt.models.nemotron_asr.audio import log_mel_spectrogram
-from mlx_vlm.models.cache import ArraysCache, KVCache
+from mlx_vlm.models.cache import KVCache
 
 from realtime.models.base import (
     AssistantTextDelta,
@@ -61,6 +63,14 @@ from realtime.models.base import (
     ModelFigures,
     Samples,
     UserTranscriptDelta,
+)
+from realtime.models.voicechat.batch import (
+    Resident,
+    codec_layout,
+    release,
+    residents,
+    stacked_codec,
+    stacked_states,
 )
 from realtime.models.voicechat.codes import (
     PerModel,
@@ -196,19 +206,6 @@ class _RowsKV:
         return padded(fetched_k), padded(fetched_v)
 
 
-def _stacked_arrays(caches: Sequence[Any]) -> Any:
-    """One ArraysCache (Mamba conv and SSM states) holding every row's, stacked."""
-
-    first = caches[0]
-    batch = ArraysCache(size=len(first.cache))
-    for slot in range(len(first.cache)):
-        states = [cache[slot] for cache in caches]
-        # Before a session's first step its states do not exist yet: the layer starts
-        # them (every row of a group is equally far, see _language).
-        batch[slot] = None if states[0] is None else mx.concatenate(states, axis=0)
-    return batch
-
-
 def _split_arrays(batch: Any, caches: Sequence[Any]) -> None:
     for slot in range(len(batch.cache)):
         stacked = batch[slot]
@@ -218,11 +215,27 @@ def _split_arrays(batch: Any, caches: Sequence[Any]) -> None:
             cache[slot] = stacked[row : row + 1]
 
 
-def _language(rows: Sequence[StepRow], fused: Any) -> tuple[Any, Any]:
-    """The language model over ``rows`` (one batch per group of rows whose recurrent
-    states exist: a session's first step starts them), each row's caches advanced;
-    the text and function logits of the new position, (rows, vocabulary) each."""
+def _language(rows: Sequence[StepRow], fused: Any, resident: Resident | None) -> tuple[Any, Any]:
+    """The language model over ``rows`` (the resident batch's state, else one batch
+    per group of rows whose recurrent states exist: a session's first step starts
+    them), each row's caches advanced; the text and function logits of the new
+    position, (rows, vocabulary) each."""
 
+    held = 0 if resident is None else len(resident.inners)
+    if held:
+        assert resident is not None
+        whole = held == len(rows)
+        output = rows[0].inner.model.stt_model(
+            fused if whole else fused[:held], cache=resident.language
+        )
+        logits = output.text_logits[:, -1], output.function_logits[:, -1]
+        if whole:
+            return logits
+        beside = _language(rows[held:], fused[held:], None)
+        return (
+            mx.concatenate([logits[0], beside[0]], axis=0),
+            mx.concatenate([logits[1], beside[1]], axis=0),
+        )
     started = [row.inner._timeline_index > 0 for row in rows]
     if all(started) or not any(started):
         output = _language_batch(rows, fused)
@@ -250,7 +263,7 @@ def _language_batch(rows: Sequence[StepRow], fused: Any) -> Any:
         if isinstance(caches[0], KVCache):
             batch.append(_RowsKV(caches, 1))
         else:
-            merged = _stacked_arrays(caches)
+            merged = stacked_states(caches)
             batch.append(merged)
             stacked.append((merged, caches))
     output = model(fused, cache=batch)
@@ -286,7 +299,11 @@ def _kept(shape: tuple[int, ...]) -> Any:
 
 
 def _tts(
-    rows: Sequence[StepRow], ids: list[int], previous: list[Any | None], silence: Any
+    rows: Sequence[StepRow],
+    ids: list[int],
+    previous: list[Any | None],
+    silence: Any,
+    resident: Resident | None,
 ) -> tuple[Any, Any]:
     """One EAR-TTS step for ``rows``: mlx-vlm's ``RVQEARTTSModel.step`` with guidance,
     its conditioning built per group of rows, its backbone over every row's own caches
@@ -304,8 +321,10 @@ def _tts(
     cond = _subwords(tts, ids)
     null = mx.broadcast_to(tts.null_emb, cond.shape)
     inputs = tts.gated_fusion_audio_text(code_embed, mx.concatenate([cond, null], axis=0))
-    if count == 1:
-        cache: Any = rows[0].inner._tts_cache
+    if resident is not None:
+        cache: Any = resident.tts
+    elif count == 1:
+        cache = rows[0].inner._tts_cache
     else:
         per_row = [row.inner._tts_cache for row in rows]
         cache = [_RowsKV([c[layer] for c in per_row], 2) for layer in range(len(per_row[0]))]
@@ -314,20 +333,27 @@ def _tts(
         return generate_codes(tts, hidden)
 
 
-def _codec(rows: Sequence[StepRow], clean: Any) -> list[Any]:
+def _codec(rows: Sequence[StepRow], clean: Any, resident: Resident | None) -> list[Any]:
     """Each row's samples for its codes: the codec's streaming decode (``decode_step``:
     its quantizer's latents, here :func:`~realtime.models.voicechat.codes.codec_latents`,
-    then ``decode_latents``), one batch per group of rows whose caches hold the same
-    layers (a conversation's first frame starts its cache)."""
+    then ``decode_latents``), over the resident batch's caches, else one batch per
+    group of rows whose caches hold the same layers (a conversation's first frame
+    starts its cache)."""
 
     codec = rows[0].inner.model.tts_model.audio_codec
+    held = 0 if resident is None else len(resident.inners)
+    if held:
+        assert resident is not None
+        whole = held == len(rows)
+        codes = clean if whole else clean[:held]
+        out = codec.decode_latents(
+            codec_latents(codec.prvq, codes.transpose(0, 2, 1)), cache=resident.codec
+        )
+        decoded = [out[i, 0] for i in range(held)]
+        return decoded if whole else decoded + _codec(rows[held:], clean[held:], None)
     samples: list[Any] = [None] * len(rows)
 
-    def layout(i: int) -> Hashable:
-        cache = rows[i].inner._codec_cache.cache
-        return tuple(sorted(((str(k), tuple(v.shape[1:])) for k, v in cache.items())))
-
-    for members in groups(range(len(rows)), layout):
+    for members in groups(range(len(rows)), lambda i: codec_layout(rows[i].inner._codec_cache)):
         codes = clean[mx.array(members)] if len(members) < len(rows) else clean
         latents = codec_latents(codec.prvq, codes.transpose(0, 2, 1))
         if len(members) == 1:
@@ -335,9 +361,7 @@ def _codec(rows: Sequence[StepRow], clean: Any) -> list[Any]:
             samples[members[0]] = out[0, 0]
             continue
         caches = [rows[i].inner._codec_cache for i in members]
-        merged = CausalConv1dCache()
-        for name in caches[0].cache:
-            merged.cache[name] = mx.concatenate([c.cache[name] for c in caches], axis=0)
+        merged = stacked_codec(caches)
         out = codec.decode_latents(latents, cache=merged)
         for position, (i, cache) in enumerate(zip(members, caches, strict=True)):
             samples[i] = out[position, 0]
@@ -552,6 +576,28 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
             raise ContextLimitReached(
                 f"stream exceeded the configured {inner.max_frames}-frame context"
             )
+    resident = residents(rows[0].inner.model)
+    order, held = resident.arrange([row.inner for row in rows])
+    if not held:
+        return _step(rows, figures, None)
+    try:
+        out = _step([rows[k] for k in order], figures, resident)
+    except BaseException:
+        # The batch holds only this step's rows; their states may be partly advanced
+        # (the caller fails them all), so nothing is written back.
+        resident.drop()
+        raise
+    events: list[list[ModelEvent]] = [[] for _ in rows]
+    for position, k in enumerate(order):
+        events[k] = out[position]
+    return events
+
+
+def _step(
+    rows: Sequence[StepRow], figures: ModelFigures, resident: Resident | None
+) -> list[list[ModelEvent]]:
+    """:func:`step_frames` for ``rows``: the resident batch's rows first, in its order,
+    on its state (``resident``), the others on their own caches (all: None)."""
     first = rows[0].inner
     # Perception (batched where the rows' streaming states allow); the language
     # model's input for every row at once.
@@ -559,7 +605,9 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
     fresh = [row.inner._timeline_index == 0 for row in rows]
     """A session opened with no system prompt has run no timeline step yet: its first
     frame reads pad on both channels and speaks the codec's silence (no TTS step)."""
-    text_logits, function_logits = _language(rows, _language_input(rows, projected, fresh))
+    text_logits, function_logits = _language(
+        rows, _language_input(rows, projected, fresh), resident
+    )
     text_ids = mx.argmax(text_logits, axis=-1)
     function_ids = mx.argmax(function_logits, axis=-1)
     mx.async_eval(text_ids, function_ids)  # type: ignore[no-untyped-call]
@@ -567,9 +615,9 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
     # The text ids are read now (the TTS's character encoder spells them on the host);
     # the function ids only once the frame's final evaluation has run.
     texts = [int(t) for t in np.asarray(text_ids).reshape(-1)]
-    codes, spoken = _speak(rows, texts, fresh)
+    codes, spoken = _speak(rows, texts, fresh, resident)
     clean = first.parent._replace_control_codes(codes)
-    samples = _codec(rows, clean)
+    samples = _codec(rows, clean, resident)
     state: list[Any] = []
     for row in rows:
         state += _conformer_state(row.inner)
@@ -638,31 +686,36 @@ def _language_input(rows: Sequence[StepRow], projected: Sequence[Any], fresh: li
 
 
 def _speak(
-    rows: Sequence[StepRow], texts: list[int], fresh: list[bool]
+    rows: Sequence[StepRow], texts: list[int], fresh: list[bool], resident: Resident | None
 ) -> tuple[Any, dict[int, Any]]:
     """Every row's codes for this frame, (rows, 1, codebooks): the TTS's for the rows
-    that speak (all but fresh ones, whose first frame is the codec's silence), and
-    those rows' codes by row."""
+    that speak (all but fresh ones, whose first frame is the codec's silence; the
+    resident batch's rows, which lead, on its state, the others on their own caches),
+    and those rows' codes by row."""
 
     first = rows[0].inner
     config = first.config
     silence_tokens = first.model.tts_model.codec_silence_tokens
     speaking = [i for i, new in enumerate(fresh) if not new]
+    held = 0 if resident is None else len(resident.inners)
     spoken: dict[int, Any] = {}
-    if speaking:
+    for part, state in ((speaking[:held], resident), (speaking[held:], None)):
+        if not part:
+            continue
         codes_now, sums = _tts(
-            [rows[i] for i in speaking],
-            [texts[i] for i in speaking],
+            [rows[i] for i in part],
+            [texts[i] for i in part],
             [
                 None if texts[i] == config.eos_token_id else rows[i].inner._previous_code
-                for i in speaking
+                for i in part
             ],
             silence_tokens,
+            state,
         )
-        for n, i in enumerate(speaking):
+        for n, i in enumerate(part):
             spoken[i] = codes_now[n : n + 1]
             remember(rows[i].inner, spoken[i], sums[n : n + 1])
-        if len(speaking) == len(rows):
+        if len(part) == len(rows):
             return codes_now, spoken
     silence = silence_tokens[None, None, :].astype(mx.int32)
     codes = mx.concatenate([spoken.get(i, silence) for i in range(len(rows))], axis=0)
@@ -764,6 +817,7 @@ def inserted_step(row: StepRow, forced_function: int | None) -> int:
     from realtime.models.voicechat.keys import drawing_from
 
     inner = row.inner
+    release(inner)
     model, config = inner.model, inner.config
     pad = config.pad_token_id
     started = inner._timeline_index > 0

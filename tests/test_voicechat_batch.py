@@ -1,0 +1,223 @@
+"""A batch's state kept stacked between frames (realtime/models/voicechat/batch.py).
+
+:class:`BatchedKV` gives the attention exactly what the per-step layout
+(``_RowsKV``: each row's own cache, left-padded and concatenated every step) gives,
+through joins, leaves and write-backs; and conversations that join, leave, sit a frame
+out, take a tool result or are cancelled between batched frames each get exactly their
+solo run while the rest stay resident.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_vlm.models.cache import KVCache, RotatingKVCache
+
+from realtime.models.base import ModelEvent, ModelSession, open_session
+from realtime.models.voicechat.batch import BatchedKV, residents
+from realtime.models.voicechat.model import VoiceChatModel, VoiceChatSession
+from realtime.models.voicechat.step import _RowsKV
+from tests.models_fixtures import noise, speechlike
+from tests.test_sessions_isolation import digest
+
+
+def _cache(rows: int, length: int, seed: int, rotating: bool) -> Any:
+    cache = (
+        RotatingKVCache(max_size=400, keep=0)  # type: ignore[no-untyped-call]
+        if rotating
+        else KVCache()  # type: ignore[no-untyped-call]
+    )
+    rng = np.random.default_rng(seed)
+    for _ in range(length):
+        k, v = (mx.array(rng.standard_normal((rows, 2, 1, 4)).astype(np.float32)) for _ in "kv")
+        cache.update_and_fetch(k, v)  # type: ignore[no-untyped-call]
+    return cache
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return bool(np.array_equal(np.asarray(a), np.asarray(b)))
+
+
+def _step_both(batched: BatchedKV, own: list[Any], rows_each: int, seed: int) -> None:
+    """One position through the batch and through the per-step layout of ``own``:
+    the same mask, RoPE offsets, keys and values."""
+    reference = _RowsKV(own, rows_each)
+    assert _same(batched.make_mask(1), reference.make_mask(1))
+    assert _same(batched.offset, reference.offset)
+    rng = np.random.default_rng(seed)
+    shape = (rows_each * len(own), 2, 1, 4)
+    k, v = (mx.array(rng.standard_normal(shape).astype(np.float32)) for _ in "kv")
+    got = batched.update_and_fetch(k, v)
+    want = reference.update_and_fetch(k, v)
+    assert _same(got[0], want[0]) and _same(got[1], want[1])
+
+
+@pytest.mark.parametrize(("rows_each", "rotating"), [(1, False), (2, True), (2, False)])
+def test_batched_kv_is_the_per_step_layout_through_joins_and_leaves(
+    rows_each: int, rotating: bool
+) -> None:
+    lengths = [5, 2, 9]
+    own = [_cache(rows_each, n, seed, rotating) for seed, n in enumerate(lengths)]
+    batched = BatchedKV.of(copy.deepcopy(own), rows_each)
+    for step in range(3):
+        _step_both(batched, own, rows_each, step)
+    # The longest leaves: written back exactly, the rest trimmed to the new longest.
+    back = _cache(rows_each, 0, 0, rotating)
+    batched.put(2, back)
+    assert back.offset == own[2].offset
+    assert _same(back.state[0], own[2].state[0]) and _same(back.state[1], own[2].state[1])
+    batched.filter([0, 1])
+    assert batched.width == max(batched.lengths)
+    own = own[:2]
+    _step_both(batched, own, rows_each, 10)
+    # A young and an old one join.
+    joining = [_cache(rows_each, 1, 7, rotating), _cache(rows_each, 20, 8, rotating)]
+    batched.extend(BatchedKV.of(copy.deepcopy(joining), rows_each))
+    own += joining
+    for step in range(260):  # past a growth step (256 positions)
+        _step_both(batched, own, rows_each, 20 + step)
+    for j, cache in enumerate(own):
+        back = _cache(rows_each, 0, 0, rotating)
+        batched.put(j, back)
+        assert back.offset == cache.offset
+        assert _same(back.state[0], cache.state[0]) and _same(back.state[1], cache.state[1])
+
+
+def _audio(seed: int, frames: int) -> np.ndarray:
+    return np.concatenate([noise(frames - 4, seed=3 + seed % 2, level=0.5), speechlike(4)])
+
+
+TOOL = '{"temperature": 21, "unit": "C"}'
+
+# (seed, prompt, first tick, frames per tick, tool result after tick, how it ends)
+PLAN: list[tuple[int, str | None, int, list[int], int | None, str]] = [
+    (1, None, 0, [1, 1, 1, 1, 0, 2, 1, 1, 1, 1], 3, "flush"),  # sits a tick out
+    (2, "Be brief.", 1, [1, 1, 1, 1, 1, 1], None, "cancel"),  # cancelled mid-stream
+    (4, None, 4, [1, 1, 1, 1, 1, 1], 1, "flush"),  # joins late
+    (6, "", 2, [1, 1, 1, 1], None, "flush"),  # leaves early
+]
+
+
+def _finish(model: VoiceChatModel, session: ModelSession, how: str) -> list[ModelEvent]:
+    return list(session.flush(True) if how == "flush" else session.cancel())
+
+
+def _feed(model: VoiceChatModel, session: ModelSession) -> None:
+    assert isinstance(session, VoiceChatSession)
+    feed = session.begin_tool_result(model.tool_input(TOOL))
+    while not feed.advance():
+        pass
+
+
+def _solo(model: VoiceChatModel, k: int) -> list[Any]:
+    seed, prompt, _, ticks, tool_at, how = PLAN[k]
+    x = _audio(seed, sum(ticks))
+    session = open_session(model, system_prompt=prompt, seed=seed, max_streaming_seconds=None)
+    events: list[ModelEvent] = []
+    done = 0
+    for tick, count in enumerate(ticks):
+        events += session.push_audio(x[done * 1280 : (done + count) * 1280], 16000)
+        done += count
+        if tick == tool_at:
+            _feed(model, session)
+    return digest(events + _finish(model, session, how))
+
+
+def test_joins_leaves_and_inserted_steps_keep_each_conversation_its_solo_run(
+    demo_model: VoiceChatModel,
+) -> None:
+    model = demo_model
+    audio = [_audio(seed, sum(ticks)) for seed, _, _, ticks, _, _ in PLAN]
+    sessions: list[ModelSession | None] = [None] * len(PLAN)
+    done = [0] * len(PLAN)
+    got: list[list[ModelEvent]] = [[] for _ in PLAN]
+    resident_sizes: list[int] = []
+    for t in range(max(start + len(ticks) for _, _, start, ticks, _, _ in PLAN)):
+        batch = []
+        for k, (seed, prompt, start, ticks, _, _) in enumerate(PLAN):
+            if t == start:
+                sessions[k] = open_session(
+                    model, system_prompt=prompt, seed=seed, max_streaming_seconds=None
+                )
+            session, tick = sessions[k], t - start
+            if session is not None and 0 <= tick < len(ticks) and ticks[tick]:
+                piece = audio[k][done[k] * 1280 : (done[k] + ticks[tick]) * 1280]
+                done[k] += ticks[tick]
+                batch.append((k, session, piece))
+        results = model.step([(s, piece, 16000) for _, s, piece in batch])
+        for (k, _, _), result in zip(batch, results, strict=True):
+            assert not isinstance(result, Exception), result
+            got[k] += result
+        first = next(s for s in sessions if s is not None)
+        assert isinstance(first, VoiceChatSession)
+        resident = residents(first._inner.model)
+        held = len(resident.inners)
+        for k, (_, _, start, ticks, tool_at, how) in enumerate(PLAN):
+            session = sessions[k]
+            if session is None:
+                continue
+            if t - start == tool_at:
+                _feed(model, session)
+            if t - start == len(ticks) - 1:
+                got[k] += _finish(model, session, how)
+                assert isinstance(session, VoiceChatSession)
+                assert all(inner is not session._inner for inner in resident.inners)
+        resident_sizes.append(held)
+    assert not resident.inners  # every row written back once its session ended
+    assert max(resident_sizes) == 3  # the batch did stay resident
+    for k in range(len(PLAN)):
+        assert digest(got[k]) == _solo(model, k), f"conversation {k}"
+
+
+def test_a_steady_batch_is_stacked_once_then_reused_as_it_is(
+    demo_model: VoiceChatModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three conversations stepping together: their first frame steps beside (nothing
+    started yet), the second stacks their state once, and every later frame reuses it:
+    nothing is stacked, filtered or written back again until a session ends."""
+    import realtime.models.voicechat.batch as batch
+
+    calls: list[str] = []
+    for name in ("of", "extend", "filter", "put"):
+        original = getattr(BatchedKV, name)
+
+        def counted(*args: Any, _name: str = name, _call: Any = original, **kw: Any) -> Any:
+            calls.append(_name)
+            return _call(*args, **kw)
+
+        monkeypatch.setattr(BatchedKV, name, counted)
+    stacked = batch.stacked_states
+
+    def stacking(caches: Any) -> Any:
+        calls.append("stacked_states")
+        return stacked(caches)
+
+    monkeypatch.setattr(batch, "stacked_states", stacking)
+    sessions = [
+        open_session(demo_model, system_prompt=None, seed=seed, max_streaming_seconds=None)
+        for seed in range(3)
+    ]
+    x = noise(6)
+    per_frame: list[list[str]] = []
+    for f in range(6):
+        calls.clear()
+        piece = x[f * 1280 : (f + 1) * 1280]
+        results = demo_model.step([(s, piece, 16000) for s in sessions])
+        assert not any(isinstance(r, Exception) for r in results)
+        per_frame.append(list(calls))
+    assert per_frame[0] == []
+    assert per_frame[1] and set(per_frame[1]) == {"of", "stacked_states"}
+    assert all(frame == [] for frame in per_frame[2:])
+    calls.clear()
+    for session in sessions:
+        session.flush(True)
+    assert "put" in calls
+    first = sessions[0]
+    assert isinstance(first, VoiceChatSession)
+    assert not residents(first._inner.model).inners
