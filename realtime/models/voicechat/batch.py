@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
+import attrs
 import mlx.core as mx
 from mlx_audio.codec.models.nemotron_voicechat import CausalConv1dCache
 from mlx_vlm.models.cache import ArraysCache, KVCache
@@ -46,6 +47,7 @@ GROWTH: Final = 256
 """Positions a resident attention buffer grows by when full (mlx-vlm's cache step)."""
 
 
+@attrs.define(slots=True, eq=False)
 class BatchedKV:
     """One attention layer's keys and values for a batch's rows, stacked.
 
@@ -57,18 +59,16 @@ class BatchedKV:
     own position (the TTS's RoPE).
     """
 
-    __slots__ = ("_offset", "keys", "lengths", "max_size", "rows_each", "values", "width")
+    keys: Any
+    values: Any
+    lengths: list[int]
+    rows_each: int
+    max_size: int | None
+    width: int = attrs.field(init=False)
+    _offset: Any = attrs.field(default=None, init=False)
 
-    def __init__(
-        self, keys: Any, values: Any, lengths: list[int], rows_each: int, max_size: int | None
-    ) -> None:
-        self.keys = keys
-        self.values = values
-        self.lengths = lengths
-        self.rows_each = rows_each
-        self.max_size = max_size
-        self.width = max(lengths)
-        self._offset: Any = None
+    def __attrs_post_init__(self) -> None:
+        self.width = max(self.lengths)
 
     @classmethod
     def of(cls, caches: Sequence[Any], rows_each: int) -> BatchedKV:
