@@ -6,13 +6,16 @@ model and of the TTS backbone left-padded and concatenated for every layer, the
 codec's convolution caches). :class:`Resident` keeps, for the ordered rows of a
 model's last batched frame, that state as the batched model computes with it: stacked
 Mamba states, one :class:`BatchedKV` per attention layer (rows left-padded to the
-longest, right-aligned on one write position, preallocated past it) and stacked codec
-caches. A next frame of the same rows reuses it as it is; a row that joins is
-extended in, one that leaves is written back to its own caches and filtered out
-(``extend`` / ``filter``, as mlx-lm's batch generation does).
+longest, right-aligned on one write position, preallocated past it), stacked codec
+caches and the conformer's caches (:class:`ConformerBatch`, stacked by the first
+frame whose chunks all take the batched path). A next frame of the same rows reuses
+it as it is; a row that joins is extended in, one that leaves is written back to its
+own caches and filtered out (``extend`` / ``filter``, as mlx-lm's batch generation
+does).
 
 While a conversation is resident its own caches (``_language_cache``, ``_tts_cache``,
-``_codec_cache`` on mlx-vlm's session) are stale: every path that reads them alone
+``_codec_cache`` on mlx-vlm's session, the attention and convolution caches of its
+``_conformer_stream``) are stale: every path that reads them alone
 (a solo frame, an inserted tool-response step, flush, cancel) calls :func:`release`
 first, which writes its rows back exactly and drops them from the batch.
 

@@ -15,6 +15,10 @@ zeros change none of the sums on MLX's CPU, whose reductions run in order
 (tests/test_voicechat_step.py checks every row's caches and events against its solo
 run; a GPU's attention kernels split the keys into blocks, so padding may move the
 last bits there). A chunk the step does not cut runs as mlx-audio's own push.
+
+The resident batch's rows (:mod:`realtime.models.voicechat.batch`) keep that padded
+layout between frames (:class:`ConformerBatch`): their caches are stacked once, not
+per step, and written back to each row's streaming state when it leaves.
 """
 
 from __future__ import annotations
