@@ -20,6 +20,7 @@ from mlx_vlm.models.cache import KVCache, RotatingKVCache
 from realtime.models.base import ModelEvent, ModelSession, open_session
 from realtime.models.voicechat.batch import BatchedKV, residents
 from realtime.models.voicechat.model import VoiceChatModel, VoiceChatSession
+from realtime.models.voicechat.perception import ConformerBatch
 from realtime.models.voicechat.step import _RowsKV
 from tests.models_fixtures import noise, speechlike
 from tests.test_sessions_isolation import digest
@@ -138,6 +139,7 @@ def test_joins_leaves_and_inserted_steps_keep_each_conversation_its_solo_run(
     done = [0] * len(PLAN)
     got: list[list[ModelEvent]] = [[] for _ in PLAN]
     resident_sizes: list[int] = []
+    conformer_sizes: list[int] = []
     for t in range(max(start + len(ticks) for _, _, start, ticks, _, _ in PLAN)):
         batch = []
         for k, (seed, prompt, start, ticks, _, _) in enumerate(PLAN):
@@ -158,6 +160,9 @@ def test_joins_leaves_and_inserted_steps_keep_each_conversation_its_solo_run(
         assert isinstance(first, VoiceChatSession)
         resident = residents(first._inner.model)
         held = len(resident.inners)
+        if resident.conformer is not None:
+            assert len(resident.conformer.lengths) == held
+            conformer_sizes.append(held)
         for k, (_, _, start, ticks, tool_at, how) in enumerate(PLAN):
             session = sessions[k]
             if session is None:
@@ -171,6 +176,7 @@ def test_joins_leaves_and_inserted_steps_keep_each_conversation_its_solo_run(
         resident_sizes.append(held)
     assert not resident.inners  # every row written back once its session ended
     assert max(resident_sizes) == 3  # the batch did stay resident
+    assert max(conformer_sizes) == 3  # its conformer caches too
     for k in range(len(PLAN)):
         assert digest(got[k]) == _solo(model, k), f"conversation {k}"
 
@@ -179,19 +185,31 @@ def test_a_steady_batch_is_stacked_once_then_reused_as_it_is(
     demo_model: VoiceChatModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Three conversations stepping together: their first frame steps beside (nothing
-    started yet), the second stacks their state once, and every later frame reuses it:
-    nothing is stacked, filtered or written back again until a session ends."""
+    started yet), the second stacks their state once (the conformer's caches too), and
+    every later frame reuses it: nothing is stacked, filtered or written back again, and
+    the conformer's per-step stacking is not run, until a session ends."""
     import realtime.models.voicechat.batch as batch
+    from realtime.models.voicechat import perception
 
     calls: list[str] = []
-    for name in ("of", "extend", "filter", "put"):
-        original = getattr(BatchedKV, name)
+    for kind in (BatchedKV, ConformerBatch):
+        for name in ("of", "extend", "filter", "put"):
+            original = getattr(kind, name)
 
-        def counted(*args: Any, _name: str = name, _call: Any = original, **kw: Any) -> Any:
-            calls.append(_name)
-            return _call(*args, **kw)
+            def counted(
+                *args: Any, _name: str = f"{kind.__name__}.{name}", _call: Any = original, **kw: Any
+            ) -> Any:
+                calls.append(_name)
+                return _call(*args, **kw)
 
-        monkeypatch.setattr(BatchedKV, name, counted)
+            monkeypatch.setattr(kind, name, counted)
+    per_step = perception._conformer_blocks
+
+    def blocks(*args: Any) -> Any:
+        calls.append("_conformer_blocks")
+        return per_step(*args)
+
+    monkeypatch.setattr(perception, "_conformer_blocks", blocks)
     stacked = batch.stacked_states
 
     def stacking(caches: Any) -> Any:
@@ -211,13 +229,73 @@ def test_a_steady_batch_is_stacked_once_then_reused_as_it_is(
         results = demo_model.step([(s, piece, 16000) for s in sessions])
         assert not any(isinstance(r, Exception) for r in results)
         per_frame.append(list(calls))
-    assert per_frame[0] == []
-    assert per_frame[1] and set(per_frame[1]) == {"of", "stacked_states"}
+    assert per_frame[0] == ["_conformer_blocks"]
+    assert set(per_frame[1]) == {"BatchedKV.of", "stacked_states", "ConformerBatch.of"}
+    assert per_frame[1].count("ConformerBatch.of") == 1
     assert all(frame == [] for frame in per_frame[2:])
     calls.clear()
     for session in sessions:
         session.flush(True)
-    assert "put" in calls
+    assert "BatchedKV.put" in calls and "ConformerBatch.put" in calls
     first = sessions[0]
     assert isinstance(first, VoiceChatSession)
     assert not residents(first._inner.model).inners
+
+
+def test_a_frame_the_stacked_conformer_cannot_take_writes_it_back_exactly(
+    demo_model: VoiceChatModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frame in which one resident row's chunk is not the plain, batched case (here
+    forced: mlx-audio's own push for it, which leaves it off the batched path while it
+    lives) writes the stacked conformer caches back to every row and steps them per
+    row; once it has left, the others are stacked again. Each conversation stays its
+    solo run, the young one (joining later, its attention cache shorter and padded in
+    the stack) included."""
+    from realtime.models.voicechat import perception
+
+    starts, lengths = [0, 0, 3], [8, 11, 8]
+    audio = [_audio(seed, frames) for seed, frames in enumerate(lengths)]
+    odd: list[Any] = []
+    plan = perception._chunk_plan
+
+    def forced(stream: Any, mel: Any) -> Any:
+        return None if any(stream is s for s in odd) else plan(stream, mel)
+
+    monkeypatch.setattr(perception, "_chunk_plan", forced)
+    sessions: dict[int, ModelSession] = {}
+    got: list[list[ModelEvent]] = [[] for _ in starts]
+    stacked: list[int] = []
+    for t in range(max(s + n for s, n in zip(starts, lengths, strict=True))):
+        for k, start in enumerate(starts):
+            if t == start:
+                sessions[k] = open_session(
+                    demo_model, system_prompt=None, seed=k, max_streaming_seconds=None
+                )
+        live = [k for k, start in enumerate(starts) if 0 <= t - start < lengths[k]]
+        odd[:] = []
+        if t == 6:  # the first row's chunk is not cut by the step this frame
+            first = sessions[0]
+            assert isinstance(first, VoiceChatSession)
+            odd.append(first._inner._conformer_stream)
+        pieces = [audio[k][(t - starts[k]) * 1280 : (t - starts[k] + 1) * 1280] for k in live]
+        results = demo_model.step(
+            [(sessions[k], piece, 16000) for k, piece in zip(live, pieces, strict=True)]
+        )
+        for k, result in zip(live, results, strict=True):
+            assert not isinstance(result, Exception), result
+            got[k] += result
+        lead = sessions[0]
+        assert isinstance(lead, VoiceChatSession)
+        conformer = residents(lead._inner.model).conformer
+        stacked.append(0 if conformer is None else len(conformer.lengths))
+    for k, session in sessions.items():
+        got[k] += session.flush(True)
+    assert stacked[5:9] == [3, 0, 0, 2]  # written back, then stacked again
+    odd[:] = []
+    for k in range(len(starts)):
+        alone = open_session(demo_model, system_prompt=None, seed=k, max_streaming_seconds=None)
+        want: list[ModelEvent] = []
+        for f in range(lengths[k]):
+            want += alone.push_audio(audio[k][f * 1280 : (f + 1) * 1280], 16000)
+        want += alone.flush(True)
+        assert digest(got[k]) == digest(want), f"conversation {k}"

@@ -8,6 +8,7 @@ company; one row's bad input or context limit stays that row's.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -433,8 +434,19 @@ def test_batched_transcript_steps_are_each_rows_own(
 
 
 def _perception_state(session: ModelSession) -> list[np.ndarray]:
-    stream = session._inner._conformer_stream  # type: ignore[attr-defined]
-    state = [stream.mel_cache, *stream.attn_cache, *stream.conv_cache]
+    """A session's perception caches: a resident row's attention and convolution caches
+    read from the resident batch's stacked ones (its own are stale), left in place."""
+    from realtime.models.voicechat.batch import residents
+
+    inner = session._inner  # type: ignore[attr-defined]
+    stream = inner._conformer_stream
+    attn, conv = list(stream.attn_cache), list(stream.conv_cache)
+    resident = residents(inner.model)
+    held = [j for j, mine in enumerate(resident.inners) if mine is inner]
+    if held and resident.conformer is not None:
+        view = SimpleNamespace(attn_cache=attn, conv_cache=conv)
+        resident.conformer.put(held[0], view)
+    state = [stream.mel_cache, *attn, *conv]
     return [np.array(value) for value in state if value is not None]
 
 
@@ -449,6 +461,7 @@ def test_young_rows_of_staggered_ages_run_the_conformer_as_one_batch(
     (mel tail, attention and convolution caches, each its own length) are bit for bit
     its solo run's."""
     from realtime.models.voicechat import perception
+    from realtime.models.voicechat.batch import residents
 
     model = _models(request, name)
     # (first frame, frames); ages 0 and 1 to 2 differ from older rows in their mel tails.
@@ -464,6 +477,7 @@ def test_young_rows_of_staggered_ages_run_the_conformer_as_one_batch(
 
     monkeypatch.setattr(perception, "_masked_block", spy)
     audio = [_audio(k, frames) for k, (_, frames) in enumerate(specs)]
+    stacked_rows: list[int] = []
     ours: dict[int, ModelSession] = {}
     alone: dict[int, ModelSession] = {}
     got: list[list[Any]] = [[] for _ in specs]
@@ -479,6 +493,8 @@ def test_young_rows_of_staggered_ages_run_the_conformer_as_one_batch(
             if 0 <= (f := t - start) < frames:
                 batch.append((k, audio[k][f * 1280 : (f + 1) * 1280]))
         results = model.step([(ours[k], piece, 16000) for k, piece in batch])
+        conformer = residents(ours[0]._inner.model).conformer  # type: ignore[attr-defined]
+        stacked_rows.append(0 if conformer is None else len(conformer.lengths))
         for (k, piece), result in zip(batch, results, strict=True):
             assert not isinstance(result, Exception), result
             got[k] += result
@@ -490,3 +506,5 @@ def test_young_rows_of_staggered_ages_run_the_conformer_as_one_batch(
             assert all(np.array_equal(a, b) for a, b in zip(mine, theirs, strict=True)), (t, k)
         assert [digest(g) for g in got] == [digest(w) for w in want], t
     assert max(batched_rows) == len(specs)
+    # The young rows' padded caches stayed stacked in the resident batch between frames.
+    assert max(stacked_rows) == len(specs)

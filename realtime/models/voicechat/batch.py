@@ -6,13 +6,16 @@ model and of the TTS backbone left-padded and concatenated for every layer, the
 codec's convolution caches). :class:`Resident` keeps, for the ordered rows of a
 model's last batched frame, that state as the batched model computes with it: stacked
 Mamba states, one :class:`BatchedKV` per attention layer (rows left-padded to the
-longest, right-aligned on one write position, preallocated past it) and stacked codec
-caches. A next frame of the same rows reuses it as it is; a row that joins is
-extended in, one that leaves is written back to its own caches and filtered out
-(``extend`` / ``filter``, as mlx-lm's batch generation does).
+longest, right-aligned on one write position, preallocated past it), stacked codec
+caches and the conformer's caches (:class:`ConformerBatch`, stacked by the first
+frame whose chunks all take the batched path). A next frame of the same rows reuses
+it as it is; a row that joins is extended in, one that leaves is written back to its
+own caches and filtered out (``extend`` / ``filter``, as mlx-lm's batch generation
+does).
 
 While a conversation is resident its own caches (``_language_cache``, ``_tts_cache``,
-``_codec_cache`` on mlx-vlm's session) are stale: every path that reads them alone
+``_codec_cache`` on mlx-vlm's session, the attention and convolution caches of its
+``_conformer_stream``) are stale: every path that reads them alone
 (a solo frame, an inserted tool-response step, flush, cancel) calls :func:`release`
 first, which writes its rows back exactly and drops them from the batch.
 
@@ -42,6 +45,7 @@ from mlx_audio.codec.models.nemotron_voicechat import CausalConv1dCache
 from mlx_vlm.models.cache import ArraysCache, KVCache
 
 from realtime.models.voicechat.codes import PerModel
+from realtime.models.voicechat.perception import ConformerBatch, stackable
 
 GROWTH: Final = 256
 """Positions a resident attention buffer grows by when full (mlx-vlm's cache step)."""
@@ -211,15 +215,18 @@ def codec_layout(cache: Any) -> tuple[Any, ...]:
 
 class Resident:
     """The rows of a model's last batched frame (mlx-vlm sessions, in batch order) with
-    their language-model, TTS and codec state stacked (empty: no batch)."""
+    their language-model, TTS and codec state stacked (empty: no batch), and their
+    conformer caches (``conformer``: stacked by the first frame whose chunks all take
+    the batched path, None while they are each row's own)."""
 
-    __slots__ = ("codec", "inners", "language", "tts")
+    __slots__ = ("codec", "conformer", "inners", "language", "tts")
 
     def __init__(self) -> None:
         self.inners: list[Any] = []
         self.language: list[Any] = []
         self.tts: list[BatchedKV] = []
         self.codec: Any = None
+        self.conformer: ConformerBatch | None = None
 
     def arrange(self, inners: Sequence[Any]) -> tuple[list[int], int]:
         """Make the batch hold exactly the steady rows of ``inners`` (rows that left
@@ -285,6 +292,12 @@ class Resident:
             for layer in range(len(joining[0]._tts_cache))
         ]
         codec = stacked_codec([inner._codec_cache for inner in joining])
+        streams = [inner._conformer_stream for inner in joining]
+        if self.conformer is not None:
+            if all(stackable(s) for s in streams):
+                self.conformer.extend(ConformerBatch.of(streams))
+            else:
+                self.release_conformer()
         if not self.inners:
             self.inners, self.language, self.tts, self.codec = list(joining), language, tts, codec
             return
@@ -327,6 +340,8 @@ class Resident:
                 name: value[row] for name, value in self.codec.cache.items()
             }
             written += list(inner._codec_cache.cache.values())
+            if self.conformer is not None:
+                written += self.conformer.put(j, inner._conformer_stream)
         # Computed now, off the host: a written-back row holds no view of the batch.
         mx.async_eval(written)  # type: ignore[no-untyped-call]
         if len(leaving) == len(self.inners):
@@ -343,11 +358,26 @@ class Resident:
         for kv in self.tts:
             kv.filter(keep)
         self.codec.cache = {name: value[rows] for name, value in self.codec.cache.items()}
+        if self.conformer is not None:
+            self.conformer.filter(keep)
         self.inners = [self.inners[j] for j in keep]
+
+    def release_conformer(self) -> None:
+        """Write every row's conformer caches back to its own streaming state (the rest
+        of the batch stays stacked): a frame whose chunks cannot all take the batched
+        path steps them per row."""
+        if self.conformer is None:
+            return
+        written: list[Any] = []
+        for j, inner in enumerate(self.inners):
+            written += self.conformer.put(j, inner._conformer_stream)
+        mx.async_eval(written)  # type: ignore[no-untyped-call]
+        self.conformer = None
 
     def drop(self) -> None:
         """Forget the batch (its rows' own caches are whatever was last written)."""
         self.inners, self.language, self.tts, self.codec = [], [], [], None
+        self.conformer = None
 
 
 residents: Final = PerModel(lambda _model: Resident())

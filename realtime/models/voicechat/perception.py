@@ -15,6 +15,10 @@ zeros change none of the sums on MLX's CPU, whose reductions run in order
 (tests/test_voicechat_step.py checks every row's caches and events against its solo
 run; a GPU's attention kernels split the keys into blocks, so padding may move the
 last bits there). A chunk the step does not cut runs as mlx-audio's own push.
+
+The resident batch's rows (:mod:`realtime.models.voicechat.batch`) keep that padded
+layout between frames (:class:`ConformerBatch`): their caches are stacked once, not
+per step, and written back to each row's streaming state when it leaves.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from mlx_audio.stt.models.nemotron_asr import streaming as conformer
 from realtime.models.voicechat.mel import push_frames
 
 if TYPE_CHECKING:
+    from realtime.models.voicechat.batch import Resident
     from realtime.models.voicechat.step import StepRow
 
 T = TypeVar("T")
@@ -78,14 +83,18 @@ def _chunk_plan(stream: Any, mel: Any) -> _ChunkPlan | None:
     )
 
 
-def perceive(rows: Sequence[StepRow]) -> tuple[list[Any], list[Any]]:
+def perceive(
+    rows: Sequence[StepRow], resident: Resident | None = None
+) -> tuple[list[Any], list[Any]]:
     """Each row's encoder frame (for the RNN-T) and its projection (the language
     model's audio input). The log-mel front end runs as one batch for the rows whose
     buffers are laid out alike (:mod:`realtime.models.voicechat.mel`); the conformer's
     subsampling once for each group of rows whose mel windows line up, its blocks once
     for the rows whose caches exist (every conversation past its first frame; younger
     than the attention's left context, 70 encoder frames, with its attention cache
-    padded and masked); a chunk this step does not cut runs as mlx-audio's push."""
+    padded and masked); a chunk this step does not cut runs as mlx-audio's push. The
+    rows of the ``resident`` batch lead ``rows`` and step on its stacked conformer
+    caches (:class:`ConformerBatch`) when this frame allows it."""
 
     proj = rows[0].inner.model.stt_model.perception.proj
     mels = push_frames([row.inner._mel_stream for row in rows], [row.frame for row in rows])
@@ -94,26 +103,167 @@ def perceive(rows: Sequence[StepRow]) -> tuple[list[Any], list[Any]]:
     ]
     planned = {i: plan for i, plan in enumerate(plans) if plan is not None}
     encoded: list[Any] = [None] * len(rows)
+    held = 0 if resident is None else len(resident.inners)
+    batch = None if resident is None or not held else _resident_batch(resident, plans[:held])
+    if batch is not None:
+        order, h = _subsampled(rows, range(held), planned, mels)
+        if order != list(range(held)):  # the batch's row order (one gather)
+            h = h[mx.array(np.argsort(order))]
+        h = batch.step(rows[0].inner._conformer_stream, h)
+        for i in range(held):
+            encoded[i] = _row(h, i, held)
     for members in groups(
-        range(len(rows)), lambda i: planned[i].blocks if i in planned else ("own", i)
+        range(0 if batch is None else held, len(rows)),
+        lambda i: planned[i].blocks if i in planned else ("own", i),
     ):
         if members[0] not in planned:  # a chunk this step does not cut: mlx-audio's push
             i = members[0]
             encoded[i] = _pushed(rows[i].inner._conformer_stream, mels[i])
             continue
-        order: list[int] = []
-        frames: list[Any] = []
-        for part in groups(members, lambda i: planned[i].mel):
-            streams = [rows[i].inner._conformer_stream for i in part]
-            frames.append(_pre_encoded(streams, [mels[i] for i in part]))
-            order += part
-        h = _conformer_blocks([rows[i].inner._conformer_stream for i in order], stacked(frames))
+        order, h = _subsampled(rows, members, planned, mels)
+        h = _conformer_blocks([rows[i].inner._conformer_stream for i in order], h)
         for position, i in enumerate(order):
             encoded[i] = _row(h, position, len(order))
     if len(rows) == 1:
         return encoded, [proj(encoded[0])]
     projected = proj(mx.concatenate(encoded, axis=0))
     return encoded, [projected[i : i + 1] for i in range(len(rows))]
+
+
+def _subsampled(
+    rows: Sequence[StepRow], members: Iterable[int], planned: dict[int, _ChunkPlan], mels: Any
+) -> tuple[list[int], Any]:
+    """The subsampled frames of rows ``members`` (one subsampling per group of rows
+    whose mel windows line up), stacked, and the order of the rows in the stack."""
+    order: list[int] = []
+    frames: list[Any] = []
+    for part in groups(members, lambda i: planned[i].mel):
+        streams = [rows[i].inner._conformer_stream for i in part]
+        frames.append(_pre_encoded(streams, [mels[i] for i in part]))
+        order += part
+    return order, stacked(frames)
+
+
+def _resident_batch(
+    resident: Resident, plans: Sequence[_ChunkPlan | None]
+) -> ConformerBatch | None:
+    """The resident rows' stacked conformer caches for this frame (stacked now if
+    they were not and the rows' own caches allow it), or None when this frame's
+    chunks do not all take the plain, batched path (the caches written back first)."""
+    plain = all(plan is not None for plan in plans) and len({p.blocks for p in plans if p}) == 1
+    if resident.conformer is not None:
+        if plain:
+            return resident.conformer
+        resident.release_conformer()
+        return None
+    streams = [inner._conformer_stream for inner in resident.inners]
+    if plain and all(stackable(s) for s in streams):
+        resident.conformer = ConformerBatch.of(streams)
+    return resident.conformer
+
+
+def stackable(stream: Any) -> bool:
+    """A conformer state's caches can join a :class:`ConformerBatch`: every layer's
+    exists and its attention caches are equally long (as every push leaves them)."""
+    attn, conv = stream.attn_cache, stream.conv_cache
+    if any(c is None for c in (*attn, *conv)):
+        return False
+    return len({c.shape[1] for c in attn}) == 1
+
+
+@attrs.define(slots=True, eq=False)
+class ConformerBatch:
+    """The resident batch's conformer caches, stacked between frames: per layer the
+    rows' attention caches (rows, width, features), each left-padded with zeros to the
+    longest (``lengths[j]`` real keys at the right, the layout :func:`_conformer_blocks`
+    builds per step; the padding masked while lengths differ), and their convolution
+    caches (rows, kernel - 1, features). Rows join with :meth:`extend`, leave with
+    :meth:`put` and :meth:`filter`."""
+
+    attn: list[Any]
+    conv: list[Any]
+    lengths: list[int]
+
+    @property
+    def width(self) -> int:
+        return max(self.lengths)
+
+    @classmethod
+    def of(cls, streams: Sequence[Any]) -> ConformerBatch:
+        """Stacked from each :func:`stackable` stream's own caches."""
+        lengths = [s.attn_cache[0].shape[1] for s in streams]
+        layers = range(len(streams[0].attn_cache))
+        return cls(
+            [_left_padded([s.attn_cache[n] for s in streams], max(lengths)) for n in layers],
+            [stacked([s.conv_cache[n] for s in streams]) for n in layers],
+            lengths,
+        )
+
+    def step(self, lead: Any, h: Any) -> Any:
+        """The conformer's blocks over the rows' subsampled frames ``h`` (``lead``: a
+        row's streaming state, for the encoder and its context sizes); the caches move
+        on in place, in the same layout."""
+        encoder, left, chunk = lead.encoder, lead.left_cache, h.shape[1]
+        equal = len(set(self.lengths)) == 1 or left <= 0
+        mask = None if equal else _key_mask(self.lengths, chunk, h.dtype)
+        lengths = [max(0, min(n + chunk, left)) for n in self.lengths]
+        for layer, block in enumerate(encoder.layers):
+            if mask is None:
+                h, self.attn[layer], self.conv[layer] = conformer._stream_block(
+                    block,
+                    h,
+                    encoder.pos_enc,
+                    self.attn[layer],
+                    self.conv[layer],
+                    left,
+                    lead.conv_left,
+                )
+                continue
+            h, keys, self.conv[layer] = _masked_block(
+                block, h, encoder.pos_enc, self.attn[layer], mask, self.conv[layer], lead.conv_left
+            )
+            self.attn[layer] = keys[:, -max(lengths) :]
+        self.lengths = lengths
+        return h
+
+    def arrays(self) -> list[Any]:
+        return [*self.attn, *self.conv]
+
+    def put(self, j: int, stream: Any) -> list[Any]:
+        """Write row ``j``'s caches back to its own ``stream`` (as its own pushes would
+        have left them); the new arrays."""
+        row, start = mx.array([j]), self.width - self.lengths[j]
+        for layer in range(len(self.attn)):
+            # Gathers: copies, not views of the batch's buffers.
+            stream.attn_cache[layer] = mx.contiguous(self.attn[layer][row, start:])
+            stream.conv_cache[layer] = self.conv[layer][row]
+        return [*stream.attn_cache, *stream.conv_cache]
+
+    def filter(self, keep: Sequence[int]) -> None:
+        """Keep rows ``keep`` (in that order), trimmed to the longest of them."""
+        rows = mx.array(list(keep))
+        trim = self.width - max(self.lengths[j] for j in keep)
+        self.attn = [a[rows, trim:] for a in self.attn]
+        self.conv = [c[rows] for c in self.conv]
+        self.lengths = [self.lengths[j] for j in keep]
+
+    def extend(self, other: ConformerBatch) -> None:
+        """Append ``other``'s rows after these."""
+        width = max(self.width, other.width)
+
+        def laid(batch: ConformerBatch, attn: Any) -> Any:
+            left = width - batch.width
+            return attn if not left else mx.pad(attn, [(0, 0), (left, 0), (0, 0)])
+
+        self.attn = [
+            mx.concatenate([laid(self, mine), laid(other, theirs)], axis=0)
+            for mine, theirs in zip(self.attn, other.attn, strict=True)
+        ]
+        self.conv = [
+            mx.concatenate([mine, theirs], axis=0)
+            for mine, theirs in zip(self.conv, other.conv, strict=True)
+        ]
+        self.lengths = self.lengths + other.lengths
 
 
 def _pushed(stream: Any, mel: Any) -> Any:

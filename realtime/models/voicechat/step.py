@@ -601,7 +601,7 @@ def _step(
     first = rows[0].inner
     # Perception (batched where the rows' streaming states allow); the language
     # model's input for every row at once.
-    encoded, projected = perceive(rows)
+    encoded, projected = perceive(rows, resident)
     fresh = [row.inner._timeline_index == 0 for row in rows]
     """A session opened with no system prompt has run no timeline step yet: its first
     frame reads pad on both channels and speaks the codec's silence (no TTS step)."""
@@ -618,9 +618,12 @@ def _step(
     codes, spoken = _speak(rows, texts, fresh, resident)
     clean = first.parent._replace_control_codes(codes)
     samples = _codec(rows, clean, resident)
-    state: list[Any] = []
-    for row in rows:
-        state += _conformer_state(row.inner)
+    # The resident rows' attention and convolution caches are stacked (their own are stale).
+    conformer = None if resident is None else resident.conformer
+    state: list[Any] = [] if conformer is None else conformer.arrays()
+    for position, row in enumerate(rows):
+        own = _conformer_state(row.inner)
+        state += own[:1] if conformer is not None and position < len(conformer.lengths) else own
     # The user transcript's first rounds ride on the final evaluation; only rows that
     # emitted a symbol in each of them run more rounds (a wait each), after it.
     early = _early_rounds(rows, encoded)
