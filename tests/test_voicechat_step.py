@@ -387,7 +387,8 @@ def test_batched_transcript_steps_are_each_rows_own(
 
     import mlx.core as mx
 
-    from realtime.models.voicechat.step import StepRow, _early_rounds, _transcribe
+    from realtime.models.voicechat.row import StepRow
+    from realtime.models.voicechat.step import _early_rounds, _transcribe
 
     rows = 4
     sessions = [

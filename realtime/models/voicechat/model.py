@@ -262,7 +262,7 @@ class VoiceChatSession:
     def row(self, frame: Samples) -> Any:
         """This session's row in a batched frame step."""
 
-        from realtime.models.voicechat.step import StepRow
+        from realtime.models.voicechat.row import StepRow
 
         return StepRow(self._inner, self._key, mx.array(frame))
 
@@ -414,7 +414,8 @@ class VoiceChatToolResult:
 
     def advance(self) -> bool:
         """Run the next inserted step; True once the last has run."""
-        from realtime.models.voicechat.step import StepRow, inserted_step
+        from realtime.models.voicechat.row import StepRow
+        from realtime.models.voicechat.step import inserted_step
 
         session = self._session
         session._check_open()

@@ -24,7 +24,7 @@ per step, and written back to each row's streaming state when it leaves.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
 import mlx.core as mx
@@ -35,10 +35,19 @@ from mlx_audio.stt.models.nemotron_asr import streaming as conformer
 from realtime.models.voicechat.mel import push_frames
 
 if TYPE_CHECKING:
-    from realtime.models.voicechat.batch import Resident
-    from realtime.models.voicechat.step import StepRow
+    from realtime.models.voicechat.row import StepRow
 
 T = TypeVar("T")
+
+
+class HoldsConformer(Protocol):
+    """What perception reads and sets of the resident batch
+    (:class:`realtime.models.voicechat.batch.Resident`, which imports this module)."""
+
+    inners: list[Any]
+    conformer: ConformerBatch | None
+
+    def release_conformer(self) -> None: ...
 
 
 def groups(items: Iterable[T], key: Callable[[T], Hashable]) -> list[list[T]]:
@@ -84,7 +93,7 @@ def _chunk_plan(stream: Any, mel: Any) -> _ChunkPlan | None:
 
 
 def perceive(
-    rows: Sequence[StepRow], resident: Resident | None = None
+    rows: Sequence[StepRow], resident: HoldsConformer | None = None
 ) -> tuple[list[Any], list[Any]]:
     """Each row's encoder frame (for the RNN-T) and its projection (the language
     model's audio input). The log-mel front end runs as one batch for the rows whose
@@ -145,7 +154,7 @@ def _subsampled(
 
 
 def _resident_batch(
-    resident: Resident, plans: Sequence[_ChunkPlan | None]
+    resident: HoldsConformer, plans: Sequence[_ChunkPlan | None]
 ) -> ConformerBatch | None:
     """The resident rows' stacked conformer caches for this frame (stacked now if
     they were not and the rows' own caches allow it), or None when this frame's

@@ -45,7 +45,7 @@ batched) is in docs/architecture.md.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import attrs
 import mlx.core as mx
@@ -81,10 +81,7 @@ from realtime.models.voicechat.codes import (
 )
 from realtime.models.voicechat.mel import MEL_STATE
 from realtime.models.voicechat.perception import groups, perceive, stacked
-
-if TYPE_CHECKING:
-    from realtime.models.voicechat.keys import SessionKey
-
+from realtime.models.voicechat.row import StepRow
 
 REQUIRED_STATE: Final = (
     "_mel_stream",
@@ -108,18 +105,6 @@ when a session opens, so an mlx-vlm that renames one fails there, clearly)."""
 
 RNNT_STATE: Final = ("last_token", "hidden", "tokens", "text")
 """The attributes of mlx-vlm's RNN-T state (``_RNNTState``) :func:`_transcribe` advances."""
-
-
-class StepRow:
-    """One conversation's place in a batched frame: mlx-vlm's streaming session (its
-    state), its random key and the frame to run."""
-
-    __slots__ = ("frame", "inner", "key")
-
-    def __init__(self, inner: Any, key: SessionKey, frame: Any) -> None:
-        self.inner = inner
-        self.key = key
-        self.frame = frame
 
 
 def check_state(inner: Any) -> None:
