@@ -589,6 +589,7 @@ def _check_seed(seed: object) -> int:
     return value
 
 
+@attrs.define(slots=True, eq=False)
 class VoiceChatOpening:
     """A VoiceChat session opened in slices (:class:`realtime.models.base.Opening`).
 
@@ -607,27 +608,16 @@ class VoiceChatOpening:
     from its session's own random key (:mod:`realtime.models.voicechat.keys`).
     """
 
-    def __init__(
-        self,
-        runtime: Any,
-        figures: ModelFigures,
-        prompts: PromptStates,
-        *,
-        system_prompt: str | None,
-        seed: int,
-        max_streaming_seconds: float | None,
-        profile: bool = False,
-    ) -> None:
-        self._runtime = runtime
-        self._figures = figures
-        self._prompts = prompts
-        self._system_prompt = system_prompt
-        self._seed = seed
-        self._max_streaming_seconds = max_streaming_seconds
-        self._profile = profile
-        self._prefill: Prefill | None = None
-        self._parts: tuple[LanguagePart, VoicePart] | None = None
-        self._use: PromptUse | None = None
+    _runtime: Any
+    _figures: ModelFigures
+    _prompts: PromptStates
+    _system_prompt: str | None = attrs.field(kw_only=True)
+    _seed: int = attrs.field(kw_only=True)
+    _max_streaming_seconds: float | None = attrs.field(kw_only=True)
+    _profile: bool = attrs.field(default=False, kw_only=True)
+    _prefill: Prefill | None = attrs.field(default=None, init=False)
+    _parts: tuple[LanguagePart, VoicePart] | None = attrs.field(default=None, init=False)
+    _use: PromptUse | None = attrs.field(default=None, init=False)
 
     def advance(self) -> VoiceChatSession | None:
         try:
