@@ -40,29 +40,14 @@ from realtime.demo.turns import (
     voice_envelope,
 )
 from realtime.engine.runner import Engine
-from realtime.models.base import (
-    VOICECHAT_FIGURES,
-    AssistantTextDelta,
-    AudioDelta,
-    Done,
-    Frame,
-    FunctionDelta,
-    InferenceError,
-    ModelEvent,
-    ModelFigures,
-    RowResult,
-    Samples,
-    UserTranscriptDelta,
-    open_session,
-    step_each,
-)
+from realtime.models import base
 from realtime.models.voicechat.model import VoiceChatModel
 from realtime.server import model_loader
 from tests.helpers import append_msg, connect, running_server
 from tests.models_fixtures import speechlike
 
 RULES = TurnRules()
-FRAME = VOICECHAT_FIGURES.frame_samples
+FRAME = base.VOICECHAT_FIGURES.frame_samples
 ANSWER = (300, 301, 302, 303)
 SPOKEN = "what is the weather like today"
 WITHIN_A_SECOND = 13
@@ -302,31 +287,31 @@ class _Session:
         self.frame = 0
         self.fail = fail
 
-    def push_audio(self, samples: Samples, sample_rate: int) -> list[ModelEvent]:
+    def push_audio(self, samples: base.Samples, sample_rate: int) -> list[base.ModelEvent]:
         if self.fail:
-            raise InferenceError("this row fails")
+            raise base.InferenceError("this row fails")
         self.pending += samples.shape[0]
-        events: list[ModelEvent] = []
+        events: list[base.ModelEvent] = []
         while self.pending >= FRAME:
             self.pending -= FRAME
             events += self._frame()
         return events
 
-    def _frame(self) -> list[ModelEvent]:
+    def _frame(self) -> list[base.ModelEvent]:
         i, self.frame = self.frame, self.frame + 1
-        ones = np.ones(VOICECHAT_FIGURES.output_frame_samples, np.float32)
+        ones = np.ones(base.VOICECHAT_FIGURES.output_frame_samples, np.float32)
         return [
-            AssistantTextDelta(i, 77, "x", "x"),
-            FunctionDelta(i, 78, "y", "y"),
-            AudioDelta(i, ones, (5,) * 31, end_of_turn=i % 3 == 0),
+            base.AssistantTextDelta(i, 77, "x", "x"),
+            base.FunctionDelta(i, 78, "y", "y"),
+            base.AudioDelta(i, ones, (5,) * 31, end_of_turn=i % 3 == 0),
         ]
 
-    def flush(self, pad_partial: bool) -> list[ModelEvent]:
+    def flush(self, pad_partial: bool) -> list[base.ModelEvent]:
         events = self._frame() if pad_partial and self.pending else []
         self.pending = 0
-        return [*events, Done(self.frame)]
+        return [*events, base.Done(self.frame)]
 
-    def cancel(self) -> list[ModelEvent]:
+    def cancel(self) -> list[base.ModelEvent]:
         return []
 
 
@@ -344,10 +329,10 @@ class _Opening:
 class _Network:
     model_id = "stand-in"
     path = None
-    figures: ModelFigures = VOICECHAT_FIGURES
+    figures: base.ModelFigures = base.VOICECHAT_FIGURES
 
     def __init__(self) -> None:
-        self.calls: list[list[Frame]] = []
+        self.calls: list[list[base.Frame]] = []
         self.next_fails = False
 
     def begin_session(
@@ -356,9 +341,9 @@ class _Network:
         fail, self.next_fails = self.next_fails, False
         return _Opening(_Session(fail))
 
-    def step(self, frames: Sequence[Frame]) -> list[RowResult]:
+    def step(self, frames: Sequence[base.Frame]) -> list[base.RowResult]:
         self.calls.append(list(frames))
-        return step_each(frames)
+        return base.step_each(frames)
 
     def count_tokens(self, text: str) -> int:
         return len(text)
@@ -392,10 +377,10 @@ def _frames(samples: np.ndarray[Any, Any]) -> list[np.ndarray[Any, Any]]:
 
 def test_rows_step_in_one_inner_call_and_are_rewritten() -> None:
     model, network = _wrapped()
-    talker = open_session(model, system_prompt=None, seed=0, max_streaming_seconds=None)
-    quiet = open_session(model, system_prompt=None, seed=1, max_streaming_seconds=None)
+    talker = base.open_session(model, system_prompt=None, seed=0, max_streaming_seconds=None)
+    quiet = base.open_session(model, system_prompt=None, seed=1, max_streaming_seconds=None)
     speech = np.concatenate([speechlike(12), silence(3.0)])
-    events: list[list[ModelEvent]] = [[], []]
+    events: list[list[base.ModelEvent]] = [[], []]
     for piece in _frames(speech):
         rows = model.step([(talker, piece, 16000), (quiet, np.zeros(FRAME, np.float32), 16000)])
         for mine, row in zip(events, rows, strict=True):
@@ -405,30 +390,30 @@ def test_rows_step_in_one_inner_call_and_are_rewritten() -> None:
     assert all(len(call) == 2 for call in network.calls)
     assert isinstance(talker, DemoTurnSession) and isinstance(quiet, DemoTurnSession)
     assert [row[0] for row in network.calls[0]] == [talker.inner, quiet.inner]
-    said = [e for e in events[0] if isinstance(e, AssistantTextDelta)]
+    said = [e for e in events[0] if isinstance(e, base.AssistantTextDelta)]
     assert "".join(e.delta for e in said) == reply_text(12 * 0.08)
     assert said[-1].text == reply_text(12 * 0.08)
     assert [e.token_id for e in said] == _Letters().encode(reply_text(12 * 0.08))
-    assert not [e for e in events[0] + events[1] if isinstance(e, FunctionDelta)]
-    heard = [e for e in events[0] if isinstance(e, UserTranscriptDelta)]
+    assert not [e for e in events[0] + events[1] if isinstance(e, base.FunctionDelta)]
+    heard = [e for e in events[0] if isinstance(e, base.UserTranscriptDelta)]
     assert heard[0].delta == "(demo) speech" and heard[-1].transcript.startswith("(demo) speech.")
     # The quiet one hears nothing and says nothing: silence, the codec's silence codes.
-    audio = [e for e in events[1] if isinstance(e, AudioDelta)]
+    audio = [e for e in events[1] if isinstance(e, base.AudioDelta)]
     assert len(audio) == len(_frames(speech))
     assert all(not a.samples.any() and a.audio_codes == SILENCE_CODES for a in audio)
     assert not any(a.end_of_turn for a in audio)
-    assert all(isinstance(e, AudioDelta) for e in events[1])
+    assert all(isinstance(e, base.AudioDelta) for e in events[1])
     # The talker's answer plays the network's audio; its end frame ends the turn.
-    spoken = [e for e in events[0] if isinstance(e, AudioDelta) and e.samples.any()]
+    spoken = [e for e in events[0] if isinstance(e, base.AudioDelta) and e.samples.any()]
     assert [a.frame_index for a in spoken] == list(
         range(said[0].frame_index, said[-1].frame_index + 2)
     )
-    assert [a.frame_index for a in events[0] if isinstance(a, AudioDelta) and a.end_of_turn] == [
-        said[-1].frame_index + 1
-    ]
+    assert [
+        a.frame_index for a in events[0] if isinstance(a, base.AudioDelta) and a.end_of_turn
+    ] == [said[-1].frame_index + 1]
     # ... shaped as a voice rises and falls, from the answer's first sample.
     played = np.concatenate([a.samples for a in spoken])
-    rate = VOICECHAT_FIGURES.output_sample_rate
+    rate = base.VOICECHAT_FIGURES.output_sample_rate
     np.testing.assert_array_equal(played, voice_envelope(0, played.size, rate))
 
 
@@ -459,14 +444,14 @@ def test_a_session_with_tools_answers_a_turn_with_a_call_then_the_result() -> No
     model, _ = _wrapped()
     other = {"type": "function", "name": "second", "parameters": {"type": "object"}}
     prompt = render_prompt("Be brief.", [WEATHER, other])
-    session = open_session(model, system_prompt=prompt, seed=0, max_streaming_seconds=None)
-    events: list[ModelEvent] = []
+    session = base.open_session(model, system_prompt=prompt, seed=0, max_streaming_seconds=None)
+    events: list[base.ModelEvent] = []
     for piece in _frames(np.concatenate([speechlike(12), silence(3.0)])):
         events += session.push_audio(piece, 16000)
-    calls = [e for e in events if isinstance(e, FunctionDelta)]
-    said = [e for e in events if isinstance(e, AssistantTextDelta)]
+    calls = [e for e in events if isinstance(e, base.FunctionDelta)]
+    said = [e for e in events if isinstance(e, base.AssistantTextDelta)]
     assert calls and not said and len({e.frame_index for e in calls}) == 1
-    assert not [e for e in events if isinstance(e, AudioDelta) and e.samples.any()]
+    assert not [e for e in events if isinstance(e, base.AudioDelta) and e.samples.any()]
     reader = CallReader()
     taken = [call for e in calls for call in reader.push(e.delta)]
     arguments = {"city": "Paris", "unit": "celsius", "days": 3, "alerts": True}
@@ -477,8 +462,8 @@ def test_a_session_with_tools_answers_a_turn_with_a_call_then_the_result() -> No
     assert isinstance(session, DemoTurnSession)
     session.answer("(demo) The tool said: sunny")
     after = [e for piece in _frames(silence(3.0)) for e in session.push_audio(piece, 16000)]
-    assert not [e for e in after if isinstance(e, FunctionDelta)]
-    words = "".join(e.delta for e in after if isinstance(e, AssistantTextDelta))
+    assert not [e for e in after if isinstance(e, base.FunctionDelta)]
+    words = "".join(e.delta for e in after if isinstance(e, base.AssistantTextDelta))
     assert words == "(demo) The tool said: sunny"
 
 
@@ -505,29 +490,29 @@ def test_example_values_of_a_schema() -> None:
 
 def test_a_failing_row_keeps_its_error_and_the_others_their_frame() -> None:
     model, network = _wrapped()
-    good = open_session(model, system_prompt=None, seed=0, max_streaming_seconds=None)
+    good = base.open_session(model, system_prompt=None, seed=0, max_streaming_seconds=None)
     network.next_fails = True
-    bad = open_session(model, system_prompt=None, seed=0, max_streaming_seconds=None)
+    bad = base.open_session(model, system_prompt=None, seed=0, max_streaming_seconds=None)
     piece = np.zeros(FRAME, np.float32)
     first, second = model.step([(good, piece, 16000), (bad, piece, 16000)])
-    assert isinstance(second, InferenceError)
-    assert not isinstance(first, Exception) and [type(e) for e in first] == [AudioDelta]
+    assert isinstance(second, base.InferenceError)
+    assert not isinstance(first, Exception) and [type(e) for e in first] == [base.AudioDelta]
     with pytest.raises(TypeError, match="not a session of this demo model"):
         model.step([(_Session(), piece, 16000)])
 
 
 def test_partial_frames_and_a_padded_flush_meet_their_audio() -> None:
     model, _ = _wrapped()
-    session = open_session(model, system_prompt=None, seed=0, max_streaming_seconds=None)
+    session = base.open_session(model, system_prompt=None, seed=0, max_streaming_seconds=None)
     samples = np.concatenate([speechlike(12), silence(4.0)])[: 50 * FRAME + 300]
-    events: list[ModelEvent] = []
+    events: list[base.ModelEvent] = []
     for start in range(0, samples.size, 1000):  # slices that are not frames
         events += session.push_audio(samples[start : start + 1000], 16000)
     events += session.flush(True)
-    audio = [e for e in events if isinstance(e, AudioDelta)]
+    audio = [e for e in events if isinstance(e, base.AudioDelta)]
     assert [a.frame_index for a in audio] == list(range(51))
-    assert isinstance(events[-1], Done)
-    assert [e.delta for e in events if isinstance(e, AssistantTextDelta)]
+    assert isinstance(events[-1], base.Done)
+    assert [e.delta for e in events if isinstance(e, base.AssistantTextDelta)]
 
 
 def test_the_wrapper_checks_what_it_is_given() -> None:
@@ -538,7 +523,7 @@ def test_the_wrapper_checks_what_it_is_given() -> None:
         @attrs.frozen
         class Specials(_Letters):
             def encode(self, text: str) -> list[int]:
-                return [VOICECHAT_FIGURES.eos_token_id]
+                return [base.VOICECHAT_FIGURES.eos_token_id]
 
         DemoTurnModel(_Network(), Specials(), SILENCE_CODES)
     with pytest.raises(ValueError, match="frames"):
@@ -566,9 +551,9 @@ def _last_speech_frame(samples: np.ndarray[Any, Any]) -> int:
     return max(i for i, e in enumerate(energies_of(samples)) if e > -60)
 
 
-def _stream(model: DemoTurnModel, samples: np.ndarray[Any, Any]) -> list[ModelEvent]:
-    session = open_session(model, system_prompt=None, seed=0, max_streaming_seconds=None)
-    events: list[ModelEvent] = []
+def _stream(model: DemoTurnModel, samples: np.ndarray[Any, Any]) -> list[base.ModelEvent]:
+    session = base.open_session(model, system_prompt=None, seed=0, max_streaming_seconds=None)
+    events: list[base.ModelEvent] = []
     for piece in _frames(samples):
         (row,) = model.step([(session, piece, 16000)])
         assert not isinstance(row, Exception)
@@ -588,14 +573,14 @@ def test_the_demo_answers_espeak_speech(
     samples = np.concatenate([spoken, silence(2.0)])
     events = _stream(wrapped_demo, samples)
     end = _last_speech_frame(spoken)
-    said = [e for e in events if isinstance(e, AssistantTextDelta)]
+    said = [e for e in events if isinstance(e, base.AssistantTextDelta)]
     text = "".join(e.delta for e in said)
     assert text.startswith("(demo) I heard you for ") and text.endswith(" s."), text
     assert [e.token_id for e in said] == wrapped_demo.speller.encode(text)
     frames = [e.frame_index for e in said]
     assert frames == list(range(frames[0], frames[0] + len(said)))  # a token a frame
     assert 0 < frames[0] - end <= WITHIN_A_SECOND
-    audio = [e for e in events if isinstance(e, AudioDelta)]
+    audio = [e for e in events if isinstance(e, base.AudioDelta)]
     assert [a.frame_index for a in audio] == list(range(len(_frames(samples))))
     assert [a.frame_index for a in audio if a.end_of_turn] == [frames[-1] + 1]
     answer = range(frames[0], frames[-1] + 2)
@@ -605,15 +590,15 @@ def test_the_demo_answers_espeak_speech(
             assert np.abs(a.samples).max() > 0.01  # the network's random voice
         else:
             assert not a.samples.any() and a.audio_codes == silence_codes
-    assert not [e for e in events if isinstance(e, FunctionDelta)]
-    heard = [e for e in events if isinstance(e, UserTranscriptDelta)]
+    assert not [e for e in events if isinstance(e, base.FunctionDelta)]
+    heard = [e for e in events if isinstance(e, base.UserTranscriptDelta)]
     assert heard and all(e.frame_index <= end for e in heard)
 
 
 def test_the_demo_says_nothing_to_noise(wrapped_demo: DemoTurnModel) -> None:
     events = _stream(wrapped_demo, white(2.0, 0.1))
-    assert not [e for e in events if not isinstance(e, (AudioDelta, Done))]
-    audio = [e for e in events if isinstance(e, AudioDelta)]
+    assert not [e for e in events if not isinstance(e, (base.AudioDelta, base.Done))]
+    audio = [e for e in events if isinstance(e, base.AudioDelta)]
     assert audio and not any(a.samples.any() or a.end_of_turn for a in audio)
 
 

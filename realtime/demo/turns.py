@@ -34,37 +34,14 @@ from typing import Any, Final, Protocol
 import attrs
 import numpy as np
 
-from realtime.models.base import (
-    AssistantTextDelta,
-    AudioDelta,
-    Cancelled,
-    CompilesStep,
-    Done,
-    Frame,
-    FunctionDelta,
-    InferenceError,
-    ModelEvent,
-    ModelFigures,
-    ModelSession,
-    Opening,
-    PreparesToolResults,
-    PromptUse,
-    RealtimeModel,
-    RowResult,
-    Samples,
-    TakesToolResults,
-    ToolInput,
-    ToolResultFeed,
-    UserTranscriptDelta,
-    UsesPrompt,
-)
+from realtime.models import base
 from realtime.models.prompt_cache import CacheFigures, CachesPrompts
 
 SILENT_DB: Final = -100.0
 """The energy of digital silence (and the lowest any frame is given)."""
 
 
-def frame_energy_db(samples: Samples, frame_samples: int | None = None) -> float:
+def frame_energy_db(samples: base.Samples, frame_samples: int | None = None) -> float:
     """One frame's energy in dB relative to full scale (mean square of float samples in
     [-1, 1]), at least :data:`SILENT_DB`. ``frame_samples``: the length the frame is
     counted over, for a short last frame padded with zeros (as the model hears it)."""
@@ -458,7 +435,7 @@ def example_value(schema: object, depth: int = 0) -> Any:
     return _PLACEHOLDERS.get(kind, _PLACEHOLDERS["string"]) if isinstance(kind, str) else "example"
 
 
-def tool_call_text(tool: Mapping[str, Any], figures: ModelFigures) -> str:
+def tool_call_text(tool: Mapping[str, Any], figures: base.ModelFigures) -> str:
     """One call of ``tool`` on the function channel, in VoiceChat's format
     (``<TOOLCALL>[{"name": ..., "arguments": {...}}]</TOOLCALL>``: the spelled-out
     markers the figures name last), its arguments from the tool's parameter schema."""
@@ -536,7 +513,7 @@ class DemoTurnSession:
     """
 
     def __init__(
-        self, inner: ModelSession, model: DemoTurnModel, tool: Mapping[str, Any] | None = None
+        self, inner: base.ModelSession, model: DemoTurnModel, tool: Mapping[str, Any] | None = None
     ) -> None:
         self.inner = inner
         self.model = model
@@ -559,38 +536,42 @@ class DemoTurnSession:
         self._silence.flags.writeable = False
 
     @property
-    def prompt_use(self) -> PromptUse:
+    def prompt_use(self) -> base.PromptUse:
         """The inner session's (:class:`realtime.models.base.UsesPrompt`)."""
-        return self.inner.prompt_use if isinstance(self.inner, UsesPrompt) else PromptUse()
+        return (
+            self.inner.prompt_use if isinstance(self.inner, base.UsesPrompt) else base.PromptUse()
+        )
 
     @property
     def state(self) -> TurnState:
         """The policy's state (for tests and diagnostics)."""
         return self._state
 
-    def push_audio(self, samples: Samples, sample_rate: int) -> list[ModelEvent]:
+    def push_audio(self, samples: base.Samples, sample_rate: int) -> list[base.ModelEvent]:
         return self.after_push(samples, self.inner.push_audio(samples, sample_rate))
 
-    def after_push(self, samples: Samples, events: list[ModelEvent]) -> list[ModelEvent]:
+    def after_push(
+        self, samples: base.Samples, events: list[base.ModelEvent]
+    ) -> list[base.ModelEvent]:
         """The inner session's events for a push of ``samples``, rewritten."""
         chunk = np.asarray(samples, dtype=np.float32).reshape(-1)
         self._pending = np.concatenate([self._pending, chunk])  # a copy: never the caller's
         return self._rewrite(events, pad=False)
 
-    def flush(self, pad_partial: bool) -> list[ModelEvent]:
+    def flush(self, pad_partial: bool) -> list[base.ModelEvent]:
         events = self.inner.flush(pad_partial)
         out = self._rewrite(events, pad=True)
         self._pending = np.zeros(0, dtype=np.float32)
         return out
 
-    def cancel(self) -> list[ModelEvent]:
+    def cancel(self) -> list[base.ModelEvent]:
         return self.inner.cancel()
 
-    def begin_tool_result(self, tool: ToolInput) -> ToolResultFeed:
+    def begin_tool_result(self, tool: base.ToolInput) -> base.ToolResultFeed:
         """The network takes the result (:class:`TakesToolResults`); once it is in, the
         demo answers with :func:`tool_reply_text` on the next frames."""
-        if not isinstance(self.inner, TakesToolResults):
-            raise InferenceError("this model takes no tool results")
+        if not isinstance(self.inner, base.TakesToolResults):
+            raise base.InferenceError("this model takes no tool results")
         return _DemoToolFeed(self, self.inner.begin_tool_result(tool), tool.text)
 
     def answer(self, text: str) -> None:
@@ -607,23 +588,25 @@ class DemoTurnSession:
         if pad and self._pending.shape[0]:
             frame, self._pending = self._pending, np.zeros(0, dtype=np.float32)
             return frame_energy_db(frame, size)
-        raise InferenceError(
+        raise base.InferenceError(
             "the demo's turn layer lost count of the frames: the network returned a "
             f"frame for {self._pending.shape[0]} pending input samples"
         )
 
-    def _rewrite(self, events: list[ModelEvent], *, pad: bool) -> list[ModelEvent]:
-        out: list[ModelEvent] = []
+    def _rewrite(self, events: list[base.ModelEvent], *, pad: bool) -> list[base.ModelEvent]:
+        out: list[base.ModelEvent] = []
         for event in events:
-            if isinstance(event, AudioDelta):
+            if isinstance(event, base.AudioDelta):
                 self._state, plan = decide(
                     self._rules, self._state, self._next_energy(pad), self._reply
                 )
                 out += self._frame(event, plan)
-            elif isinstance(event, (Done, Cancelled)):
+            elif isinstance(event, (base.Done, base.Cancelled)):
                 out.append(event)
-            elif not isinstance(event, (AssistantTextDelta, FunctionDelta, UserTranscriptDelta)):
-                raise InferenceError(f"the demo's turn layer got an unknown event {event!r}")
+            elif not isinstance(
+                event, (base.AssistantTextDelta, base.FunctionDelta, base.UserTranscriptDelta)
+            ):
+                raise base.InferenceError(f"the demo's turn layer got an unknown event {event!r}")
         return out
 
     def _reply(self, seconds: float) -> list[int]:
@@ -632,21 +615,23 @@ class DemoTurnSession:
         self._text.next_answer()
         return self.model.speller.encode(reply_text(seconds))
 
-    def _frame(self, audio: AudioDelta, plan: Plan) -> list[ModelEvent]:
+    def _frame(self, audio: base.AudioDelta, plan: Plan) -> list[base.ModelEvent]:
         index = audio.frame_index
-        out: list[ModelEvent] = []
+        out: list[base.ModelEvent] = []
         if plan.hear is not Hear.NOTHING:
             said = HEARD_MORE
             if plan.hear is Hear.STARTED:
                 said = HEARD_START  # a turn's first delta: no space before it
             self._heard += said
-            out.append(UserTranscriptDelta(frame_index=index, delta=said, transcript=self._heard))
+            out.append(
+                base.UserTranscriptDelta(frame_index=index, delta=said, transcript=self._heard)
+            )
         if plan.heard_seconds is not None and self._call:
             out += self._calling(index)
         if plan.token is not None:
             delta = self._text.add(plan.token)
             out.append(
-                AssistantTextDelta(
+                base.AssistantTextDelta(
                     frame_index=index, token_id=plan.token, delta=delta, text=self._text.text
                 )
             )
@@ -664,30 +649,32 @@ class DemoTurnSession:
             )
         return out
 
-    def _voice(self, audio: AudioDelta, end_of_turn: bool) -> AudioDelta:
+    def _voice(self, audio: base.AudioDelta, end_of_turn: bool) -> base.AudioDelta:
         """A frame of the answer: the network's audio under the voice's envelope."""
         samples = np.asarray(audio.samples, dtype=np.float32).reshape(-1)
         gains = voice_envelope(self._voiced, samples.shape[0], audio.sample_rate)
         self._voiced = 0 if end_of_turn else self._voiced + samples.shape[0]
         return attrs.evolve(audio, samples=samples * gains, end_of_turn=end_of_turn)
 
-    def _calling(self, index: int) -> list[ModelEvent]:
+    def _calling(self, index: int) -> list[base.ModelEvent]:
         """The call, a token a delta, whole on the frame the user's turn ended (one
         frame, not a few tokens a frame as the real model: a client's tool handler runs
         at once)."""
         self._function.next_answer()
-        out: list[ModelEvent] = []
+        out: list[base.ModelEvent] = []
         for token in self._call:
             delta = self._function.add(token)
             text = self._function.text
-            out.append(FunctionDelta(frame_index=index, token_id=token, delta=delta, text=text))
+            out.append(
+                base.FunctionDelta(frame_index=index, token_id=token, delta=delta, text=text)
+            )
         return out
 
 
 class _DemoToolFeed:
     """The network's feed of a tool result; the demo's answer once it is in."""
 
-    def __init__(self, session: DemoTurnSession, inner: ToolResultFeed, output: str) -> None:
+    def __init__(self, session: DemoTurnSession, inner: base.ToolResultFeed, output: str) -> None:
         self._session = session
         self._inner = inner
         self._output = output
@@ -703,7 +690,7 @@ class DemoTurnOpening:
     """The inner model's opening; its session comes out wrapped."""
 
     def __init__(
-        self, inner: Opening, model: DemoTurnModel, tool: Mapping[str, Any] | None = None
+        self, inner: base.Opening, model: DemoTurnModel, tool: Mapping[str, Any] | None = None
     ) -> None:
         self._inner = inner
         self._model = model
@@ -726,7 +713,7 @@ class DemoTurnModel:
 
     def __init__(
         self,
-        inner: RealtimeModel,
+        inner: base.RealtimeModel,
         speller: Speller,
         silence_codes: Sequence[int],
         rules: TurnRules | None = None,
@@ -763,7 +750,7 @@ class DemoTurnModel:
         return self.inner.path
 
     @property
-    def figures(self) -> ModelFigures:
+    def figures(self) -> base.ModelFigures:
         return self.inner.figures
 
     def begin_session(
@@ -774,11 +761,11 @@ class DemoTurnModel:
         )
         return DemoTurnOpening(opening, self, declared_tool(system_prompt))
 
-    def step(self, frames: Sequence[Frame]) -> list[RowResult]:
+    def step(self, frames: Sequence[base.Frame]) -> list[base.RowResult]:
         """Unwrap the rows, run the inner model's step on all of them at once, rewrite
         each row's events (a row that failed keeps its exception)."""
         sessions: list[DemoTurnSession] = []
-        rows: list[Frame] = []
+        rows: list[base.Frame] = []
         for session, samples, rate in frames:
             if not isinstance(session, DemoTurnSession) or session.model is not self:
                 raise TypeError(f"not a session of this demo model: {session!r}")
@@ -787,7 +774,7 @@ class DemoTurnModel:
         results = self.inner.step(rows)
         if len(results) != len(frames):
             raise RuntimeError(f"the model returned {len(results)} rows for {len(frames)}")
-        out: list[RowResult] = []
+        out: list[base.RowResult] = []
         for session, (_, samples, _), result in zip(sessions, frames, results, strict=True):
             if isinstance(result, Exception):
                 out.append(result)
@@ -801,10 +788,10 @@ class DemoTurnModel:
     def count_tokens(self, text: str) -> int:
         return self.inner.count_tokens(text)
 
-    def tool_input(self, output: str) -> ToolInput:
+    def tool_input(self, output: str) -> base.ToolInput:
         """The inner model's (:class:`PreparesToolResults`)."""
-        if not isinstance(self.inner, PreparesToolResults):
-            raise InferenceError("this model takes no tool results")
+        if not isinstance(self.inner, base.PreparesToolResults):
+            raise base.InferenceError("this model takes no tool results")
         return self.inner.tool_input(output)
 
     def prompt_cache_figures(self) -> CacheFigures:
@@ -814,7 +801,7 @@ class DemoTurnModel:
         return CacheFigures(0, 0, 0, 0, 0, 0, 0)
 
     def compile_step(self, batch_sizes: Sequence[int]) -> None:
-        if isinstance(self.inner, CompilesStep):
+        if isinstance(self.inner, base.CompilesStep):
             self.inner.compile_step(batch_sizes)
 
     def set_prompt_cache_bytes(self, max_bytes: int) -> None:
@@ -829,7 +816,7 @@ class DemoTurnModel:
         self.inner.clear_cache()
 
 
-def demo_turns(model: RealtimeModel) -> DemoTurnModel:
+def demo_turns(model: base.RealtimeModel) -> DemoTurnModel:
     """The loaded demo checkpoint with the demo's turns (run it where the model loaded:
     the codec's silence codes are read from an MLX array)."""
     from realtime.models.voicechat.model import VoiceChatModel

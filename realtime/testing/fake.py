@@ -25,32 +25,12 @@ from typing import Any, Final, Protocol
 import attrs
 import numpy as np
 
-from realtime.models.base import (
-    VOICECHAT_FIGURES,
-    AssistantTextDelta,
-    AudioDelta,
-    Cancelled,
-    ContextLimitReached,
-    Done,
-    Frame,
-    FunctionDelta,
-    InferenceError,
-    ModelEvent,
-    ModelFigures,
-    ModelSession,
-    RowResult,
-    Samples,
-    SessionInitializationError,
-    ToolInput,
-    UserTranscriptDelta,
-    step_each,
-    tool_output_refusal,
-)
+from realtime.models import base
 
 Script = Callable[[int], str | None]
 """Frame index -> the delta a channel emits on that frame (None or "": nothing)."""
 
-AudioScript = Callable[[int, Samples], Samples]
+AudioScript = Callable[[int, base.Samples], base.Samples]
 """(frame index, the input frame heard) -> the frame's output samples (at the figures'
 output rate)."""
 
@@ -73,7 +53,7 @@ QUIET: Final = Cue()
 class Scene(Protocol):
     """One session's script: sees each input frame, says what the frame carries."""
 
-    def __call__(self, index: int, heard: Samples) -> Cue: ...
+    def __call__(self, index: int, heard: base.Samples) -> Cue: ...
 
 
 def _text(i: int) -> str:
@@ -92,7 +72,7 @@ def _no_function(i: int) -> None:
 class FakeOptions:
     """What a :class:`FakeModel` does; mutable so a test can change it mid-run."""
 
-    figures: ModelFigures = VOICECHAT_FIGURES
+    figures: base.ModelFigures = base.VOICECHAT_FIGURES
     """The model's rates, frame sizes and codebooks (another family's, to test that
     nothing assumes VoiceChat's)."""
     frame_delay: float = 0.0
@@ -143,26 +123,26 @@ class FakeOptions:
 
 
 def tone(
-    hz: float, amplitude: float = 0.5, *, figures: ModelFigures = VOICECHAT_FIGURES
+    hz: float, amplitude: float = 0.5, *, figures: base.ModelFigures = base.VOICECHAT_FIGURES
 ) -> AudioScript:
     """A continuous sine at ``hz``: each frame picks up the phase where the last ended."""
     step = 2 * np.pi * hz / figures.output_sample_rate
     size = figures.output_frame_samples
     offsets = np.arange(size, dtype=np.float64)
 
-    def audio(index: int, heard: Samples) -> Samples:
+    def audio(index: int, heard: base.Samples) -> base.Samples:
         phase = (offsets + index * size) * step
         return (amplitude * np.sin(phase)).astype(np.float32)
 
     return audio
 
 
-def _check_input(closed: bool, sample_rate: int, figures: ModelFigures) -> None:
+def _check_input(closed: bool, sample_rate: int, figures: base.ModelFigures) -> None:
     """What mlx-vlm does: no resampling, so another rate is refused."""
     if closed:
         raise RuntimeError("streaming session is closed")
     if sample_rate != figures.input_sample_rate:
-        raise InferenceError(
+        raise base.InferenceError(
             f"expected {figures.input_sample_rate} Hz PCM, received {sample_rate} Hz"
         )
 
@@ -186,15 +166,15 @@ class FakeSession:
         """A tool result's scripted follow-up, played before the scene."""
         self.tool_results: list[str] = []
 
-    def begin_tool_result(self, tool: ToolInput) -> FakeToolFeed:
+    def begin_tool_result(self, tool: base.ToolInput) -> FakeToolFeed:
         """:class:`realtime.models.base.TakesToolResults`: the output goes in over one
         step per word plus one; ``FakeOptions.tool_reply`` says what follows."""
         self.model.record("tool_result", tool.text)
         if self.closed:
-            raise InferenceError("the session is closed")
+            raise base.InferenceError("the session is closed")
         return FakeToolFeed(self, tool.text)
 
-    def _cue(self, i: int, frame: Samples) -> Cue:
+    def _cue(self, i: int, frame: base.Samples) -> Cue:
         if self.answering:
             cue = self.answering.popleft()
             if self.scene is not None:
@@ -207,23 +187,23 @@ class FakeSession:
             return QUIET
         return Cue(opts.text(i), opts.transcript(i), opts.function(i))
 
-    def _deltas(self, i: int, cue: Cue) -> list[ModelEvent]:
-        events: list[ModelEvent] = []
+    def _deltas(self, i: int, cue: Cue) -> list[base.ModelEvent]:
+        events: list[base.ModelEvent] = []
         if cue.text:
             self.text += cue.text
-            events.append(AssistantTextDelta(i, 100 + i, cue.text, self.text))
+            events.append(base.AssistantTextDelta(i, 100 + i, cue.text, self.text))
         if cue.transcript:
             self.transcript += cue.transcript
-            events.append(UserTranscriptDelta(i, cue.transcript, self.transcript))
+            events.append(base.UserTranscriptDelta(i, cue.transcript, self.transcript))
         if cue.function:
             self.function += cue.function
-            events.append(FunctionDelta(i, 200 + i, cue.function, self.function))
+            events.append(base.FunctionDelta(i, 200 + i, cue.function, self.function))
         return events
 
-    def _frame(self, frame: Samples, *, delay: bool = True) -> list[ModelEvent]:
+    def _frame(self, frame: base.Samples, *, delay: bool = True) -> list[base.ModelEvent]:
         opts = self.model.options
         if self.max_frames is not None and self.frame_index >= self.max_frames:
-            raise ContextLimitReached(f"context limit of {self.max_frames} frames reached")
+            raise base.ContextLimitReached(f"context limit of {self.max_frames} frames reached")
         if delay and opts.frame_delay:
             time.sleep(opts.frame_delay)
         if opts.fail_on_frame == self.frame_index:
@@ -249,49 +229,51 @@ class FakeSession:
             samples = np.full(size, min(level + 0.001 * (i % 7), 0.99), np.float32)
         codes = tuple((i + self.seed + k) % 1024 for k in range(self.figures.codebooks))
         rate = self.figures.output_sample_rate
-        events.append(AudioDelta(i, samples, codes, rate, end_of_turn=cue.end_of_turn))
+        events.append(base.AudioDelta(i, samples, codes, rate, end_of_turn=cue.end_of_turn))
         self.model.frames_run += 1
         self.frame_index += 1
         return events
 
-    def push_audio(self, samples: Samples, sample_rate: int) -> list[ModelEvent]:
+    def push_audio(self, samples: base.Samples, sample_rate: int) -> list[base.ModelEvent]:
         return self.push(samples, sample_rate, delay=True)
 
-    def push(self, samples: Samples, sample_rate: int, *, delay: bool) -> list[ModelEvent]:
+    def push(
+        self, samples: base.Samples, sample_rate: int, *, delay: bool
+    ) -> list[base.ModelEvent]:
         """:meth:`push_audio`; ``delay`` False when a batched step slept for its rows."""
         self.model.record("push", int(samples.shape[0]))
         _check_input(self.closed, sample_rate, self.figures)
         self.pending = np.concatenate([self.pending, samples.astype(np.float32)])
-        events: list[ModelEvent] = []
+        events: list[base.ModelEvent] = []
         size = self.figures.frame_samples
         while self.pending.shape[0] >= size:
             frame, self.pending = self.pending[:size], self.pending[size:]
             events.extend(self._frame(frame, delay=delay))
         return events
 
-    def flush(self, pad_partial: bool) -> list[ModelEvent]:
+    def flush(self, pad_partial: bool) -> list[base.ModelEvent]:
         self.model.record("flush", pad_partial)
         if self.closed:
             return []
-        events: list[ModelEvent] = []
+        events: list[base.ModelEvent] = []
         if self.pending.shape[0] and pad_partial:
             frame = np.zeros(self.figures.frame_samples, np.float32)
             frame[: self.pending.shape[0]] = self.pending
             try:
                 events.extend(self._frame(frame))
-            except InferenceError:
+            except base.InferenceError:
                 pass
         self.pending = np.zeros(0, dtype=np.float32)
         self.closed = True
-        events.append(Done(self.frame_index))
+        events.append(base.Done(self.frame_index))
         return events
 
-    def cancel(self) -> list[ModelEvent]:
+    def cancel(self) -> list[base.ModelEvent]:
         self.model.record("cancel", None)
         if self.closed:
             return []
         self.closed = True
-        return [Cancelled(self.frame_index)]
+        return [base.Cancelled(self.frame_index)]
 
 
 class FakeToolFeed:
@@ -305,7 +287,7 @@ class FakeToolFeed:
     def advance(self) -> bool:
         session = self._session
         if session.closed:
-            raise InferenceError("the session is closed")
+            raise base.InferenceError("the session is closed")
         session.model.record("tool_step", self._left)
         if session.model.options.frame_delay:
             time.sleep(session.model.options.frame_delay)
@@ -323,12 +305,12 @@ class FakeOpening:
     """An opening whose slices sleep the given seconds each on the engine thread, then
     make the session (:class:`realtime.models.base.Opening`)."""
 
-    def __init__(self, slices: Sequence[float], make: Callable[[], ModelSession]) -> None:
+    def __init__(self, slices: Sequence[float], make: Callable[[], base.ModelSession]) -> None:
         self._slices = deque(slices)
         self._make = make
         self.abandoned = False
 
-    def advance(self) -> ModelSession | None:
+    def advance(self) -> base.ModelSession | None:
         if self._slices:
             time.sleep(self._slices.popleft())
             return None
@@ -377,7 +359,7 @@ class FakeModel:
         return self._path
 
     @property
-    def figures(self) -> ModelFigures:
+    def figures(self) -> base.ModelFigures:
         return self.options.figures
 
     def record(self, name: str, arg: Any) -> None:
@@ -399,7 +381,7 @@ class FakeModel:
 
         def opened() -> FakeSession:
             if self.options.open_error:
-                raise SessionInitializationError(self.options.open_error)
+                raise base.SessionInitializationError(self.options.open_error)
             max_frames = self.options.max_frames
             if max_streaming_seconds is not None:
                 max_frames = int(max_streaming_seconds / self.figures.frame_seconds)
@@ -409,16 +391,16 @@ class FakeModel:
 
         return FakeOpening(slices, opened)
 
-    def step(self, frames: Sequence[Frame]) -> list[RowResult]:
+    def step(self, frames: Sequence[base.Frame]) -> list[base.RowResult]:
         """Each row's frame as its session would run it alone (so batched outputs equal
         solo ones); with ``batch_row_delay`` set, one sleep for the whole batch."""
         with self.lock:
             self.batches.append(len(frames))
         delay = self.options.batch_row_delay
         if delay is None:
-            return step_each(frames)
+            return base.step_each(frames)
         time.sleep(max(0.0, self.options.frame_delay + delay * (len(frames) - 1)))
-        results: list[RowResult] = []
+        results: list[base.RowResult] = []
         for session, samples, rate in frames:
             try:
                 if not isinstance(session, FakeSession):
@@ -432,14 +414,14 @@ class FakeModel:
         """One token per character (the real tokenizer needs fewer)."""
         return len(text)
 
-    def tool_input(self, output: str) -> ToolInput:
+    def tool_input(self, output: str) -> base.ToolInput:
         """:class:`~realtime.models.base.PreparesToolResults`: refused by size like a
         real model's, one token per character (recorded with the thread it ran on)."""
         self.record("tool_input", len(output))
-        refusal = tool_output_refusal(output)
+        refusal = base.tool_output_refusal(output)
         if refusal is not None:
-            raise InferenceError(refusal)
-        return ToolInput(output, tuple(ord(c) for c in output))
+            raise base.InferenceError(refusal)
+        return base.ToolInput(output, tuple(ord(c) for c in output))
 
     def clear_cache(self) -> None:
         self.record("clear_cache", None)
@@ -483,7 +465,7 @@ class _Partner:
         self.quiet = 0
         self.playing: deque[Cue] = deque()
 
-    def __call__(self, index: int, heard: Samples) -> Cue:
+    def __call__(self, index: int, heard: base.Samples) -> Cue:
         word: str | None = None
         if float(np.sqrt(np.mean(np.square(heard, dtype=np.float64)))) > VOICED_RMS:
             self.heard_voice = True
@@ -506,7 +488,7 @@ def partner(
     reply_after: int = 3,
     words: tuple[str, ...] = WORDS,
     hz: float = 1000.0,
-    figures: ModelFigures = VOICECHAT_FIGURES,
+    figures: base.ModelFigures = base.VOICECHAT_FIGURES,
 ) -> FakeOptions:
     """Options for a conversation partner: it transcribes what it hears as ``words``,
     answers each time the user goes quiet with the next of ``replies`` (shared by the
@@ -533,23 +515,23 @@ class NullSession:
         self.frame_index = 0
         self.closed = False
 
-    def _frames(self) -> list[ModelEvent]:
-        events: list[ModelEvent] = []
+    def _frames(self) -> list[base.ModelEvent]:
+        events: list[base.ModelEvent] = []
         size, rate = self.figures.frame_samples, self.figures.output_sample_rate
         while self.pending >= size:
             self.pending -= size
             i = self.frame_index
-            events.append(AssistantTextDelta(i, 100, "a", "a"))
-            events.append(AudioDelta(i, self.samples, self.codes, rate))
+            events.append(base.AssistantTextDelta(i, 100, "a", "a"))
+            events.append(base.AudioDelta(i, self.samples, self.codes, rate))
             self.frame_index += 1
         return events
 
-    def push_audio(self, samples: Samples, sample_rate: int) -> list[ModelEvent]:
+    def push_audio(self, samples: base.Samples, sample_rate: int) -> list[base.ModelEvent]:
         _check_input(self.closed, sample_rate, self.figures)
         self.pending += int(samples.shape[0])
         return self._frames()
 
-    def flush(self, pad_partial: bool) -> list[ModelEvent]:
+    def flush(self, pad_partial: bool) -> list[base.ModelEvent]:
         if self.closed:
             return []
         if self.pending and pad_partial:
@@ -557,25 +539,25 @@ class NullSession:
         events = self._frames()
         self.pending = 0
         self.closed = True
-        events.append(Done(self.frame_index))
+        events.append(base.Done(self.frame_index))
         return events
 
-    def cancel(self) -> list[ModelEvent]:
+    def cancel(self) -> list[base.ModelEvent]:
         if self.closed:
             return []
         self.closed = True
-        return [Cancelled(self.frame_index)]
+        return [base.Cancelled(self.frame_index)]
 
 
 class NullModel:
     """The :class:`~realtime.models.base.RealtimeModel` of :class:`NullSession`."""
 
-    def __init__(self, figures: ModelFigures = VOICECHAT_FIGURES) -> None:
+    def __init__(self, figures: base.ModelFigures = base.VOICECHAT_FIGURES) -> None:
         self._figures = figures
         size = figures.output_frame_samples
-        self.samples: Samples = (np.sin(np.arange(size, dtype=np.float32) * 0.05) * 0.2).astype(
-            np.float32
-        )
+        self.samples: base.Samples = (
+            np.sin(np.arange(size, dtype=np.float32) * 0.05) * 0.2
+        ).astype(np.float32)
         """One shared output frame: the null model allocates nothing per frame."""
         self.codes = tuple(range(figures.codebooks))
 
@@ -588,7 +570,7 @@ class NullModel:
         return None
 
     @property
-    def figures(self) -> ModelFigures:
+    def figures(self) -> base.ModelFigures:
         return self._figures
 
     def begin_session(
@@ -596,8 +578,8 @@ class NullModel:
     ) -> FakeOpening:
         return FakeOpening([], lambda: NullSession(self))
 
-    def step(self, frames: Sequence[Frame]) -> list[RowResult]:
-        return step_each(frames)
+    def step(self, frames: Sequence[base.Frame]) -> list[base.RowResult]:
+        return base.step_each(frames)
 
     def count_tokens(self, text: str) -> int:
         return len(text)
