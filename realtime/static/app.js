@@ -67,6 +67,28 @@ const INITIAL_FIGURES = Object.freeze({
 
 const $ = (id) => document.getElementById(id);
 
+// The level meters, one row each from the page's template: ids meter-<which>,
+// meter-<which>-db and <which>-label, as Figures.meter reads them.
+const METERS = [
+  ["in", "Microphone"],
+  ["out", "Model"],
+];
+
+function makeMeters() {
+  const template = $("meter-row");
+  for (const [which, label] of METERS) {
+    const row = template.content.firstElementChild.cloneNode(true);
+    const [name, meter, db] = row.children;
+    name.id = `${which}-label`;
+    name.textContent = label;
+    meter.id = `meter-${which}`;
+    meter.classList.add(which);
+    meter.setAttribute("aria-labelledby", name.id);
+    db.id = `meter-${which}-db`;
+    template.parentNode.insertBefore(row, template);
+  }
+}
+
 // ---------------------------------------------------------------- pure helpers
 
 function positive(value, fallback) {
@@ -1846,4 +1868,7 @@ class App {
 
 // The page's one App. A test page that imports this module for its pure units (and
 // has no settings form) gets none.
-if ($("settings")) new App(findElements()).boot();
+if ($("settings")) {
+  makeMeters();
+  new App(findElements()).boot();
+}
