@@ -52,6 +52,28 @@ def _run_script(*args: str, timeout: float = 60.0) -> subprocess.CompletedProces
     )
 
 
+def _generate_stream(wav: Path, output: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """``realtime generate --stream`` on one WAV: the offline bytes a socket run must equal."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "realtime",
+            "generate",
+            "--stream",
+            "--input",
+            str(wav),
+            "--output",
+            str(output),
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+
+
 async def test_file_client_in_process_collects_every_frame(engine: Engine) -> None:
     pcm = (np.random.default_rng(1).standard_normal(5 * FRAME_SAMPLES + 300) * 3000).astype(
         np.int16
@@ -239,24 +261,7 @@ def test_stream_cli_equals_socket_bytes(demo_server: ServerProcess, tmp_path: Pa
     common = ["--system-prompt", "One sentence.", "--seed", "3", "--extra-seconds", "0.5"]
     proc = _run_script(demo_server.url, str(wav), str(via_socket), *common)
     assert proc.returncode == 0, proc.stderr
-    gen = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "realtime",
-            "generate",
-            "--stream",
-            "--input",
-            str(wav),
-            "--output",
-            str(offline),
-            *common,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
+    gen = _generate_stream(wav, offline, *common)
     assert gen.returncode == 0, gen.stderr
     assert via_socket.read_bytes() == offline.read_bytes()
 
@@ -372,26 +377,7 @@ def test_concurrent_file_clients_each_equal_generate_stream(
             assert proc.returncode == 0, err
     for i, (wav, flags) in enumerate(runs):
         offline = tmp_path / f"g{i}.wav"
-        gen = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "realtime",
-                "generate",
-                "--stream",
-                "--input",
-                str(wav),
-                "--output",
-                str(offline),
-                *flags,
-                "--extra-seconds",
-                "0.5",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=REPO,
-        )
+        gen = _generate_stream(wav, offline, *flags, "--extra-seconds", "0.5")
         assert gen.returncode == 0, gen.stderr
         assert (tmp_path / f"s{i}.wav").read_bytes() == offline.read_bytes(), flags
 
