@@ -9,11 +9,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from realtime.models.base import ModelEvent, ModelSession
+from realtime.models.base import ModelEvent, ModelSession, RealtimeModel
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,6 +45,19 @@ def push_all(session: ModelSession, samples: np.ndarray, chunk: int = 1280) -> l
         events += session.push_audio(samples[start : start + chunk], 16000)
     events += session.flush(True)
     return events
+
+
+def step_rows(
+    model: RealtimeModel,
+    batch: Sequence[tuple[int, ModelSession, np.ndarray]],
+    got: list[list[Any]],
+) -> None:
+    """One batched step of ``batch`` (row, session, 16 kHz samples); each row's events
+    go on ``got[row]``, and a row that failed fails the test."""
+    results = model.step([(session, piece, 16000) for _, session, piece in batch])
+    for (k, _, _), result in zip(batch, results, strict=True):
+        assert not isinstance(result, Exception), result
+        got[k] += result
 
 
 def subprocess_env(cache_dir: Path) -> dict[str, str]:
