@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,14 +73,17 @@ def subprocess_env(cache_dir: Path) -> dict[str, str]:
 PYTHON = sys.executable
 
 
+def run_python(
+    *argv: str, env: Mapping[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``python ARGV`` from the repository (``env``: its whole environment, else ours);
+    its output captured as text, its exit status for the caller to judge."""
+    return subprocess.run(
+        [PYTHON, *argv], capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=timeout
+    )
+
+
 def run_realtime(cache_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``python -m realtime ARGS`` from the repository, with ``cache_dir`` as its cache;
     its output captured as text (the tests read the messages and the exit status)."""
-    return subprocess.run(
-        [PYTHON, "-m", "realtime", *args],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(cache_dir),
-        cwd=REPO_ROOT,
-        timeout=120,
-    )
+    return run_python("-m", "realtime", *args, env=subprocess_env(cache_dir))

@@ -23,6 +23,7 @@ from realtime.engine.runner import Engine
 from realtime.models.base import VOICECHAT_FIGURES
 from realtime.testing.fake import FakeModel, FakeOptions
 from tests.helpers import REPO, ServerProcess, connect, running_server, start_realtime_server
+from tests.models_fixtures import run_python
 
 SCRIPT = REPO / "examples" / "voicechat_file_client.py"
 FRAME_SAMPLES = VOICECHAT_FIGURES.frame_samples
@@ -43,34 +44,21 @@ def _expected_frames(pcm_samples: int) -> int:
 
 
 def _run_script(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-    )
+    return run_python(str(SCRIPT), *args, timeout=timeout)
 
 
 def _generate_stream(wav: Path, output: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     """``realtime generate --stream`` on one WAV: the offline bytes a socket run must equal."""
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "realtime",
-            "generate",
-            "--stream",
-            "--input",
-            str(wav),
-            "--output",
-            str(output),
-            *flags,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
+    return run_python(
+        "-m",
+        "realtime",
+        "generate",
+        "--stream",
+        "--input",
+        str(wav),
+        "--output",
+        str(output),
+        *flags,
     )
 
 
