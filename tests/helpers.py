@@ -258,18 +258,10 @@ def run_python_module(
     apart); its stdout lines. Fails the test, with the end of its stderr, unless it
     exits 0."""
     import os
-    import subprocess
-    import sys
+
+    from tests.models_fixtures import run_python
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, path), str(REPO)])}
-    done = subprocess.run(
-        [sys.executable, "-m", module, *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=timeout,
-        check=False,
-    )
+    done = run_python("-m", module, *args, env=env, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.splitlines()

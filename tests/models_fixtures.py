@@ -9,11 +9,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from realtime.models.base import ModelEvent, ModelSession
+from realtime.models.base import ModelEvent, ModelSession, RealtimeModel
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,6 +47,19 @@ def push_all(session: ModelSession, samples: np.ndarray, chunk: int = 1280) -> l
     return events
 
 
+def step_rows(
+    model: RealtimeModel,
+    batch: Sequence[tuple[int, ModelSession, np.ndarray]],
+    got: list[list[Any]],
+) -> None:
+    """One batched step of ``batch`` (row, session, 16 kHz samples); each row's events
+    go on ``got[row]``, and a row that failed fails the test."""
+    results = model.step([(session, piece, 16000) for _, session, piece in batch])
+    for (k, _, _), result in zip(batch, results, strict=True):
+        assert not isinstance(result, Exception), result
+        got[k] += result
+
+
 def subprocess_env(cache_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["REALTIME_CACHE_DIR"] = str(cache_dir)
@@ -58,14 +73,17 @@ def subprocess_env(cache_dir: Path) -> dict[str, str]:
 PYTHON = sys.executable
 
 
+def run_python(
+    *argv: str, env: Mapping[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``python ARGV`` from the repository (``env``: its whole environment, else ours);
+    its output captured as text, its exit status for the caller to judge."""
+    return subprocess.run(
+        [PYTHON, *argv], capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=timeout
+    )
+
+
 def run_realtime(cache_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``python -m realtime ARGS`` from the repository, with ``cache_dir`` as its cache;
     its output captured as text (the tests read the messages and the exit status)."""
-    return subprocess.run(
-        [PYTHON, "-m", "realtime", *args],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(cache_dir),
-        cwd=REPO_ROOT,
-        timeout=120,
-    )
+    return run_python("-m", "realtime", *args, env=subprocess_env(cache_dir))

@@ -23,6 +23,7 @@ from realtime.engine.runner import Engine
 from realtime.models.base import VOICECHAT_FIGURES
 from realtime.testing.fake import FakeModel, FakeOptions
 from tests.helpers import REPO, ServerProcess, connect, running_server, start_realtime_server
+from tests.models_fixtures import run_python
 
 SCRIPT = REPO / "examples" / "voicechat_file_client.py"
 FRAME_SAMPLES = VOICECHAT_FIGURES.frame_samples
@@ -43,12 +44,21 @@ def _expected_frames(pcm_samples: int) -> int:
 
 
 def _run_script(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
+    return run_python(str(SCRIPT), *args, timeout=timeout)
+
+
+def _generate_stream(wav: Path, output: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """``realtime generate --stream`` on one WAV: the offline bytes a socket run must equal."""
+    return run_python(
+        "-m",
+        "realtime",
+        "generate",
+        "--stream",
+        "--input",
+        str(wav),
+        "--output",
+        str(output),
+        *flags,
     )
 
 
@@ -239,24 +249,7 @@ def test_stream_cli_equals_socket_bytes(demo_server: ServerProcess, tmp_path: Pa
     common = ["--system-prompt", "One sentence.", "--seed", "3", "--extra-seconds", "0.5"]
     proc = _run_script(demo_server.url, str(wav), str(via_socket), *common)
     assert proc.returncode == 0, proc.stderr
-    gen = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "realtime",
-            "generate",
-            "--stream",
-            "--input",
-            str(wav),
-            "--output",
-            str(offline),
-            *common,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
+    gen = _generate_stream(wav, offline, *common)
     assert gen.returncode == 0, gen.stderr
     assert via_socket.read_bytes() == offline.read_bytes()
 
@@ -372,26 +365,7 @@ def test_concurrent_file_clients_each_equal_generate_stream(
             assert proc.returncode == 0, err
     for i, (wav, flags) in enumerate(runs):
         offline = tmp_path / f"g{i}.wav"
-        gen = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "realtime",
-                "generate",
-                "--stream",
-                "--input",
-                str(wav),
-                "--output",
-                str(offline),
-                *flags,
-                "--extra-seconds",
-                "0.5",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=REPO,
-        )
+        gen = _generate_stream(wav, offline, *flags, "--extra-seconds", "0.5")
         assert gen.returncode == 0, gen.stderr
         assert (tmp_path / f"s{i}.wav").read_bytes() == offline.read_bytes(), flags
 

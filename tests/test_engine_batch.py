@@ -107,6 +107,19 @@ def held(engine: Engine, model: FakeModel) -> Iterator[None]:
     assert isinstance(future.result(10), Step)
 
 
+def open_gated(engine: Engine, *ids: str) -> None:
+    """The "gate" session (seed GATE) and ``ids`` with seeds 1, 2, ... (codes follow them)."""
+    open_all(engine, "gate", *ids, seeds=(GATE, *range(1, len(ids) + 1)))
+
+
+def pushed_together(
+    engine: Engine, model: FakeModel, ids: str
+) -> list[concurrent.futures.Future[Step | None]]:
+    """One frame of each session in ``ids``, queued behind the gate: they run as one step."""
+    with held(engine, model):
+        return [engine.submit(push(sid)) for sid in ids]
+
+
 def steps(futures: Sequence[concurrent.futures.Future[Step | None]]) -> list[Step]:
     out = []
     for future in futures:
@@ -119,9 +132,8 @@ def steps(futures: Sequence[concurrent.futures.Future[Step | None]]) -> list[Ste
 def test_three_sessions_with_frames_queued_run_as_one_step_of_three_rows() -> None:
     model, observer = FakeModel(), Steps()
     with batching_engine(model, observer=observer) as engine:
-        open_all(engine, "gate", "a", "b", "c", seeds=(GATE, 1, 2, 3))
-        with held(engine, model):
-            futures = [engine.submit(push(sid)) for sid in "abc"]
+        open_gated(engine, "a", "b", "c")
+        futures = pushed_together(engine, model, "abc")
         a, b, c = steps(futures)
         engine.shutdown()  # joined: every hook has run
     assert model.batches == [1, 3] and observer.rows == [1, 3]
@@ -137,9 +149,8 @@ def test_three_sessions_with_frames_queued_run_as_one_step_of_three_rows() -> No
 def test_a_session_whose_frame_has_not_arrived_is_not_waited_for() -> None:
     model = FakeModel()
     with batching_engine(model) as engine:
-        open_all(engine, "gate", "a", "b", "c", seeds=(GATE, 1, 2, 3))
-        with held(engine, model):
-            futures = [engine.submit(push(sid)) for sid in "ab"]
+        open_gated(engine, "a", "b", "c")
+        futures = pushed_together(engine, model, "ab")
         assert [s.rows for s in steps(futures)] == [2, 2]  # c has nothing queued: not waited for
         (late,) = steps([engine.submit(push("c"))])
         assert late.rows == 1
@@ -150,9 +161,8 @@ def test_with_no_batch_frames_every_step_has_one_row() -> None:
     model = FakeModel()
     with batching_engine(model, batch_frames=False) as engine:
         assert engine.max_batch == 1
-        open_all(engine, "gate", "a", "b", "c", seeds=(GATE, 1, 2, 3))
-        with held(engine, model):
-            futures = [engine.submit(push(sid)) for sid in "abc"]
+        open_gated(engine, "a", "b", "c")
+        futures = pushed_together(engine, model, "abc")
         assert [s.rows for s in steps(futures)] == [1, 1, 1]
     assert model.batches == [1, 1, 1, 1]
 
@@ -163,9 +173,8 @@ def test_a_batch_is_bounded_by_max_batch() -> None:
     engine = Engine(lambda: model, capacity=5, batch_frames=True, max_batch=2)
     engine.start()
     try:
-        open_all(engine, "gate", "a", "b", "c", "d", seeds=(GATE, 1, 2, 3, 4))
-        with held(engine, model):
-            futures = [engine.submit(push(sid)) for sid in "abcd"]
+        open_gated(engine, "a", "b", "c", "d")
+        futures = pushed_together(engine, model, "abcd")
         assert [s.rows for s in steps(futures)] == [2, 2, 2, 2]
     finally:
         model.gate.release()
@@ -178,7 +187,7 @@ def test_a_failing_row_fails_that_session_only() -> None:
     (the session goes on), each on its own row; the other rows' frames stand."""
     model = FakeModel(FakeOptions(fail_on_frame=1))
     with batching_engine(model) as engine:
-        open_all(engine, "gate", "a", "b", seeds=(GATE, 1, 2))
+        open_gated(engine, "a", "b")
         open_all(engine, "limited", seeds=(4,), max_streaming_seconds=0.08)  # one frame
         open_all(engine, "rate", seeds=(5,))
         steps([engine.submit(push("a")), engine.submit(push("limited"))])  # frame 0 each
@@ -231,7 +240,7 @@ def test_a_step_that_raises_fails_every_row_as_one_frame_would(
 ) -> None:
     model = Broken(error)
     with batching_engine(model) as engine:
-        open_all(engine, "gate", "a", "b", seeds=(GATE, 1, 2))
+        open_gated(engine, "a", "b")
         with held(engine, model):
             model.broken = True  # the gate's own frame is already past its step call
             futures = [engine.submit(push(sid)) for sid in "ab"]
@@ -252,7 +261,7 @@ def test_a_step_that_raises_fails_every_row_as_one_frame_would(
 def test_flush_cancel_and_close_of_one_session_run_alone_while_the_others_batch() -> None:
     model = FakeModel()
     with batching_engine(model) as engine:
-        open_all(engine, "gate", "a", "b", "c", seeds=(GATE, 1, 2, 3))
+        open_gated(engine, "a", "b", "c")
         with held(engine, model):
             frames = [engine.submit(push(sid)) for sid in "abc"]
             second = engine.submit(push("a"))
@@ -280,9 +289,8 @@ def test_a_hung_batch_fails_every_row() -> None:
     model = FakeModel()
     with batching_engine(model) as engine:
         model.options.hold_seeds = frozenset({GATE, 1})  # a's frame holds too
-        open_all(engine, "gate", "a", "b", seeds=(GATE, 1, 2))
-        with held(engine, model):
-            futures = [engine.submit(push(sid)) for sid in "ab"]
+        open_gated(engine, "a", "b")
+        futures = pushed_together(engine, model, "ab")
         assert model.held.acquire(timeout=10)  # the batch of a and b is running, held
         engine.declare_hung("stuck")
         for future in futures:

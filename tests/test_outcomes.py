@@ -24,6 +24,13 @@ from tests.test_metrics import value
 ENDPOINTS = ["/v1/realtime", "/openai/v1/realtime?model=x"]
 
 
+@pytest.fixture(params=ENDPOINTS)
+def path(request: pytest.FixtureRequest) -> str:
+    """Every test here runs on both endpoints."""
+    endpoint: str = request.param
+    return endpoint
+
+
 def native(path: str) -> bool:
     return path.startswith("/v1/")
 
@@ -79,7 +86,6 @@ def _info(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
 
 
-@pytest.mark.parametrize("path", ENDPOINTS)
 @pytest.mark.parametrize("code", [1000, 1001, 4000, 1005])
 async def test_a_client_that_hangs_up_is_closed_with_its_code(
     engine: Engine, caplog: pytest.LogCaptureFixture, path: str, code: int
@@ -100,7 +106,6 @@ async def test_a_client_that_hangs_up_is_closed_with_its_code(
         await client.aclose()
 
 
-@pytest.mark.parametrize("path", ENDPOINTS)
 async def test_a_dropped_connection_is_client_gone(
     engine: Engine, caplog: pytest.LogCaptureFixture, path: str
 ) -> None:
@@ -122,7 +127,6 @@ ENDINGS = {
 }
 
 
-@pytest.mark.parametrize("path", ENDPOINTS)
 @pytest.mark.parametrize("ending", list(ENDINGS))
 async def test_after_a_commit_or_a_cancel(
     engine: Engine, caplog: pytest.LogCaptureFixture, path: str, ending: str
@@ -153,7 +157,6 @@ async def test_after_a_commit_or_a_cancel(
         await client.aclose()
 
 
-@pytest.mark.parametrize("path", ENDPOINTS)
 async def test_shutdown(engine: Engine, caplog: pytest.LogCaptureFixture, path: str) -> None:
     async with running_server(engine) as server:
         client = await open_client(server, path)
@@ -165,7 +168,6 @@ async def test_shutdown(engine: Engine, caplog: pytest.LogCaptureFixture, path: 
         await client.aclose()
 
 
-@pytest.mark.parametrize("path", ENDPOINTS)
 async def test_a_busy_refusal_is_no_session(
     engine: Engine, caplog: pytest.LogCaptureFixture, path: str
 ) -> None:

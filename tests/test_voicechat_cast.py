@@ -14,7 +14,7 @@ from realtime.demo.checkpoint import SMALL, write_demo_checkpoint
 from realtime.models.base import ModelSession, open_session
 from realtime.models.voicechat.cast import CAST_ONCE, cast_once
 from realtime.models.voicechat.model import VoiceChatModel, load_voicechat
-from tests.models_fixtures import noise, push_all, speechlike
+from tests.models_fixtures import noise, push_all, speechlike, step_rows
 from tests.test_sessions_isolation import Digest, digest
 
 FRAMES = 14
@@ -79,10 +79,7 @@ def test_cast_at_load_batched_rows_are_the_stored_weights_solo_runs(
             session, f = sessions[k], t - start
             if session is not None and 0 <= f < FRAMES:
                 batch.append((k, session, audio[k][f * 1280 : (f + 1) * 1280]))
-        results = model.step([(session, piece, 16000) for _, session, piece in batch])
-        for (k, _, _), result in zip(batch, results, strict=True):
-            assert not isinstance(result, Exception), result
-            got[k] += result
+        step_rows(model, batch, got)
     for k, session in enumerate(sessions):
         assert session is not None
         assert digest(got[k] + session.flush(True)) == reference[seeds[k]], f"row {k}"

@@ -24,7 +24,7 @@ from realtime.models.base import (
 )
 from realtime.models.voicechat.keys import SessionKey, drawing_from, drawing_rows
 from realtime.models.voicechat.model import VoiceChatModel, VoiceChatSession
-from tests.models_fixtures import noise, push_all, speechlike
+from tests.models_fixtures import noise, push_all, speechlike, step_rows
 from tests.test_sessions_isolation import LONG_PROMPT, Digest, digest, digest_mlx_vlm
 
 
@@ -130,10 +130,7 @@ def test_batched_each_conversation_is_what_it_is_alone(
             batch.append((k, session, piece))
         if batch:
             sizes.append(len(batch))
-            results = model.step([(s, piece, 16000) for _, s, piece in batch])
-            for (k, _, _), result in zip(batch, results, strict=True):
-                assert not isinstance(result, Exception), result
-                got[k] += result
+            step_rows(model, batch, got)
     for k, session in enumerate(sessions):
         assert session is not None
         got[k] += session.flush(True)
@@ -175,10 +172,7 @@ def test_batched_rows_past_the_tts_window_are_what_they_are_alone(
             if session is not None and 0 <= t - start < frames:
                 f = t - start
                 batch.append((k, session, audio[k][f * 1280 : (f + 1) * 1280]))
-        results = model.step([(s, piece, 16000) for _, s, piece in batch])
-        for (k, _, _), result in zip(batch, results, strict=True):
-            assert not isinstance(result, Exception), result
-            got[k] += result
+        step_rows(model, batch, got)
     for k, (seed, _, _) in enumerate(specs):
         session = sessions[k]
         assert session is not None

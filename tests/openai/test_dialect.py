@@ -294,6 +294,15 @@ GA_CLOSE = [
     "response.done",
     "rate_limits.updated",
 ]
+# What the server's VAD sends when the user's speech ends: the turn committed as an item.
+USER_TURN_ENDED = [
+    "input_audio_buffer.speech_stopped",
+    "input_audio_buffer.committed",
+    "conversation.item.added",
+    "conversation.item.input_audio_transcription.delta",
+    "conversation.item.input_audio_transcription.completed",
+    "conversation.item.done",
+]
 
 
 def test_a_turn_opens_on_text_and_closes_after_the_end_token() -> None:
@@ -434,14 +443,7 @@ def test_user_speech_is_segmented_by_its_transcript() -> None:
     assert [e["type"] for e in started] == ["input_audio_buffer.speech_started"]
     item = started[0]["item_id"]
     out = run(d, m, *pad(USER_QUIET_FRAMES))
-    assert types(out) == [
-        "input_audio_buffer.speech_stopped",
-        "input_audio_buffer.committed",
-        "conversation.item.added",
-        "conversation.item.input_audio_transcription.delta",
-        "conversation.item.input_audio_transcription.completed",
-        "conversation.item.done",
-    ]
+    assert types(out) == USER_TURN_ENDED
     assert all(e.get("item_id", item) == item for e in events(out))
     assert events(out)[4]["transcript"] == "hello there"
     assert events(out)[5]["item"]["content"][0]["transcript"] == "hello there"

@@ -13,7 +13,18 @@ from realtime.openai.dialect import Dialect, Output, RunFrame
 from realtime.openai.responses import CREATE_TIMEOUT_FRAMES, HELD_FRAMES
 from realtime.openai.turns import END_TAIL_FRAMES, USER_QUIET_FRAMES
 from tests.openai.scripted import CALL
-from tests.openai.test_dialect import Model, append, dialect, events, pad, pcm24, run, send, types
+from tests.openai.test_dialect import (
+    USER_TURN_ENDED,
+    Model,
+    append,
+    dialect,
+    events,
+    pad,
+    pcm24,
+    run,
+    send,
+    types,
+)
 
 MANUAL: dict[str, Any] = {"turn_detection": None}
 CLIENT_DRIVEN: dict[str, Any] = {"turn_detection": {"type": "server_vad", "create_response": False}}
@@ -186,15 +197,7 @@ def test_without_create_response_vad_events_flow_and_the_client_opens_responses(
     d, m = session(CLIENT_DRIVEN), Model()
     assert d.session["audio"]["input"]["turn_detection"]["interrupt_response"] is True
     out = run(d, m, {"heard": "what "}, {"heard": "time"}, *pad(USER_QUIET_FRAMES))
-    assert types(out) == [
-        "input_audio_buffer.speech_started",
-        "input_audio_buffer.speech_stopped",
-        "input_audio_buffer.committed",
-        "conversation.item.added",
-        "conversation.item.input_audio_transcription.delta",
-        "conversation.item.input_audio_transcription.completed",
-        "conversation.item.done",
-    ]
+    assert types(out) == ["input_audio_buffer.speech_started", *USER_TURN_ENDED]
     assert run(d, m, *reply("Noon")) == []  # the model answered; nobody asked
     send(d, CREATE)
     (response,) = done(run(d, m, *reply("Noon", ".")))
