@@ -164,7 +164,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="the CBLAS MLX's Linux CPU backend multiplies with, as realtime serve's "
         "--cpu-blas (default bundled; one per process, so compare BLASes run by run)",
     )
-    parser.add_argument("--json", type=Path, help="write every figure here")
     return parser
 
 

@@ -1,6 +1,6 @@
 """What the benchmark commands share around their measurements: the parser preamble for
-"which checkpoint" (``--model`` or a demo ``--size``), resolving it, and writing the
-figures as JSON."""
+"which checkpoint" (``--model`` or a demo ``--size``) and "where to" (``--json``),
+resolving the checkpoint, and writing the figures as JSON."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ def checkpoint_parser(
     size_help: str | None = None,
 ) -> argparse.ArgumentParser:
     """A parser for ``python -m MODULE`` whose description keeps its own line breaks,
-    with the ``--model`` and ``--size`` options every checkpoint benchmark takes."""
+    with the ``--model``, ``--size`` and ``--json`` options every checkpoint benchmark
+    takes (``--json`` for :func:`write_json`)."""
     parser = argparse.ArgumentParser(
         prog=f"python -m {module}",
         description=description,
@@ -28,6 +29,7 @@ def checkpoint_parser(
     )
     parser.add_argument("--model", type=Path, help=model_help)
     parser.add_argument("--size", choices=["tiny", "medium"], default="tiny", help=size_help)
+    parser.add_argument("--json", type=Path, help="write every figure here as JSON")
     return parser
 
 

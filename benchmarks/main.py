@@ -86,7 +86,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=125,
         help="frames for the bare, paced and unpaced rows (default %(default)s = 10 s)",
     )
-    parser.add_argument("--json", type=Path, help="write every figure here as JSON")
     parser.add_argument("--rows", type=_rows, help="rows to run, e.g. 1,3,5 (default: all)")
     parser.add_argument("--no-peer", action="store_true", help="skip row 7 (mlx-vlm's server)")
     parser.add_argument(

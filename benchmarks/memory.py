@@ -199,7 +199,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="session k starts k x this far into the run (unequal ages; default 0)",
     )
-    parser.add_argument("--json", type=Path, help="write every figure here")
     return parser
 
 

@@ -726,7 +726,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop an N's run once a conversation has this much audio unanswered "
         "(0: never; default %(default)s)",
     )
-    parser.add_argument("--json", type=Path, help="write every figure here as JSON")
     return parser
 
 
