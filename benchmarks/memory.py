@@ -203,7 +203,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-
     args = build_parser().parse_args(argv)
     if args.sessions < 1 or args.seconds <= 0 or args.sample_seconds <= 0:
         raise SystemExit("--sessions must be >= 1, --seconds and --sample-seconds > 0")
