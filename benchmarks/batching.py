@@ -20,7 +20,6 @@ if every frame ran in one batch; plus ``ours B=1 / mlx-vlm``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -30,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common import checkpoint_parser, model_path, write_json
 from benchmarks.sessions import AUDIO_SEED
 from benchmarks.stats import command_line, machine
 from benchmarks.wire import pcm_to_float, test_pcm
@@ -148,13 +148,7 @@ def measure(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.batching",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--model", type=Path, help="checkpoint folder (default: the demo one)")
-    parser.add_argument("--size", choices=["tiny", "medium"], default="tiny")
+    parser = checkpoint_parser("benchmarks.batching", __doc__)
     parser.add_argument(
         "--batch",
         type=lambda text: [int(b) for b in text.split(",")],
@@ -170,12 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="the CBLAS MLX's Linux CPU backend multiplies with, as realtime serve's "
         "--cpu-blas (default bundled; one per process, so compare BLASes run by run)",
     )
-    parser.add_argument("--json", type=Path, help="write every figure here")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from benchmarks.sessions import model_path
     from realtime.cpu_blas import install_from
     from realtime.errors import UsageError
 
@@ -203,8 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"real time if batched: {row['realtime_conversations_if_batched']}"
         )
     print(f"  ours B=1 / mlx-vlm: {result['ours_b1_over_mlx_vlm']:.3f}")
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result)
     return 0
 
 

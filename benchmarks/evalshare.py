@@ -20,6 +20,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from benchmarks.common import model_path, write_json
 from benchmarks.wire import test_pcm
 
 
@@ -87,16 +88,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--frames", type=int, default=100)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    if args.model is not None:
-        path = Path(args.model).resolve()
-    else:
-        from realtime.demo.checkpoint import SIZES, ensure_demo_checkpoint
-
-        path = ensure_demo_checkpoint(size=SIZES[args.size])
+    path = model_path(args)
     result = measure(path, args.frames)
     print(json.dumps(result, indent=2))
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result)
     return 0
 
 

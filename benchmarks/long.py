@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import trio
 
+from benchmarks.common import model_path, write_json
 from benchmarks.servers import ours, rss_bytes
 from benchmarks.stats import command_line
 from benchmarks.wire import BenchError, connect, figures_for, frame_messages, test_pcm
@@ -210,17 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _model_path(args: argparse.Namespace) -> Path:
-    if args.model is not None:
-        return Path(args.model).resolve()
-    from realtime.demo.checkpoint import SIZES, ensure_demo_checkpoint
-
-    return ensure_demo_checkpoint(size=SIZES[args.size])
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    path = _model_path(args)
+    path = model_path(args)
     bounds: list[float | None] = [] if args.no_unbounded else [None]
     bounds += args.bound if args.bound else [60.0]
     results: dict[str, Any] = {
@@ -251,8 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if "wire" in results:
         print("wire:", json.dumps(results["wire"]))
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(args.json, results)
     return 0
 
 

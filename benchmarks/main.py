@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import os
 import shlex
@@ -24,6 +23,7 @@ import trio
 
 from benchmarks import breakdown, graph, servers, sessions, streams
 from benchmarks.bare import WARMUP_FRAMES, bare_model
+from benchmarks.common import checkpoint_parser, write_json
 from benchmarks.stats import machine, median_of
 from benchmarks.wire import (
     append_message,
@@ -72,21 +72,12 @@ def _positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "--model",
-        type=Path,
-        help="VoiceChat checkpoint folder for rows 1, 3-5, 7, 8 (default: the demo checkpoint)",
-    )
-    parser.add_argument(
-        "--size",
-        choices=["tiny", "medium"],
-        default="tiny",
-        help="without --model: the demo checkpoint preset (medium: a step is mostly native "
+    parser = checkpoint_parser(
+        "benchmarks",
+        __doc__,
+        model_help="VoiceChat checkpoint folder for rows 1, 3-5, 7, 8 "
+        "(default: the demo checkpoint)",
+        size_help="without --model: the demo checkpoint preset (medium: a step is mostly native "
         "compute, as on a real checkpoint; default %(default)s)",
     )
     parser.add_argument(
@@ -95,7 +86,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=125,
         help="frames for the bare, paced and unpaced rows (default %(default)s = 10 s)",
     )
-    parser.add_argument("--json", type=Path, help="write every figure here as JSON")
     parser.add_argument("--rows", type=_rows, help="rows to run, e.g. 1,3,5 (default: all)")
     parser.add_argument("--no-peer", action="store_true", help="skip row 7 (mlx-vlm's server)")
     parser.add_argument(
@@ -613,8 +603,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     results = run(args)
     print(table(results))
+    write_json(args.json, results)
     if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=2, allow_nan=True) + "\n")
         _log(f"wrote {args.json}")
     churn = results["churn"]
     if "skipped" not in churn and not churn["target_met"]:

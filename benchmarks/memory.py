@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import sys
 import time
@@ -29,6 +28,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from benchmarks.common import checkpoint_parser, model_path, write_json
 from benchmarks.servers import rss_bytes
 from benchmarks.sessions import AUDIO_SEED
 from benchmarks.stats import command_line, summarize
@@ -175,13 +175,7 @@ def measure(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.memory",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--model", type=Path, help="checkpoint folder (default: the demo one)")
-    parser.add_argument("--size", choices=["tiny", "medium"], default="tiny")
+    parser = checkpoint_parser("benchmarks.memory", __doc__)
     parser.add_argument(
         "--sessions", type=int, default=2, help="sessions open at once (default %(default)s)"
     )
@@ -205,13 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="session k starts k x this far into the run (unequal ages; default 0)",
     )
-    parser.add_argument("--json", type=Path, help="write every figure here")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from benchmarks.sessions import model_path
-
     args = build_parser().parse_args(argv)
     if args.sessions < 1 or args.seconds <= 0 or args.sample_seconds <= 0:
         raise SystemExit("--sessions must be >= 1, --seconds and --sample-seconds > 0")
@@ -247,8 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{result['peak_mb']:.1f} MB; left after close + clear_cache: "
         f"{f(result['left_after_close_mb'])} MB"
     )
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2, allow_nan=True) + "\n")
+    write_json(args.json, result)
     return 0
 
 

@@ -52,6 +52,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks import servers, streams
 from benchmarks.bare import WARMUP_FRAMES
+from benchmarks.common import checkpoint_parser, model_path, write_json
 from benchmarks.stats import command_line, machine, median_of, summarize
 from benchmarks.streams import PacedTimes
 from benchmarks.wire import (
@@ -687,17 +688,10 @@ def table(result: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.sessions",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--model", type=Path, help="checkpoint folder (default: the demo one)")
-    parser.add_argument(
-        "--size",
-        choices=["tiny", "medium"],
-        default="tiny",
-        help="without --model: the demo checkpoint preset (default %(default)s)",
+    parser = checkpoint_parser(
+        "benchmarks.sessions",
+        __doc__,
+        size_help="without --model: the demo checkpoint preset (default %(default)s)",
     )
     parser.add_argument(
         "--sessions",
@@ -732,19 +726,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop an N's run once a conversation has this much audio unanswered "
         "(0: never; default %(default)s)",
     )
-    parser.add_argument("--json", type=Path, help="write every figure here as JSON")
     return parser
-
-
-def model_path(args: argparse.Namespace) -> Path:
-    if args.model is not None:
-        from realtime.models import check_model_path
-
-        check_model_path(str(args.model))
-        return Path(args.model).resolve()
-    from realtime.demo.checkpoint import SIZES, ensure_demo_checkpoint
-
-    return ensure_demo_checkpoint(size=SIZES[args.size])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -781,8 +763,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(f"model: {path}\n")
     print(table(results))
+    write_json(args.json, results)
     if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=2, allow_nan=True) + "\n")
         _log(f"wrote {args.json}")
     return 0
 

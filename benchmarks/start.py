@@ -23,6 +23,7 @@ from typing import Any, Final
 import trio
 
 from benchmarks import servers
+from benchmarks.common import model_path, write_json
 from benchmarks.wire import CANCEL, connect
 
 DEFAULT_TOKENS: Final = (0, 50, 200, 512)
@@ -248,12 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.model is not None:
-        path = Path(args.model).resolve()
-    else:
-        from realtime.demo.checkpoint import SIZES, ensure_demo_checkpoint
-
-        path = ensure_demo_checkpoint(size=SIZES[args.size])
+    path = model_path(args)
     started = time.perf_counter()
     if args.states:
         tokens = STATE_TOKENS if args.tokens == DEFAULT_TOKENS else args.tokens
@@ -263,8 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"frame step {result['frame_step_s'] * 1e3:.1f} ms")
         for row in result["rows"]:
             print(json.dumps(row))
-        if args.json is not None:
-            args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.json, result)
         return 0
     result = run(path, args.tokens, args.rounds, args.repeats, not args.no_peer)
     result["model"] = str(path)
@@ -274,8 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             figures = ", ".join(f"{n}: {v:.0f}" for n, v in result[side]["open_ms_p50"].items())
             slope = result[side].get("per_token_ms")
             print(f"{side}: open ms p50 by prompt tokens {figures}; per token {slope:.2f} ms")
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result)
     return 0
 
 
