@@ -299,3 +299,44 @@ def test_a_frame_the_stacked_conformer_cannot_take_writes_it_back_exactly(
             want += alone.push_audio(audio[k][f * 1280 : (f + 1) * 1280], 16000)
         want += alone.flush(True)
         assert digest(got[k]) == digest(want), f"conversation {k}"
+
+
+def test_a_batch_another_thread_left_is_forgotten(demo_model: VoiceChatModel) -> None:
+    """An engine thread that stopped with rows resident (tests run many engines on one
+    loaded model) leaves nothing the next thread's batches trip over: MLX evaluates an
+    array only on a thread with the stream it was made on, so that batch is forgotten
+    and the next thread's conversations each still equal their solo run."""
+    import threading
+
+    def batched(seeds: tuple[int, ...], frames: int) -> list[list[ModelEvent]]:
+        sessions = [
+            open_session(demo_model, system_prompt=None, seed=s, max_streaming_seconds=None)
+            for s in seeds
+        ]
+        audio = [noise(frames, seed=s) for s in seeds]
+        got: list[list[ModelEvent]] = [[] for _ in seeds]
+        for f in range(frames):
+            chunk = [
+                (s, audio[k][f * 1280 : (f + 1) * 1280], 16000) for k, s in enumerate(sessions)
+            ]
+            for k, result in enumerate(demo_model.step(chunk)):
+                assert not isinstance(result, Exception), result
+                got[k] += result
+        return got
+
+    failures: list[BaseException] = []
+
+    def other_engine() -> None:
+        try:
+            batched((1, 2), 4)  # left resident: never flushed or cancelled
+        except BaseException as exc:  # pragma: no cover - reported below
+            failures.append(exc)
+
+    thread = threading.Thread(target=other_engine)
+    thread.start()
+    thread.join()
+    assert not failures
+    together = batched((3, 4), 4)
+    for k, seed in enumerate((3, 4)):
+        alone = batched((seed,), 4)[0]
+        assert digest(together[k]) == digest(alone)

@@ -36,6 +36,7 @@ its own length and the batch trimmed to its new longest row.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -219,9 +220,11 @@ class Resident:
     conformer caches (``conformer``: stacked by the first frame whose chunks all take
     the batched path, None while they are each row's own)."""
 
-    __slots__ = ("codec", "conformer", "inners", "language", "tts")
+    __slots__ = ("codec", "conformer", "inners", "language", "thread", "tts")
 
     def __init__(self) -> None:
+        self.thread: int | None = None
+        """The thread that steps it (:func:`residents`)."""
         self.inners: list[Any] = []
         self.language: list[Any] = []
         self.tts: list[BatchedKV] = []
@@ -380,8 +383,20 @@ class Resident:
         self.conformer = None
 
 
-residents: Final = PerModel(lambda _model: Resident())
-"""Each loaded model's resident batch (one engine thread steps a model)."""
+_residents: Final = PerModel(lambda _model: Resident())
+
+
+def residents(model: Any) -> Resident:
+    """``model``'s resident batch. One engine thread steps a model; a batch another
+    thread left (an engine that stopped: tests start many on one loaded model) is
+    forgotten, not written back: MLX evaluates an array only on a thread with the
+    stream it was made on, and that engine's sessions are gone with it."""
+    resident = _residents(model)
+    thread = threading.get_ident()
+    if resident.thread != thread:
+        resident.drop()
+        resident.thread = thread
+    return resident
 
 
 def release(inner: Any) -> None:
