@@ -304,18 +304,14 @@ class Resident:
         if not self.inners:
             self.inners, self.language, self.tts, self.codec = list(joining), language, tts, codec
             return
-        for mine, theirs in zip(self.language, language, strict=True):
+        for i, (mine, theirs) in enumerate(zip(self.language, language, strict=True)):
             if isinstance(mine, BatchedKV):
                 mine.extend(theirs)
             else:
-                for slot in range(len(mine.cache)):
-                    mine[slot] = mx.concatenate([mine[slot], theirs[slot]], axis=0)
+                self.language[i] = stacked_states([mine, theirs])
         for kv, added in zip(self.tts, tts, strict=True):
             kv.extend(added)
-        for name in self.codec.cache:
-            self.codec.cache[name] = mx.concatenate(
-                [self.codec.cache[name], codec.cache[name]], axis=0
-            )
+        self.codec = stacked_codec([self.codec, codec])
         self.inners.extend(joining)
 
     def release(self, inners: Sequence[Any]) -> None:
