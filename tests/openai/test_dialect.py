@@ -213,9 +213,10 @@ def test_a_long_system_prompt_is_refused_before_any_model_work() -> None:
     assert counted == []
 
 
-def test_only_24khz_pcm_is_accepted() -> None:
+def test_unserved_formats_are_refused() -> None:
+    """24 kHz PCM16 and 8 kHz G.711 are served (tests/openai/test_formats.py); others not."""
     d = dialect()
-    for fmt in ({"type": "audio/pcmu"}, {"type": "audio/pcm", "rate": 16000}):
+    for fmt in ({"type": "audio/pcm", "rate": 16000}, {"type": "audio/pcmu", "rate": 16000}):
         out = send(d, {"type": "session.update", "session": {"audio": {"input": {"format": fmt}}}})
         (error,) = events(out)
         assert error["error"]["param"] == "session.audio.input.format"
