@@ -28,6 +28,7 @@ from realtime.openai.turns import END_TAIL_FRAMES, USER_QUIET_FRAMES
 from realtime.session.close_codes import Close
 from realtime.session.work import CountTokens
 from realtime.testing.fake import tone
+from realtime.wire_audio import PCMU
 from tests.openai.scripted import CALL
 from tests.openai.validate import validate_ga
 
@@ -513,6 +514,29 @@ _client_events = st.sampled_from(
         },
         {"type": "session.update", "session": {"output_modalities": ["text"]}},
         {"type": "session.update", "session": {"audio": {"input": {"format": {"type": "x"}}}}},
+        {
+            "type": "session.update",
+            "session": {
+                "audio": {
+                    "input": {"format": {"type": "audio/pcmu"}},
+                    "output": {"format": {"type": "audio/pcma"}},
+                }
+            },
+        },
+        {
+            "type": "session.update",
+            "session": {"audio": {"output": {"format": {"type": "audio/pcmu"}}}},
+        },
+        {
+            "type": "session.update",
+            "session": {
+                "audio": {
+                    "input": {"format": {"type": "audio/pcm", "rate": 24000}},
+                    "output": {"format": {"type": "audio/pcm"}},
+                }
+            },
+        },
+        {"type": "input_audio_buffer.append", "audio": PCMU.encode(np.full(800, 0.2, np.float32))},
         {"type": "session.update", "session": {"tools": [{"type": "function", "name": "f"}]}},
         append(pcm24(0.05)),
         append(pcm24(0.2)),
