@@ -237,6 +237,8 @@ class LiveRules:
     def counted(self, text: str, tokens: int | Exception, now: float) -> list[Output]:
         """The tokenizer counted ``text`` off the event loop: the session's prompt (it
         opens, or the start is refused) or an instructions append."""
+        if self.closed:
+            return []
         if self._counting is not None:
             message, self._counting = self._counting, None
             return self._instructions_counted(message, tokens)
@@ -395,7 +397,7 @@ class LiveRules:
 
     def fed(self, failure: Failure | None, now: float, tokens: int) -> list[Output]:
         """An append went into the model (or why it could not)."""
-        if not self._feeding:
+        if not self._feeding or self.closed:
             return []
         message = self._feeding.popleft()
         if failure is not None and failure.lost:
@@ -421,6 +423,9 @@ class LiveRules:
     def opened(
         self, failure: Failure | None, now: float, *, prompt: PromptUse | None = None
     ) -> list[Output]:
+        if self.closed:  # closed while the model opened: nothing more is owed
+            self.session_open = failure is None
+            return []
         if failure is not None:
             self._end(now, "error", failure.message)
             return [

@@ -408,3 +408,22 @@ def test_output_audio_is_in_the_session_format() -> None:
     # One byte a sample at 8 kHz: at most 4 frames' worth (the resampler holds a little).
     assert 0 < len(raw) <= 4 * 640
     assert PCMU.seconds(len(raw)) <= 0.32
+
+
+def test_nothing_follows_session_closed() -> None:
+    """A close while the prompt is counted, the model opens or an append goes in: the
+    answers that come after it send nothing more."""
+    rules = new()
+    [count] = send(rules, {"type": "session.start", "session": {"model": "m"}})
+    assert isinstance(count, CountTokens)
+    closed = send(rules, {"type": "session.close"}, 0.2)
+    assert "session.closed" in types(closed)
+    assert rules.counted(count.text, 10, 0.3) == []
+    assert rules.opened(None, 0.4) == []
+    rules = started()
+    send(rules, {"type": "session.thinking.append", "content": "hm"}, 1.1)
+    send(rules, {"type": "session.instructions.append", "content": "be kind"}, 1.1)
+    send(rules, {"type": "session.close"}, 1.2)
+    assert rules.fed(None, 1.3, 3) == []
+    assert rules.counted("be kind", 3, 1.3) == []
+    assert rules.slice_done(0, frame(0), 1.4) == []
