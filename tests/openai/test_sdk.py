@@ -10,6 +10,7 @@ parser.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ import pytest
 import trio
 
 from realtime.engine.runner import Engine
+from realtime.limits import Limits
 from realtime.testing.fake import say
 from tests.helpers import REPO, run_python_module, running_engine, running_server
 from tests.openai import sdk_exchange
@@ -81,11 +83,14 @@ async def in_process(engine: Engine, scenario: str) -> list[dict[str, Any]]:
         )
 
 
-async def run_module(engine: Engine, first: Path, module: str, *args: str) -> list[str]:
-    """``python -m module ARGS... WS_BASE`` against a server on ``engine``, with ``first``
-    first on its path (another package version); its stdout lines."""
+async def run_module(
+    engine: Engine, first: Path, module: str, *args: str, limits: Limits | None = None
+) -> list[str]:
+    """``python -m module ARGS... WS_BASE`` against a server on ``engine`` (with
+    ``limits``), with ``first`` first on its path (another package version); its stdout
+    lines."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(first), str(REPO)])}
-    async with running_server(engine) as server:
+    async with running_server(engine, limits=limits) as server:
         done = await trio.run_process(
             [sys.executable, "-m", module, *args, ws_base(server.http)],
             capture_stdout=True,
@@ -175,3 +180,30 @@ async def test_a_live_pipecat_pipeline_holds_an_exchange(
     seen = json.loads(output[-1])
     assert seen["errors"] == [] and seen["responses"] >= 1, seen
     assert seen["audio_frames"] > 0 and "Hi there!" in seen["text"], seen
+
+
+@pytest.mark.slow
+async def test_a_live_pipecat_pipeline_gets_its_answer_through_a_slow_open(
+    pipecat: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 42 item 3: the model takes 4.5 s to open (a long prompt's prefill) while
+    Pipecat streams its microphone from the start, past a 2 s backlog bound. Before, each
+    append over the bound got ``input_audio_buffer_full``, and Pipecat takes the first as
+    fatal; now the newest 2 s are kept (the speech at the end of the open among them),
+    the rest dropped, counted and logged once, and the answer comes."""
+    model = scripted(say("Hi ", "there", None, "!"))
+    model.options.open_delay = 4.5
+    caplog.set_level(logging.INFO, logger="realtime.session.pipeline")
+    with running_engine(model) as engine:
+        output = await run_module(
+            engine,
+            pipecat,
+            "tests.openai.pipecat_exchange",
+            "vad_cold",
+            limits=Limits(max_pending_audio_seconds=2.0),
+        )
+    seen = json.loads(output[-1])
+    assert seen["errors"] == [] and seen["responses"] >= 1, seen
+    assert seen["audio_frames"] > 0 and "Hi there!" in seen["text"], seen
+    notes = [r.getMessage() for r in caplog.records if "still opening" in r.getMessage()]
+    assert len(notes) == 1, notes
