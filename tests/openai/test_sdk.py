@@ -76,8 +76,10 @@ def talking_over_engine() -> Iterator[Engine]:
         yield eng
 
 
-async def in_process(engine: Engine, scenario: str) -> list[dict[str, Any]]:
-    async with running_server(engine) as server:
+async def in_process(
+    engine: Engine, scenario: str, limits: Limits | None = None
+) -> list[dict[str, Any]]:
+    async with running_server(engine, limits=limits) as server:
         return await trio.to_thread.run_sync(
             partial(sdk_exchange.SCENARIOS[scenario], ws_base(server.http))
         )
@@ -151,6 +153,18 @@ async def test_a_tool_result_reaches_the_model_and_the_follow_up_answers() -> No
     assert "".join(said) == "It is 21"
     assert model.calls_named("tool_result") == ['{"temperature": 21, "unit": "C"}']
     assert not [e for e in events if e["type"] == "error"]
+
+
+@pytest.mark.slow
+async def test_latest_sdk_gets_its_answer_through_a_slow_open() -> None:
+    """Issue 42 item 3: the model takes 4.5 s to open while the SDK streams in real time
+    from the start, past a 2 s backlog bound: no error, the newest audio (the speech
+    among it) is heard, the answer comes."""
+    model = scripted(say("Hi ", "there", None, "!"))
+    model.options.open_delay = 4.5
+    with running_engine(model) as engine:
+        events = await in_process(engine, "cold_vad", Limits(max_pending_audio_seconds=2.0))
+    check_exchange(events, vad=True)
 
 
 @pytest.mark.slow
