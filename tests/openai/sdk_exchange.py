@@ -110,6 +110,11 @@ COLD_LEAD = 3.0
 """``cold_vad``: seconds of silence streamed in real time before the speech."""
 
 
+def cold_speech() -> bytes:
+    """``cold_vad``'s audio: ``COLD_LEAD`` seconds of silence, then 0.8 s of voice."""
+    return bytes(int(COLD_LEAD * RATE) * 2) + voice(0.8)
+
+
 def cold_vad(ws_base: str) -> list[dict[str, Any]]:
     """:func:`server_vad` as a microphone does it while a slow model still opens: paced
     in real time from the start, ``COLD_LEAD`` seconds of silence first."""
@@ -118,7 +123,7 @@ def cold_vad(ws_base: str) -> list[dict[str, Any]]:
         assert _recv(conn, log)["type"] == "session.created"
         conn.session.update(session={"type": "realtime", "output_modalities": ["audio"]})
         _until(conn, log, "session.updated")
-        pcm = bytes(int(COLD_LEAD * RATE) * 2) + voice(0.8)
+        pcm = cold_speech()
         step = RATE // 50 * 2  # 20 ms
         start = time.monotonic()
         for n, i in enumerate(range(0, len(pcm), step)):
