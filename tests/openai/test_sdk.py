@@ -213,7 +213,7 @@ async def test_a_live_pipecat_pipeline_gets_its_answer_through_a_slow_open(
             engine,
             pipecat,
             "tests.openai.pipecat_exchange",
-            "vad_cold",
+            "cold_vad",
             limits=Limits(max_pending_audio_seconds=2.0),
         )
     seen = json.loads(output[-1])
