@@ -2,7 +2,7 @@
 
     python examples/voicechat_file_client.py ws://127.0.0.1:8080/v1/realtime IN.wav OUT.wav \\
         [--system-prompt TEXT] [--seed N] [--extra-seconds 3] [--realtime] \\
-        [--events OUT.jsonl] [--api-key KEY] [--origin ORIGIN]
+        [--events OUT.jsonl] [--api-key KEY] [--origin ORIGIN] [--open-timeout SECONDS]
 
 The input is prepared exactly as ``realtime generate`` prepares it (mono PCM16 at
 the rate the server's ``session.updated`` names, 16 kHz for VoiceChat, plus
@@ -12,7 +12,9 @@ equals ``realtime generate --stream`` byte for byte.
 
 The protocol goes through :mod:`realtime.client`. Exit status: 0 on
 ``response.done``; a distinct code for each way of not getting a session (see
-``--help`` and docs/client.md); 1 if the server errors, closes early or stalls.
+``--help`` and docs/client.md); 1 if the server errors, closes early or stalls, or
+the session does not open within ``--open-timeout`` seconds (600 by default: the
+server reads the system prompt first).
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None) -> 
                 realtime=args.realtime,
                 api_key=args.api_key,
                 origin=args.origin,
+                open_timeout=args.open_timeout,
                 on_ready=on_ready,
                 on_event=on_event,
                 printer=TranscriptPrinter(out),

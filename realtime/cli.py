@@ -384,6 +384,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             install_from(args.cpu_blas)
             if not args.compile:
+                # MLX's own switch as well: the engine's start line reads it.
+                os.environ["MLX_DISABLE_COMPILE"] = "1"
                 import mlx.core as mx
 
                 mx.disable_compile()

@@ -45,6 +45,11 @@ ErrorPlace = Literal["server", "app"]
 """Where an exception ended one connection: Hypercorn's own tasks for it (``server``)
 or the ASGI app (``app``); either way only that connection ended."""
 
+DropReason = Literal["opening", "engine_behind", "too_fast"]
+"""Why input audio was dropped (OpenAI endpoint): over the backlog bound while the model
+opened (the oldest went), or once it runs, with the engine behind a client that paces in
+real time, or with the client sending faster than real time (the append was refused)."""
+
 SessionOutcome = Literal[
     "done",
     "cancelled",
@@ -137,6 +142,9 @@ class Observer:
 
     def limit_refused(self, limit: str) -> None:
         """A message was refused by a limit (``max_message_bytes``, ...)."""
+
+    def input_audio_dropped(self, reason: DropReason, seconds: float) -> None:
+        """``seconds`` of a client's input audio were dropped, for ``reason``."""
 
     def frame_sent(self, latency: float) -> None:
         """A frame's audio was handed to the socket, ``latency`` s after its append arrived."""

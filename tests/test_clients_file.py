@@ -446,3 +446,40 @@ def test_every_client_flag_has_help() -> None:
         parser = runpy.run_path(str(REPO / "examples" / script))["build_parser"]()
         for action in parser._actions:
             assert action.help, (parser.prog, action.option_strings or action.dest)
+
+
+async def test_file_client_waits_for_a_slow_open_within_its_bound(tmp_path: Path) -> None:
+    """Issue 42 item 3: a server still reading a long system prompt holds session.updated
+    back. The client waits for it up to ``open_timeout`` (not ``event_timeout``, which
+    raised a raw ``trio.TooSlowError`` after 60 s), and past it says so in one line,
+    exit 1, never a traceback."""
+    model = FakeModel(FakeOptions(open_delay=1.5))
+    eng = Engine(lambda: model)
+    eng.start()
+    try:
+        async with running_server(eng) as server:
+            pcm = np.zeros(2 * FRAME_SAMPLES, np.int16)
+            with pytest.raises(ClientError, match=r"did not open within 0\.3 s .*--open-timeout"):
+                await fc.run_file_client(server.url, pcm, open_timeout=0.3)
+            # A wait longer than any event's is fine while the session opens.
+            result = await fc.run_file_client(server.url, pcm, event_timeout=0.5)
+            assert result.frames == 2 and result.seconds_to_ready >= 1.5
+            wav = _tone_wav(tmp_path / "in.wav", 0.2)
+            out = str(tmp_path / "out.wav")
+            proc = await trio.run_process(
+                [sys.executable, str(SCRIPT), server.url, str(wav), out, "--open-timeout", "0.3"],
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+    finally:
+        eng.shutdown()
+    err = proc.stderr.decode()
+    assert proc.returncode == 1, err
+    (line,) = err.strip().splitlines()
+    assert (
+        line.startswith("error: the session did not open within 0.3 s") and "Traceback" not in err
+    )
+    assert not (tmp_path / "out.wav").exists()
+    bad = _run_script("ws://127.0.0.1:9/v1/realtime", str(wav), "o.wav", "--open-timeout", "0")
+    assert bad.returncode == 2 and "expected seconds > 0" in bad.stderr

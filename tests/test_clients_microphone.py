@@ -867,3 +867,23 @@ async def test_downlink_plays_what_the_session_announced() -> None:
     wrong = cast(RealtimeClient, _RecordingConnection([_delta(0, 1764, 22_050)]))
     with pytest.raises(ClientError, match="1764 samples, expected 960"):
         await mic.Downlink(wrong, sink, audio, console, meter, mic.RoundTrips(), 5.0).until_done()
+
+
+async def test_microphone_client_bounds_the_wait_for_a_slow_open() -> None:
+    """A session that does not open within ``open_timeout`` (the server still reads its
+    prompt): a ClientError that says so, before any audio is captured."""
+    model = FakeModel(FakeOptions(open_delay=1.5))
+    eng = Engine(lambda: model)
+    eng.start()
+    try:
+        source = ArrayInput(_speech_like(0.5, 16_000, channels=1), 16_000)
+        sink = ArrayOutput(OUTPUT_SAMPLE_RATE)
+        send, recv = trio.open_memory_channel[None](1)
+        async with running_server(eng) as server:
+            with trio.fail_after(20), pytest.raises(ClientError, match=r"within 0\.3 s"):
+                await mic.run_microphone_client(
+                    server.url, source, sink, recv, open_timeout=0.3, err=io.StringIO()
+                )
+        del send
+    finally:
+        eng.shutdown()

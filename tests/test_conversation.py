@@ -388,6 +388,19 @@ def test_open_failure_after_commit_refuses_the_commit() -> None:
 # --- time ---------------------------------------------------------------------------------------
 
 
+def test_a_long_open_is_not_timed_out_by_the_server() -> None:
+    """Issue 42 item 3: reading a long new system prompt can take minutes; while it runs
+    no server clock ends the session (the client bounds its own wait: --open-timeout)."""
+    c = conv(configure_timeout=30.0, idle_timeout=120.0)
+    (opening,) = received(c, msg("session.update", session={"system_prompt": "x" * 4000}), 1.0)
+    assert isinstance(opening, work.OpenModel) and c.update_in_flight
+    assert c.next_deadline() is None
+    assert c.check_timeouts(600.0) == []
+    finished(c, 601.0)
+    out = c.opened(None, 601.0)
+    assert [e["type"] for e in out if isinstance(e, dict)] == ["session.updated"]
+
+
 def test_configure_timeout_counts_from_accept() -> None:
     c = conv(configure_timeout=30.0, idle_timeout=120.0)
     for t in range(5, 30, 5):

@@ -73,6 +73,8 @@ def test_hooks_fill_the_exposition_on_a_private_registry() -> None:
     m.frame_deadline(0.03, 2)
     m.error_sent("invalid_request")
     m.limit_refused("max_message_bytes")
+    m.input_audio_dropped("opening", 1.5)
+    m.input_audio_dropped("opening", 0.25)
     m.connection_refused("busy")
     m.connection_refused("unauthorized")
     text = m.exposition().decode()
@@ -89,6 +91,8 @@ def test_hooks_fill_the_exposition_on_a_private_registry() -> None:
     assert value(text, "realtime_error_events_total", code="invalid_request") == 1
     assert value(text, "realtime_error_events_total", code="inference_error") == 0
     assert value(text, "realtime_limit_refusals_total", limit="max_message_bytes") == 1
+    assert value(text, "realtime_input_audio_dropped_seconds_total", reason="opening") == 1.75
+    assert value(text, "realtime_input_audio_dropped_seconds_total", reason="too_fast") == 0
     assert value(text, "realtime_connections_refused_total", reason="busy") == 1
     assert value(text, "realtime_connections_refused_total", reason="draining") == 0
     assert value(text, "realtime_engine_alive") == 0  # no engine watched

@@ -27,6 +27,7 @@ from realtime.client import (
     ServerBusy,
     ServerEvent,
     ServerUnreachable,
+    SessionUpdated,
     TextDelta,
     TranscriptDelta,
     Unauthorized,
@@ -57,7 +58,8 @@ EXIT_CODES: Final[tuple[tuple[type[ClientError], int], ...]] = (
 EXIT_EPILOG: Final = """\
 exit status:
   0    the answer ended with response.done
-  1    the server sent an error, closed early or stalled
+  1    the server sent an error, closed early or stalled (or the session did not
+       open within --open-timeout)
   2    usage error (bad arguments; for the microphone client: no usable audio device)
   3    the server is unreachable (nothing listens at HOST:PORT)
   4    wrong URL: not ws:// or wss://, or no /v1/realtime at that path (e.g. HTTP 404)
@@ -70,6 +72,11 @@ exit status:
 
 
 RETRY_HINT: Final = "--retry N waits and tries again up to N times"
+
+OPEN_TIMEOUT: Final = 600.0
+"""Seconds a client waits for its session to open (``session.updated``): a server
+reads a long system prompt before it answers, and the first read of a new one can
+take minutes on a small machine (docs/client.md)."""
 
 
 def exit_code(exc: ClientError) -> int:
@@ -127,9 +134,15 @@ def client_parser(prog: str, description: str) -> argparse.ArgumentParser:
     )
 
 
+@checked(float, "expected seconds > 0")
+def _seconds(value: float) -> bool:
+    return 0 < value < float("inf")
+
+
 def add_connection_options(parser: argparse.ArgumentParser) -> None:
-    """``--api-key``, ``--origin`` and ``--retry``: what a client shows a server that
-    checks them, and how long it keeps trying a busy one."""
+    """``--api-key``, ``--origin``, ``--retry`` and ``--open-timeout``: what a client
+    shows a server that checks them, how long it keeps trying a busy one, and how long
+    it waits for its session to open."""
     parser.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     parser.add_argument("--origin", default=None, help="send this Origin header (browser-like)")
     parser.add_argument(
@@ -140,6 +153,35 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
         help="when the server (or its balancer) is busy, wait and try again up to N times "
         "(its Retry-After, else 1, 2, 4 ... up to 30 s; default 0: exit 7 at once)",
     )
+    parser.add_argument(
+        "--open-timeout",
+        type=_seconds,
+        default=OPEN_TIMEOUT,
+        metavar="SECONDS",
+        help="wait this long for the session to open: the server reads the system prompt "
+        "first, and a long one it has not read before can take minutes "
+        f"(default {OPEN_TIMEOUT:g}; past it: exit 1)",
+    )
+
+
+async def open_session(
+    conn: RealtimeClient,
+    open_timeout: float,
+    *,
+    system_prompt: str | None = None,
+    seed: int = 0,
+) -> SessionUpdated:
+    """``conn.configure`` within ``open_timeout`` seconds, else a :class:`ClientError`
+    that says why the wait may be long and how to make it longer."""
+    try:
+        with trio.fail_after(open_timeout):
+            return await conn.configure(system_prompt=system_prompt, seed=seed)
+    except trio.TooSlowError:
+        raise ClientError(
+            f"the session did not open within {open_timeout:g} s (the server reads the "
+            "system prompt first, and a long one it has not read before can take "
+            "minutes; --open-timeout SECONDS waits longer)"
+        ) from None
 
 
 T = TypeVar("T")

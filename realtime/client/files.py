@@ -27,11 +27,13 @@ from realtime.client import (
     connect,
 )
 from realtime.client.cli import (
+    OPEN_TIMEOUT,
     PCM16,
     AudioDeltaChecker,
     Event,
     FrameFramer,
     TranscriptPrinter,
+    open_session,
 )
 from realtime.models.base import VOICECHAT_FIGURES, Samples
 
@@ -155,6 +157,7 @@ async def run_file_client(
     printer: TranscriptPrinter | None = None,
     max_ahead_seconds: float = 8.0,
     event_timeout: float = 60.0,
+    open_timeout: float = OPEN_TIMEOUT,
 ) -> FileClientResult:
     """Send ``audio`` through one session; return the answer's audio.
 
@@ -164,8 +167,9 @@ async def run_file_client(
     as fast as the server takes it (but at most ``max_ahead_seconds`` ahead of the
     model), or one frame per model step with ``realtime``. ``on_ready`` runs once the
     session is configured, before any audio goes out. Raises :class:`ClientError` on
-    any failure to get a session, server error, early close, protocol violation, or
-    ``event_timeout`` seconds without an event.
+    any failure to get a session (none opened within ``open_timeout`` seconds: the
+    server reads the system prompt first), server error, early close, protocol
+    violation, or ``event_timeout`` seconds without an event once it is open.
     """
     audio = _nonempty_audio(audio)
     started = time.perf_counter()
@@ -181,8 +185,7 @@ async def run_file_client(
             on_event(event)
 
     async with connect(url, api_key=api_key, origin=origin) as conn:
-        with trio.fail_after(event_timeout):
-            updated = await conn.configure(system_prompt=system_prompt, seed=seed)
+        updated = await open_session(conn, open_timeout, system_prompt=system_prompt, seed=seed)
         assert conn.created is not None
         seen(conn.created.raw)
         seen(updated.raw)

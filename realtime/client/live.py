@@ -42,10 +42,12 @@ from realtime.client import (
 )
 from realtime.client.cli import (
     CHANNELS,
+    OPEN_TIMEOUT,
     PCM16,
     AudioDeltaChecker,
     FrameFramer,
     TranscriptPrinter,
+    open_session,
 )
 from realtime.client.devices import (
     AudioInput,
@@ -714,6 +716,7 @@ async def run_microphone_client(
     err: TextIO | None = None,
     drain_timeout: float = 10.0,
     event_timeout: float = 60.0,
+    open_timeout: float = OPEN_TIMEOUT,
     meter: bool = False,
     stall_seconds: float = STALL_SECONDS,
     device_stop_seconds: float = DEVICE_STOP_SECONDS,
@@ -725,8 +728,9 @@ async def run_microphone_client(
     on ``interrupts`` commits: what was captured goes out, then the commit, and only
     then are the devices stopped (off the trio thread, abandoned after
     ``device_stop_seconds``); the server flushes and ends with ``response.done``,
-    then the sink drains. A second item raises :class:`Interrupted`. Server errors
-    and early closes raise :class:`ClientError`. No audio-device call ever runs on
+    then the sink drains. A second item raises :class:`Interrupted`. Server errors,
+    early closes and a session not open within ``open_timeout`` seconds raise
+    :class:`ClientError`. No audio-device call ever runs on
     the trio thread.
     """
     err = err if err is not None else sys.stderr
@@ -741,8 +745,7 @@ async def run_microphone_client(
     if not echo_cancelled:
         print(ECHO_WARNING, file=err, flush=True)
     async with connect(url, api_key=api_key, origin=origin) as conn:
-        with trio.fail_after(event_timeout):
-            updated = await conn.configure(system_prompt=system_prompt, seed=seed)
+        updated = await open_session(conn, open_timeout, system_prompt=system_prompt, seed=seed)
         print("[connected: speak now; Ctrl-C to finish, twice to quit]", file=err, flush=True)
         audio = SessionAudio.from_updated(updated)
         session = LiveSession(conn, audio, source, sink, console, options)

@@ -34,7 +34,7 @@ import attrs
 import numpy as np
 import trio
 
-from realtime.engine import admission, scheduler
+from realtime.engine import admission, first_start, scheduler
 from realtime.engine.admission import ExtraWork, StepTimes
 from realtime.engine.scheduler import Entry, Scheduler
 from realtime.models import base as model
@@ -749,8 +749,9 @@ class Engine:
         compilation is paid here and not by the first conversation of each size."""
         if not isinstance(self.model, model.CompilesStep):
             return
-        began = time.perf_counter()
         sizes = range(1, self.max_batch + 1)
+        log.info("%s", first_start.start_note(len(sizes)))
+        began = time.perf_counter()
         try:
             self.model.compile_step(sizes)
         except Exception:

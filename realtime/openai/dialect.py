@@ -24,6 +24,8 @@ time comes in with each call. :mod:`realtime.openai.connection` carries the rest
 from __future__ import annotations
 
 import copy
+import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Final, assert_never
 
@@ -39,6 +41,7 @@ from realtime.models.base import (
     Samples,
     tool_output_refusal,
 )
+from realtime.observe import DropReason
 from realtime.openai import events as ev
 from realtime.openai import messages as msg
 from realtime.openai import render
@@ -58,7 +61,7 @@ from realtime.openai.tools import CallReader, Markers
 from realtime.openai.turns import Channels, SpeechStarted, Turns, TurnStep, UserBeat, channels
 from realtime.openai.usage import Context
 from realtime.session.close_codes import CLOSE_INTERNAL, CLOSE_POLICY, Close
-from realtime.session.work import CountTokens
+from realtime.session.work import CountTokens, DroppedAudio
 from realtime.wire_audio import PCM24, InputFramer, OutputResampler
 
 MAX_QUEUED_FEEDS: Final = 4
@@ -71,6 +74,11 @@ COUNT_BURST: Final = 4
 one a second (each is tokenized, which for a long prompt costs the event loop a
 noticeable pause: docs/reliability.md)."""
 
+FULL_ERROR_SECONDS: Final = 10.0
+"""At most one ``input_audio_buffer_full`` error this often: a client that sends audio
+faster than real time hears why, not once per append (what it sends meanwhile over
+the bound is dropped and counted)."""
+
 
 @attrs.define(slots=True)
 class Budget:
@@ -82,12 +90,22 @@ class Budget:
     at: float
 
     def take(self, now: float) -> bool:
-        self.left = min(self.size, self.left + max(0.0, now - self.at) * self.rate)
-        self.at = max(self.at, now)
+        """Take one if one is left (else take nothing)."""
+        self._refill(now)
         if self.left < 1.0:
             return False
         self.left -= 1.0
         return True
+
+    def spend(self, now: float, amount: float) -> bool:
+        """Take ``amount`` whatever is left (it may go below zero); whether it was there."""
+        self._refill(now)
+        self.left -= amount
+        return self.left >= 0.0
+
+    def _refill(self, now: float) -> None:
+        self.left = min(self.size, self.left + max(0.0, now - self.at) * self.rate)
+        self.at = max(self.at, now)
 
 
 # --- outputs ---------------------------------------------------------------------------
@@ -116,7 +134,7 @@ class FeedTool:
     output: str
 
 
-Output = ev.Event | OpenModel | RunFrame | FeedTool | Close | CountTokens
+Output = ev.Event | OpenModel | RunFrame | FeedTool | Close | CountTokens | DroppedAudio
 
 
 class Dialect:
@@ -156,6 +174,18 @@ class Dialect:
         self.output_format = PCM24
         """``session.audio.output.format``: what the model's audio is resampled to."""
         self._framer = InputFramer(self.input_format.rate, figures)
+        self._held: deque[Samples] = deque()
+        """Frames heard while the model opens (a long prompt's prefill can take a
+        minute), not handed on yet: the newest, with the queued ones, up to the bound."""
+        self._pace = Budget(
+            limits.max_pending_audio_seconds, 1.0, limits.max_pending_audio_seconds, now
+        )
+        """The client's audio against real time (seconds of it a second): once it runs
+        dry the client sends faster than real time, by more than the backlog bound."""
+        self._full_error_at = -math.inf
+        """When the last ``input_audio_buffer_full`` error went out."""
+        self._drop_noted: set[DropReason] = set()
+        """Why audio was dropped so far (each reason's first drop is logged)."""
         self._poll = min(1.0, limits.send_timeout / 4, limits.idle_timeout / 4)
         """How often the clock re-reads its deadlines (as the native rules do)."""
         self._appended = False
@@ -302,7 +332,9 @@ class Dialect:
         return self._update(message)
 
     def _append(self, message: msg.AudioAppend) -> list[Output]:
-        seconds = message.samples.shape[0] / self.input_format.rate
+        now = self._deadlines.last_message
+        samples = message.samples
+        seconds = samples.shape[0] / self.input_format.rate
         limit = self.limits.max_pending_audio_seconds
         if seconds > limit:
             # Bounded in seconds, not bytes: a message of G.711 holds 6 times the
@@ -313,19 +345,71 @@ class Dialect:
                 f"this append of {seconds:.2f} s is larger than the {limit:g} s limit on "
                 "pending input audio; send it in smaller appends, no faster than real time",
             )
-        backlog = self._frames.backlog
-        if backlog >= self._max_backlog:
-            return _refusal(
-                message,
-                "input_audio_buffer_full",
-                f"input audio backlog is full ({backlog * self.figures.frame_seconds:.2f} s "
-                "waiting for the model); send audio no faster than real time",
-            )
+        in_time = self._pace.spend(now, seconds)
+        if self.model_state is ModelState.OPEN and self._frames.backlog >= self._max_backlog:
+            return self._full(message, seconds, in_time=in_time, now=now)
         out = self._ensure_open()
-        if message.samples.shape[0]:
+        if samples.shape[0]:
             self._appended = True
-        for frame in self._framer.push(message.samples):
-            out.append(self._frame(frame, silence=False))
+        frames = self._framer.push(samples)
+        if self.model_state is ModelState.OPEN:
+            return out + [self._frame(frame, silence=False) for frame in frames]
+        dropped = 0
+        for frame in frames:
+            # The model is opening: the newest audio is kept, up to the bound (the
+            # frames already handed on, by a response or a tool output, count too).
+            if self._frames.backlog + len(self._held) >= self._max_backlog:
+                dropped += 1
+                if not self._held:
+                    continue  # nothing held to make room: this one goes
+                self._held.popleft()
+            self._held.append(frame)
+        if dropped:
+            out.append(self._dropped(dropped * self.figures.frame_seconds, "opening"))
+        return out
+
+    def _full(
+        self, message: msg.AudioAppend, seconds: float, *, in_time: bool, now: float
+    ) -> list[Output]:
+        """An append over the bound while the model runs: dropped. Only a client that
+        sends faster than real time is told (at most once in ``FULL_ERROR_SECONDS``); one
+        that paces in real time, with the engine behind it, is not at fault."""
+        out: list[Output] = [self._dropped(seconds, "engine_behind" if in_time else "too_fast")]
+        if in_time or now < self._full_error_at + FULL_ERROR_SECONDS:
+            return out
+        self._full_error_at = now
+        backlog = self._frames.backlog * self.figures.frame_seconds
+        return out + _refusal(
+            message,
+            "input_audio_buffer_full",
+            f"input audio backlog is full ({backlog:.2f} s waiting for the model); send "
+            f"audio no faster than real time (audio over the bound is dropped; this "
+            f"error comes at most once in {FULL_ERROR_SECONDS:g} s)",
+        )
+
+    def _dropped(self, seconds: float, reason: DropReason) -> DroppedAudio:
+        """``seconds`` of input audio dropped; the session's first drop for ``reason``
+        carries its log line."""
+        if reason in self._drop_noted:
+            return DroppedAudio(seconds, reason)
+        self._drop_noted.add(reason)
+        bound = f"{self.limits.max_pending_audio_seconds:g} s (max_pending_audio_seconds)"
+        notes: dict[DropReason, str] = {
+            "opening": f"the model is still opening (reading its system prompt): of the "
+            f"audio sent meanwhile the newest {bound} is kept, the oldest dropped",
+            "engine_behind": f"the engine is behind the client's real-time audio: appends "
+            f"over {bound} of backlog are dropped",
+            "too_fast": f"the client sends audio faster than real time: appends over "
+            f"{bound} of backlog are refused (input_audio_buffer_full, at most one "
+            f"error in {FULL_ERROR_SECONDS:g} s)",
+        }
+        return DroppedAudio(seconds, reason, notes[reason] + "; counted in /metrics")
+
+    def _release(self) -> list[Output]:
+        """The frames held while the model opened, handed on in order: once it has
+        opened, or before work that must follow them (a response, a tool output)."""
+        out: list[Output] = [self._frame(frame, silence=False) for frame in self._held]
+        self._held.clear()
         return out
 
     def _commit(self, message: msg.AudioCommit) -> list[Output]:
@@ -374,6 +458,7 @@ class Dialect:
             # The model takes a tool's result on its function channel (as trained); a
             # text message is kept in the conversation but does not reach it.
             out += self._ensure_open()
+            out += self._release()
             self._feeds_queued += 1
             out.append(FeedTool(output))
         return out
@@ -429,6 +514,7 @@ class Dialect:
                 f"conversation already has an active response {active.id}",
             )
         out = self._ensure_open()
+        out += self._release()
         # It counts from the model's next frame: what the client sent before it is
         # still queued ahead, and turns the model takes while hearing it are not it.
         out += self._responses.open(
@@ -497,9 +583,10 @@ class Dialect:
             self.usage.cached_tokens += min(cached_tokens, self._prompt_tokens)
             self.model_state = advance(self.model_state, Trigger.OPENED)
             self._frames.start = now
-            return []
+            return self._release()
         self.model_state = advance(self.model_state, Trigger.OPEN_FAILED)
         self._applied = None
+        self._held.clear()  # as queued frames are, with no session to run them
         out: list[Output] = [
             ev.error(
                 f"the model session could not be opened: {failure}",

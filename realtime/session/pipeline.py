@@ -30,6 +30,7 @@ and the fast path are therefore the same on both endpoints.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import math
 import time
 from collections.abc import Generator, Iterable, Sequence
@@ -64,6 +65,7 @@ from realtime.session.rules import (
 from realtime.session.work import (
     CancelModel,
     CountTokens,
+    DroppedAudio,
     Failure,
     FeedModel,
     FlushModel,
@@ -73,6 +75,8 @@ from realtime.session.work import (
     StopModel,
     Work,
 )
+
+log = logging.getLogger("realtime.session.pipeline")
 
 TOKENIZING_THREADS: Final = 1
 """Worker threads all connections share for tokenizing what a client sent (tool
@@ -211,6 +215,10 @@ class Connection:
                 self.lifetime.stop.set()
             elif isinstance(out, LimitRefused):
                 self.observer.limit_refused(out.limit)
+            elif isinstance(out, DroppedAudio):
+                self.observer.input_audio_dropped(out.reason, out.seconds)
+                if out.note:
+                    log.info("session %s: %s", self.session_id, out.note)
             elif out.now:
                 await self.lifetime.close_now(out)
             else:

@@ -21,6 +21,7 @@ from realtime.session.close_codes import Close
 from realtime.session.work import (
     Backlog,
     CountTokens,
+    DroppedAudio,
     Failure,
     LimitRefused,
     RunAudio,
@@ -29,7 +30,7 @@ from realtime.session.work import (
 )
 
 Event = dict[str, Any]
-Output = Event | Work | StopModel | Close | LimitRefused | CountTokens
+Output = Event | Work | StopModel | Close | LimitRefused | CountTokens | DroppedAudio
 Ended = list[ModelEvent] | Failure | None
 """What a flush or cancel came to: the model's events, its failure, or None (no
 session was open)."""

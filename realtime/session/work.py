@@ -15,7 +15,7 @@ import attrs
 
 from realtime.engine.runner import EngineError, FailureKind
 from realtime.models.base import Samples
-from realtime.observe import CommandKind
+from realtime.observe import CommandKind, DropReason
 
 
 @attrs.frozen(slots=True)
@@ -84,6 +84,16 @@ class LimitRefused:
     """A message was refused by this limit (for the metrics; the error is sent too)."""
 
     limit: str
+
+
+@attrs.frozen(slots=True)
+class DroppedAudio:
+    """The rules dropped ``seconds`` of input audio (for the metrics); ``note``, when
+    not empty, is the session's one log line about it (the first drop for ``reason``)."""
+
+    seconds: float
+    reason: DropReason
+    note: str = ""
 
 
 @attrs.frozen(slots=True)

@@ -44,6 +44,7 @@ from realtime.engine.runner import Engine
 from realtime.models.prompt_cache import CachesPrompts
 from realtime.observe import (
     CommandKind,
+    DropReason,
     ErrorPlace,
     HTTPRefusalReason,
     Observer,
@@ -215,6 +216,15 @@ class PrometheusObserver(Observer):
             "Sessions dropped because the client stopped reading (send timeout).",
             registry=r,
         )
+        self.input_audio_dropped_seconds = _declared_counter(
+            "realtime_input_audio_dropped_seconds",
+            "Seconds of client input audio dropped over the backlog bound, by why: the "
+            "model was still opening (the oldest went), the engine was behind, or the "
+            "client sent faster than real time.",
+            "reason",
+            get_args(DropReason),
+            r,
+        )
         r.register(_ScrapeTime(self))
         if process_metrics:
             # RSS, open descriptors, CPU seconds (Linux /proc), Python version, GC.
@@ -267,6 +277,9 @@ class PrometheusObserver(Observer):
 
     def limit_refused(self, limit: str) -> None:
         self.limit_refusals.labels(limit).inc()
+
+    def input_audio_dropped(self, reason: DropReason, seconds: float) -> None:
+        self.input_audio_dropped_seconds.labels(reason).inc(seconds)
 
     def frame_sent(self, latency: float) -> None:
         self._frames += 1

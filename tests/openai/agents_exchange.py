@@ -25,7 +25,7 @@ from agents.realtime import (
 from agents.realtime.model_inputs import RealtimeModelSendRawMessage
 
 from realtime.wire_audio import ulaw_encode
-from tests.openai.sdk_exchange import API_KEY, RATE, voice
+from tests.openai.sdk_exchange import API_KEY, RATE, cold_speech, voice
 
 STEP = 20.0
 """Seconds any one exchange may take before the scenario gives up (a safety net: each
@@ -176,6 +176,24 @@ async def twilio(ws_url: str) -> Seen:
 
 
 SCENARIOS = {"push_to_talk": push_to_talk, "server_vad": server_vad, "twilio": twilio}
+
+
+async def cold_vad(ws_url: str) -> Seen:
+    """:func:`server_vad` streamed in real time from the start, silence first, as a
+    microphone app does while a slow model still opens."""
+    seen = Seen()
+    async with await _session(ws_url, {}) as session:
+        loop = asyncio.get_running_loop()
+        pcm, step = cold_speech(), RATE // 50 * 2  # 20 ms
+        start = loop.time()
+        for n, i in enumerate(range(0, len(pcm), step)):
+            await asyncio.sleep(max(0.0, start + n * 0.02 - loop.time()))
+            await session.send_audio(pcm[i : i + step])
+        await asyncio.wait_for(_until_done(session, seen, 1), STEP)
+    return seen
+
+
+SCENARIOS = {"push_to_talk": push_to_talk, "server_vad": server_vad, "cold_vad": cold_vad}
 
 
 def run(scenario: str, ws_url: str) -> Seen:

@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from tests.openai.sdk_exchange import API_KEY, RATE, voice
+from tests.openai.sdk_exchange import API_KEY, RATE, cold_speech, voice
 
 STEP = 20.0
 """Seconds any one step may take before the scenario gives up (a safety net: each
@@ -162,7 +162,24 @@ async def server_vad(http: str) -> Seen:
     return seen
 
 
-SCENARIOS = {"push_to_talk": push_to_talk, "server_vad": server_vad}
+async def cold_vad(http: str) -> Seen:
+    """Server VAD, the room's audio pushed in real time from the start, silence first,
+    as it comes while a slow model still opens: the server answers by itself."""
+    rtc = importlib.import_module("livekit.rtc")
+    async with session(http) as (conversation, seen):
+        waiting = asyncio.ensure_future(generated(conversation))
+        loop = asyncio.get_running_loop()
+        pcm, step = cold_speech(), RATE // 50 * 2  # 20 ms
+        start = loop.time()
+        for n, i in enumerate(range(0, len(pcm), step)):
+            await asyncio.sleep(max(0.0, start + n * 0.02 - loop.time()))
+            chunk = pcm[i : i + step]
+            conversation.push_audio(rtc.AudioFrame(chunk, RATE, 1, len(chunk) // 2))
+        await follow(await waiting, seen)
+    return seen
+
+
+SCENARIOS = {"push_to_talk": push_to_talk, "server_vad": server_vad, "cold_vad": cold_vad}
 
 
 def load() -> None:

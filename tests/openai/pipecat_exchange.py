@@ -6,7 +6,9 @@ few small ones it imports: see ``tests/openai/conftest.py``). A pipeline of Pipe
 ``vad`` streams speech-like audio and lets the server's VAD take the turn;
 ``push_to_talk`` (``turn_detection`` off) frames the speech with Pipecat's
 user-started/stopped-speaking frames, which make the service commit and ask for the
-response. Prints one JSON line: the audio frames, text and errors the pipeline saw.
+response; ``cold_vad`` is ``vad`` with ``COLD_LEAD`` seconds of silence streamed first,
+as a microphone does while a slow model still opens. Prints one JSON line: the audio
+frames, text and errors the pipeline saw.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import numpy as np
 
 RATE = 24_000
 CHUNK = RATE // 50  # 20 ms
+COLD_LEAD = 3.0
+"""``cold_vad``: seconds of silence streamed before the speech."""
 
 
 def _audio(seconds: float, level: float, seed: int = 0) -> list[bytes]:
@@ -83,6 +87,11 @@ async def exchange(mode: str, url: str) -> dict[str, Any]:
 
     async def speak() -> None:
         await asyncio.sleep(1.0)  # the session is set up
+        for chunk in _audio(COLD_LEAD if mode == "cold_vad" else 0.0, 0.0):
+            await task.queue_frame(
+                InputAudioRawFrame(audio=chunk, sample_rate=RATE, num_channels=1)
+            )
+            await asyncio.sleep(0.02)
         if mode == "push_to_talk":
             await task.queue_frame(UserStartedSpeakingFrame())
         for chunk in _audio(1.0, 0.2):

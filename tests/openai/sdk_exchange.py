@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -100,6 +101,34 @@ def server_vad(ws_base: str) -> list[dict[str, Any]]:
         conn.session.update(session={"type": "realtime", "output_modalities": ["audio"]})
         _until(conn, log, "session.updated")
         _send_audio(conn, voice(0.8))
+        _until(conn, log, "response.done")
+        _until(conn, log, "conversation.item.input_audio_transcription.completed")
+    return log
+
+
+COLD_LEAD = 3.0
+"""``cold_vad``: seconds of silence streamed in real time before the speech."""
+
+
+def cold_speech() -> bytes:
+    """``cold_vad``'s audio: ``COLD_LEAD`` seconds of silence, then 0.8 s of voice."""
+    return bytes(int(COLD_LEAD * RATE) * 2) + voice(0.8)
+
+
+def cold_vad(ws_base: str) -> list[dict[str, Any]]:
+    """:func:`server_vad` as a microphone does it while a slow model still opens: paced
+    in real time from the start, ``COLD_LEAD`` seconds of silence first."""
+    log: list[dict[str, Any]] = []
+    with _client(ws_base).realtime.connect(model="nemotron-voicechat") as conn:
+        assert _recv(conn, log)["type"] == "session.created"
+        conn.session.update(session={"type": "realtime", "output_modalities": ["audio"]})
+        _until(conn, log, "session.updated")
+        pcm = cold_speech()
+        step = RATE // 50 * 2  # 20 ms
+        start = time.monotonic()
+        for n, i in enumerate(range(0, len(pcm), step)):
+            time.sleep(max(0.0, start + n * 0.02 - time.monotonic()))
+            conn.input_audio_buffer.append(audio=base64.b64encode(pcm[i : i + step]).decode())
         _until(conn, log, "response.done")
         _until(conn, log, "conversation.item.input_audio_transcription.completed")
     return log
@@ -218,6 +247,7 @@ SCENARIOS = {
     "server_vad": server_vad,
     "client_driven_vad": client_driven_vad,
     "g711_alaw": g711_alaw,
+    "cold_vad": cold_vad,
 }
 
 

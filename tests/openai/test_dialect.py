@@ -243,6 +243,7 @@ def test_tools_are_rendered_into_the_prompt() -> None:
 def test_input_is_regrouped_into_1280_sample_frames_whatever_the_chunks() -> None:
     for chunk_ms in (20, 80, 333):
         d = dialect()
+        d.opened(None, now=0.0)  # frames go on at once (held while it opens)
         pcm = pcm24(2.0)
         step = 24 * chunk_ms
         frames: list[RunFrame] = []

@@ -44,6 +44,13 @@ def append(fmt: WireFormat, samples: np.ndarray[Any, Any]) -> dict[str, Any]:
     return {"type": "input_audio_buffer.append", "audio": fmt.encode(samples)}
 
 
+def open_model(d: Dialect) -> None:
+    """The model opened (an empty append asks for it): frames go on at once, not held
+    as they are while it opens."""
+    send(d, {"type": "input_audio_buffer.append", "audio": ""})
+    d.opened(None, now=0.0)
+
+
 def frames_of(outputs: list[Output]) -> list[RunFrame]:
     return [o for o in outputs if isinstance(o, RunFrame)]
 
@@ -110,6 +117,7 @@ def test_an_unserved_format_is_refused_and_nothing_changes(fmt: object, why: str
 def test_g711_input_in_20ms_frames_reaches_the_model_as_16khz_frames(fmt: WireFormat) -> None:
     d = dialect()
     update(d, input={"format": {"type": fmt.type}})
+    open_model(d)
     signal = tone_in(fmt, 2.0)
     frames: list[RunFrame] = []
     for i in range(0, signal.size, 160):  # a phone's 20 ms: 160 bytes of G.711
@@ -141,6 +149,7 @@ def test_a_bad_g711_payload_is_refused_naming_the_format() -> None:
 def test_an_append_is_bounded_in_seconds_whatever_its_format(fmt: WireFormat) -> None:
     d = Dialect("sess_test", "scripted", Limits(max_pending_audio_seconds=1.0), now=0.0)
     update(d, input={"format": {"type": fmt.type}})
+    open_model(d)
     (error,) = events(send(d, append(fmt, tone_in(fmt, 1.5))))
     assert error["error"]["code"] == "input_audio_buffer_full"
     assert "this append of 1.50 s is larger than the 1 s limit" in error["error"]["message"]
@@ -149,6 +158,7 @@ def test_an_append_is_bounded_in_seconds_whatever_its_format(fmt: WireFormat) ->
 
 def test_a_new_input_rate_rebuilds_the_framer_and_drops_the_partial_frame() -> None:
     d = dialect()
+    open_model(d)
     sent = frames_of(send(d, append(PCM24, tone_in(PCM24, 0.5))))
     assert d._framer.partial > 0  # part of a frame waits for the rest
     update(d, input={"format": {"type": "audio/pcmu"}})
@@ -164,6 +174,7 @@ def test_a_new_input_rate_rebuilds_the_framer_and_drops_the_partial_frame() -> N
 def test_a_new_encoding_at_the_same_rate_keeps_the_stream() -> None:
     d = dialect()
     update(d, input={"format": {"type": "audio/pcmu"}})
+    open_model(d)
     signal = tone_in(PCMU, 1.0)
     frames = frames_of(send(d, append(PCMU, signal[:4000])))
     partial, framer = d._framer.partial, d._framer
@@ -172,6 +183,7 @@ def test_a_new_encoding_at_the_same_rate_keeps_the_stream() -> None:
     frames += frames_of(send(d, append(PCMA, signal[4000:])))
     whole = Dialect("sess_b", "scripted", Limits(), now=0.0)
     update(whole, input={"format": {"type": "audio/pcmu"}})
+    open_model(whole)
     reference = frames_of(send(whole, append(PCMU, signal)))
     assert len(frames) == len(reference)
     # Continuous across the switch: only the two laws' quantisation differs.

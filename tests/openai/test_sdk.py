@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ import pytest
 import trio
 
 from realtime.engine.runner import Engine
+from realtime.limits import Limits
 from realtime.testing.fake import say
 from realtime.wire_audio import alaw_decode
 from tests.helpers import REPO, run_python_module, running_engine, running_server
@@ -77,18 +79,23 @@ def talking_over_engine() -> Iterator[Engine]:
         yield eng
 
 
-async def in_process(engine: Engine, scenario: str) -> list[dict[str, Any]]:
-    async with running_server(engine) as server:
+async def in_process(
+    engine: Engine, scenario: str, limits: Limits | None = None
+) -> list[dict[str, Any]]:
+    async with running_server(engine, limits=limits) as server:
         return await trio.to_thread.run_sync(
             partial(sdk_exchange.SCENARIOS[scenario], ws_base(server.http))
         )
 
 
-async def run_module(engine: Engine, first: Path, module: str, *args: str) -> list[str]:
-    """``python -m module ARGS... WS_BASE`` against a server on ``engine``, with ``first``
-    first on its path (another package version); its stdout lines."""
+async def run_module(
+    engine: Engine, first: Path, module: str, *args: str, limits: Limits | None = None
+) -> list[str]:
+    """``python -m module ARGS... WS_BASE`` against a server on ``engine`` (with
+    ``limits``), with ``first`` first on its path (another package version); its stdout
+    lines."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(first), str(REPO)])}
-    async with running_server(engine) as server:
+    async with running_server(engine, limits=limits) as server:
         done = await trio.run_process(
             [sys.executable, "-m", module, *args, ws_base(server.http)],
             capture_stdout=True,
@@ -171,6 +178,18 @@ async def test_a_tool_result_reaches_the_model_and_the_follow_up_answers() -> No
 
 
 @pytest.mark.slow
+async def test_latest_sdk_gets_its_answer_through_a_slow_open() -> None:
+    """Issue 42 item 3: the model takes 4.5 s to open while the SDK streams in real time
+    from the start, past a 2 s backlog bound: no error, the newest audio (the speech
+    among it) is heard, the answer comes."""
+    model = scripted(say("Hi ", "there", None, "!"))
+    model.options.open_delay = 4.5
+    with running_engine(model) as engine:
+        events = await in_process(engine, "cold_vad", Limits(max_pending_audio_seconds=2.0))
+    check_exchange(events, vad=True)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", ["push_to_talk", "server_vad"])
 async def test_openai_2_8_sdk(scripted_engine: Engine, scenario: str, openai_2_8: Path) -> None:
     events = await in_subprocess(scripted_engine, scenario, openai_2_8)
@@ -197,3 +216,30 @@ async def test_a_live_pipecat_pipeline_holds_an_exchange(
     seen = json.loads(output[-1])
     assert seen["errors"] == [] and seen["responses"] >= 1, seen
     assert seen["audio_frames"] > 0 and "Hi there!" in seen["text"], seen
+
+
+@pytest.mark.slow
+async def test_a_live_pipecat_pipeline_gets_its_answer_through_a_slow_open(
+    pipecat: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 42 item 3: the model takes 4.5 s to open (a long prompt's prefill) while
+    Pipecat streams its microphone from the start, past a 2 s backlog bound. Before, each
+    append over the bound got ``input_audio_buffer_full``, and Pipecat takes the first as
+    fatal; now the newest 2 s are kept (the speech at the end of the open among them),
+    the rest dropped, counted and logged once, and the answer comes."""
+    model = scripted(say("Hi ", "there", None, "!"))
+    model.options.open_delay = 4.5
+    caplog.set_level(logging.INFO, logger="realtime.session.pipeline")
+    with running_engine(model) as engine:
+        output = await run_module(
+            engine,
+            pipecat,
+            "tests.openai.pipecat_exchange",
+            "cold_vad",
+            limits=Limits(max_pending_audio_seconds=2.0),
+        )
+    seen = json.loads(output[-1])
+    assert seen["errors"] == [] and seen["responses"] >= 1, seen
+    assert seen["audio_frames"] > 0 and "Hi there!" in seen["text"], seen
+    notes = [r.getMessage() for r in caplog.records if "still opening" in r.getMessage()]
+    assert len(notes) == 1, notes

@@ -22,6 +22,7 @@ import pytest
 import trio
 
 from realtime.engine.runner import Engine
+from realtime.limits import Limits
 from realtime.testing.fake import FakeModel, say
 from realtime.wire_audio import ulaw_decode
 from tests.helpers import running_engine, running_server
@@ -34,10 +35,19 @@ LONG = say(*["word "] * 20)
 """Long enough (1.6 s) to be cut while it plays."""
 
 
+COLD_OPEN = 4.5
+"""``cold_vad``: seconds the model takes to open (a long prompt's prefill), past
+``COLD_LIMITS``' backlog bound, while the client streams in real time."""
+COLD_LIMITS = Limits(max_pending_audio_seconds=2.0)
+
+
 def model_for(scenario: str) -> FakeModel:
     if scenario == "push_to_talk":
         return talking_over(say("Mm"), ANSWER, LONG, LONG)
-    return scripted(ANSWER, LONG, LONG)
+    model = scripted(ANSWER, LONG, LONG)
+    if scenario == "cold_vad":
+        model.options.open_delay = COLD_OPEN
+    return model
 
 
 @pytest.fixture
@@ -83,8 +93,10 @@ def transcript(response: dict[str, Any]) -> str:
     return "".join(p["transcript"] for i in response["output"] for p in i["content"])
 
 
-async def livekit_run(engine: Engine, scenario: str) -> livekit_exchange.Seen:
-    async with running_server(engine) as server:
+async def livekit_run(
+    engine: Engine, scenario: str, limits: Limits | None = None
+) -> livekit_exchange.Seen:
+    async with running_server(engine, limits=limits) as server:
         with trio.fail_after(60):  # a safety net: it takes a few seconds
             return await trio.to_thread.run_sync(
                 partial(livekit_exchange.run, scenario, server.http)
@@ -176,3 +188,28 @@ async def test_agents_twilio_g711(engine: Engine, agents: str) -> None:
     spectrum = np.abs(np.fft.rfft(pcm * np.hanning(pcm.size)))
     peak = float(np.fft.rfftfreq(pcm.size, 1 / 8000)[int(np.argmax(spectrum))])
     assert abs(peak - 1000) < 10  # the fake model speaks a 1 kHz tone
+
+
+@pytest.mark.parametrize("engine", ["cold_vad"], indirect=True)
+async def test_livekit_gets_its_answer_through_a_slow_open(engine: Engine, livekit: str) -> None:
+    """Issue 42 item 3: the model opens in 4.5 s (a long prompt's prefill) while the
+    room's audio streams in real time past a 2 s backlog bound: no error, the answer."""
+    seen = await livekit_run(engine, "cold_vad", COLD_LIMITS)
+    assert seen.errors == []
+    assert seen.generations[0].text == "Hi there!" and seen.generations[0].audio_samples > 0
+    assert "error" not in valid(seen.server)
+
+
+@pytest.mark.parametrize("engine", ["cold_vad"], indirect=True)
+async def test_agents_sdk_gets_its_answer_through_a_slow_open(engine: Engine, agents: str) -> None:
+    """The same for the Agents SDK's ``RealtimeRunner`` (semantic VAD)."""
+    from tests.openai import agents_exchange
+
+    async with running_server(engine, limits=COLD_LIMITS) as server:
+        url = server.http.replace("http://", "ws://") + "/openai/v1/realtime"
+        with trio.fail_after(60):
+            seen = await trio.to_thread.run_sync(partial(agents_exchange.run, "cold_vad", url))
+    assert seen.errors == []
+    (response,) = seen.done()
+    assert (response["status"], transcript(response)) == ("completed", "Hi there!")
+    assert "error" not in valid(seen.server)

@@ -38,6 +38,7 @@ def session(detection: dict[str, Any]) -> Dialect:
     d = dialect()
     out = send(d, {"type": "session.update", "session": {"audio": {"input": detection}}})
     assert types(out) == ["session.updated"]
+    d.opened(None, now=0.0)  # audio goes to the model at once (it is held while it opens)
     return d
 
 
