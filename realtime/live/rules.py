@@ -440,6 +440,7 @@ class LiveRules:
         self.session_open = True
         self.phase = Phase.LIVE
         self._clock_from = now + START_GRACE_SECONDS
+        self._deadlines.last_message = max(self._deadlines.last_message, now)
         return [
             ev.event("session.started", client_event_id=self._start_id, session=self._resource())
         ]
@@ -592,7 +593,8 @@ class LiveRules:
             message = f"no session.start within {self.limits.configure_timeout:g} s; closing"
             self._end(now, "timeout", message)
             return [ev.error(message, code="session_start_timeout"), Close(CLOSE_POLICY, message)]
-        if self._deadlines.idle_passed(now):
+        # The client waits for session.started while the prompt is read: not idle.
+        if self.phase is not Phase.STARTING and self._deadlines.idle_passed(now):
             message = f"no client event for {self.limits.idle_timeout:g} s; closing"
             self._end(now, "timeout", message)
             return [ev.error(message, code="idle_timeout"), Close(CLOSE_POLICY, message)]
@@ -605,7 +607,11 @@ class LiveRules:
 
     def next_check(self, now: float) -> float:
         at = self._deadlines.next_check(
-            now, self._poll, closed=self.closed, dropped=self.phase is Phase.DROPPED
+            now,
+            self._poll,
+            closed=self.closed,
+            dropped=self.phase is Phase.DROPPED,
+            idle=self.phase is not Phase.STARTING,
         )
         if self.phase is Phase.AWAITING:
             at = min(at, self._configure_by)

@@ -75,16 +75,19 @@ class Deadlines:
         self.sending_since = None
         self.last_sent = now
 
-    def next_check(self, now: float, poll: float, *, closed: bool, dropped: bool) -> float:
+    def next_check(
+        self, now: float, poll: float, *, closed: bool, dropped: bool, idle: bool = True
+    ) -> float:
         """When the client's deadlines next need a look: while serving at most ``poll``
         away (a write may start, and never end, without the clock being told); once
         closing only the stalled-reader deadline is left (no later write can make it
         earlier: the idle one has passed or no longer applies, and a time already past
-        would spin the clock); none once the client is dropped."""
+        would spin the clock); none once the client is dropped. ``idle``: whether the
+        idle deadline applies now."""
         stall = None if dropped else self.stall()
         if closed:
             return stall if stall is not None else math.inf
-        at = min(self.idle(), now + poll)
+        at = min(self.idle(), now + poll) if idle else now + poll
         return at if stall is None else min(at, stall)
 
     def idle(self) -> float:

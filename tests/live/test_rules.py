@@ -427,3 +427,17 @@ def test_nothing_follows_session_closed() -> None:
     assert rules.fed(None, 1.3, 3) == []
     assert rules.counted("be kind", 3, 1.3) == []
     assert rules.slice_done(0, frame(0), 1.4) == []
+
+
+def test_reading_the_prompt_is_not_client_idle_time() -> None:
+    """The stacks send nothing until session.started: a long prompt read (minutes when
+    cold) does not close them as idle, and the idle clock starts at session.started."""
+    rules = new(Limits(idle_timeout=10.0))
+    [count] = send(rules, {"type": "session.start", "session": {"model": "m"}}, 0.0)
+    assert isinstance(count, CountTokens)
+    rules.counted(count.text, 10, 0.1)
+    assert rules.next_check(50.0) > 50.0  # no spin on a passed idle deadline
+    assert rules.check_timeouts(60.0) == []
+    assert types(rules.opened(None, 60.0)) == ["session.started"]
+    assert "idle_timeout" not in str(rules.check_timeouts(69.0))
+    assert error_code(rules.check_timeouts(70.0)) == "idle_timeout"
