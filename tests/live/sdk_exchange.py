@@ -1,0 +1,98 @@
+"""A Live conversation held by the ``openai`` SDK's ``client.live.connect()``, as its
+``openai/lib/live/README.md`` lays the lifecycle out: send ``session.start``, wait for
+``session.started``, stream audio, answer the delegation with commentary, close.
+
+Runs on an asyncio loop of its own (``asyncio.run``, in a worker thread of the trio
+test); every raw event is validated strictly and also parsed by the SDK itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+from websockets.exceptions import ConnectionClosedOK
+
+from tests.live.conversation import (
+    API_KEY,
+    COMMENTARY,
+    INSTRUCTIONS,
+    MODEL,
+    RATE,
+    STEP,
+    Heard,
+    stream,
+)
+
+
+async def _conversation(base_url: str) -> dict[str, Any]:
+    from openai import AsyncOpenAI
+
+    heard = Heard()
+    client = AsyncOpenAI(base_url=base_url, api_key=API_KEY, max_retries=0)
+    async with client.live.connect() as conn:
+
+        async def read() -> None:
+            try:
+                while True:
+                    raw = await conn.recv_bytes()
+                    conn.parse_event(raw)  # the SDK's own parser takes it too
+                    heard.add(json.loads(raw))
+            except ConnectionClosedOK:
+                heard.end()
+            except Exception as exc:
+                heard.fail(exc)
+
+        reader = asyncio.ensure_future(read())
+        stop = asyncio.Event()
+        mic: asyncio.Future[None] | None = None
+        try:
+            await conn.session.start(
+                session={
+                    "model": MODEL,
+                    "instructions": INSTRUCTIONS,
+                    "audio": {"format": {"type": "audio/pcm", "rate": RATE}},
+                    "delegation": {"type": "client"},
+                },
+                event_id="start_1",
+            )
+            await heard.until("session.started")
+
+            async def append(chunk: bytes) -> None:
+                await conn.session.input_audio.append(audio=base64.b64encode(chunk).decode())
+
+            mic = asyncio.ensure_future(stream(append, stop))
+            delegated = await heard.until("session.delegation.created")
+            answer = {
+                "type": "session.commentary.append",
+                "content": COMMENTARY,
+                "delegation_id": delegated["delegation"]["id"],
+                "event_id": "commentary_1",
+            }
+            heard.sent.append(answer)
+            await conn.session.commentary.append(
+                content=COMMENTARY, delegation_id=answer["delegation_id"], event_id="commentary_1"
+            )
+            appended = await heard.until("session.commentary.appended")
+            await heard.relayed(appended, COMMENTARY)
+            stop.set()
+            await mic
+            await conn.session.close(event_id="close_1")
+            await heard.until("session.closed")
+            await asyncio.wait_for(reader, STEP)  # the server closes the socket
+            assert heard.failure is None, heard.failure
+        finally:
+            stop.set()
+            reader.cancel()
+            if mic is not None:
+                mic.cancel()
+    await client.close()
+    return heard.record()
+
+
+def conversation(base_url: str) -> dict[str, Any]:
+    """One conversation with the Live endpoint under ``base_url`` (``http://HOST:PORT/openai/v1``:
+    the SDK adds ``/live/sessions`` and the ``ws`` scheme)."""
+    return asyncio.run(_conversation(base_url))
