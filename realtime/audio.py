@@ -39,16 +39,22 @@ def float_to_pcm16(samples: npt.ArrayLike) -> PCM16:
     return pcm
 
 
+def base64_bytes(data: object) -> bytes:
+    """The bytes of a strict base64 string; ValueError with a one-line reason for
+    anything else (not a string, not base64)."""
+    if not isinstance(data, str):
+        raise ValueError("audio must be a base64 string")
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"audio is not valid base64: {exc}") from None
+
+
 def pcm16_from_base64(data: object) -> PCM16:
     """Strict base64 of little-endian PCM16 mono, as int16 (a view of the decoded
     bytes). ValueError with a one-line reason for anything else; the protocols turn
     it into their own error."""
-    if not isinstance(data, str):
-        raise ValueError("audio must be a base64 string")
-    try:
-        raw = base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise ValueError(f"audio is not valid base64: {exc}") from None
+    raw = base64_bytes(data)
     if len(raw) % 2:
         raise ValueError(
             f"audio has an odd number of bytes ({len(raw)}); PCM16 needs 2 bytes per sample"

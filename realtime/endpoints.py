@@ -13,6 +13,8 @@ from typing import Final, Literal
 
 NATIVE_PATH: Final = "/v1/realtime"
 OPENAI_PATH: Final = "/openai/v1/realtime"
+LIVE_PATH: Final = "/openai/v1/live/sessions"
+"""OpenAI's Live API (GPT-Live): ``base_url=http://HOST:PORT/openai/v1`` reaches it."""
 
 ErrorCode = Literal[
     "invalid_request", "server_busy", "session_initialization_failed", "inference_error"

@@ -143,6 +143,13 @@ class Limits:
     """Opening a session prefills the prompt one model step per token, so its length is
     session-open time: longer prompts are refused before any model work
     (:func:`prompt_refusal`)."""
+    live_max_seconds: float = _limit(
+        float,
+        3600.0,
+        "longest Live API session (/openai/v1/live/sessions) in seconds of its timeline; "
+        "then session.closed with reason expired",
+    )
+    """A Live session's ``expires_at``: its timeline (model frames) stops there."""
     prompt_cache_bytes: int = _limit(
         int,
         PROMPT_CACHE_BYTES,

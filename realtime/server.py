@@ -25,7 +25,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 from hypercorn.typing import Framework
 
-from realtime.endpoints import NATIVE_PATH, OPENAI_PATH
+from realtime.endpoints import LIVE_PATH, NATIVE_PATH, OPENAI_PATH
 from realtime.engine.runner import Engine, EngineLoadError, watch_for_hung_calls
 from realtime.errors import UsageError
 from realtime.http.app import ServerState, create_app
@@ -369,6 +369,7 @@ def serving_lines(binds: list[str], max_sessions: int = 1) -> list[str]:
         ws = http.replace("http://", "ws://").replace("https://", "wss://")
         lines.append(f"realtime: serving {ws}{NATIVE_PATH}")
         lines.append(f"realtime: OpenAI Realtime endpoint {ws}{OPENAI_PATH}")
+        lines.append(f"realtime: OpenAI Live endpoint {ws}{LIVE_PATH}")
         many = f" ({max_sessions} conversations at once)" if max_sessions > 1 else ""
         lines.append(f"realtime: browser page {http}/{many}")
     return lines

@@ -8,7 +8,9 @@ conversation finds it in the model's prompt cache and opens as fast as a cached 
 A text file is a native ``session.system_prompt`` (one trailing newline dropped, as
 editors add it); a ``.json`` file is an OpenAI ``session`` object (or a whole
 ``session.update`` event) whose ``instructions`` and ``tools`` become the prompt exactly
-as ``/openai/v1/realtime`` renders them (:func:`realtime.openai.session.system_prompt`).
+as ``/openai/v1/realtime`` renders them (:func:`realtime.openai.session.system_prompt`),
+or a Live ``session.start`` event, rendered as ``/openai/v1/live/sessions`` renders it
+(:func:`realtime.live.prompt.system_prompt`).
 """
 
 from __future__ import annotations
@@ -37,11 +39,13 @@ WARM_SEED: Final = 0
 
 @attrs.frozen(slots=True)
 class WarmPrompt:
-    """One file to warm: a native prompt's text, or an OpenAI session object."""
+    """One file to warm: a native prompt's text, an OpenAI Realtime session object, or a
+    Live session configuration."""
 
     source: str
     text: str | None = None
     session: Mapping[str, Any] | None = None
+    live: Mapping[str, Any] | None = None
 
 
 def read_warm_prompt(path: str | os.PathLike[str]) -> WarmPrompt:
@@ -60,6 +64,11 @@ def read_warm_prompt(path: str | os.PathLike[str]) -> WarmPrompt:
         value = json.loads(raw)
     except ValueError as exc:
         raise ValueError(f"the warm prompt {name} is not JSON: {exc}") from None
+    if isinstance(value, dict) and value.get("type") == "session.start":
+        live = value.get("session")
+        if not isinstance(live, dict):
+            raise ValueError(f"the warm prompt {name}: a session.start event needs a 'session'")
+        return WarmPrompt(name, live=live)
     if isinstance(value, dict) and value.get("type") == "session.update":
         value = value.get("session")
     if not isinstance(value, dict):
@@ -86,6 +95,8 @@ def system_prompt_of(prompt: WarmPrompt, model: RealtimeModel, limits: Limits) -
     from realtime.openai import events as ev
     from realtime.openai import session as sess
 
+    if prompt.live is not None:
+        return _live_prompt(prompt, prompt.live, model, limits)
     if prompt.session is None:
         refusal = prompt_refusal(
             prompt.text,
@@ -106,6 +117,30 @@ def system_prompt_of(prompt: WarmPrompt, model: RealtimeModel, limits: Limits) -
     if isinstance(merged, ev.Invalid):
         raise ValueError(f"warm prompt {prompt.source}: {merged.param}: {merged.message}")
     return sess.system_prompt(merged)
+
+
+def _live_prompt(
+    prompt: WarmPrompt, session: Mapping[str, Any], model: RealtimeModel, limits: Limits
+) -> str | None:
+    """A Live session's prompt, checked as the Live endpoint checks it."""
+    from realtime.limits import prompt_refusal
+    from realtime.live.config import parse_config
+    from realtime.live.prompt import system_prompt
+    from realtime.openai import events as ev
+
+    config = parse_config(session)
+    if isinstance(config, ev.Invalid):
+        raise ValueError(f"warm prompt {prompt.source}: {config.param}: {config.message}")
+    text = system_prompt(config)
+    refusal = prompt_refusal(
+        text,
+        limits.max_system_prompt_tokens,
+        model.count_tokens,
+        field="the instructions with the startup input and the delegate tool",
+    )
+    if refusal is not None:
+        raise ValueError(f"warm prompt {prompt.source}: {refusal}")
+    return text
 
 
 def prepare_model(model: RealtimeModel, limits: Limits, prompts: Sequence[WarmPrompt]) -> None:

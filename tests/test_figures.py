@@ -31,8 +31,8 @@ from realtime.models.base import VOICECHAT_FIGURES, AudioDelta, ModelFigures, op
 from realtime.models.voicechat.model import VoiceChatModel, checkpoint_figures, figures_of
 from realtime.native import wire as protocol
 from realtime.offline import generate_command, stream_session, stream_slices
-from realtime.openai.audio import InputFramer
 from realtime.testing.fake import FakeModel, FakeOptions, FakeSession, NullModel, tone
+from realtime.wire_audio import InputFramer
 
 OTHER = attrs.evolve(
     VOICECHAT_FIGURES,

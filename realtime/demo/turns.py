@@ -355,10 +355,18 @@ def reply_text(seconds: float) -> str:
     return f"(demo) I heard you for {seconds:.1f} s."
 
 
-def tool_reply_text(output: str) -> str:
+def tool_reply_text(output: str) -> str | None:
     """The demo's answer once given a tool's result: the result's first words, so a
     client's tool round trip shows in the conversation (the network took the result
-    on its function channel; its random weights make nothing of it)."""
+    on its function channel; its random weights make nothing of it). Context a Live
+    client appended (:func:`realtime.models.base.context_of`) is answered only when it
+    is commentary, in its own words; thinking and instructions are silent (None)."""
+    context = base.context_of(output)
+    if context is not None:
+        kind, text = context
+        if kind != "commentary":
+            return None
+        output = text
     words = " ".join(output.split())
     short = words if len(words) <= 40 else words[:37] + "..."
     return f"(demo) The tool said: {short}"
@@ -529,6 +537,9 @@ class DemoTurnSession:
         """The function channel's tokens of the call that answers each of the user's
         turns (none when the session declares no tool): the tool's result, once a
         client sends it, is answered in words (:meth:`begin_tool_result`)."""
+        self._once = tool is not None and tool.get("name") == base.DELEGATE_TOOL
+        """The Live endpoint's ``delegate`` tool is called once, after the user's first
+        turn; later turns are answered in words."""
         self._heard = ""
         self._voiced = 0
         """Samples of the answer under way already played (its envelope's position)."""
@@ -628,6 +639,8 @@ class DemoTurnSession:
             )
         if plan.heard_seconds is not None and self._call:
             out += self._calling(index)
+            if self._once:
+                self._call = ()
         if plan.token is not None:
             delta = self._text.add(plan.token)
             out.append(
@@ -682,7 +695,9 @@ class _DemoToolFeed:
     def advance(self) -> bool:
         if not self._inner.advance():
             return False
-        self._session.answer(tool_reply_text(self._output))
+        reply = tool_reply_text(self._output)
+        if reply is not None:
+            self._session.answer(reply)
         return True
 
 

@@ -25,6 +25,7 @@ from realtime.endpoints import NATIVE_PATH
 from realtime.engine.runner import Engine
 from realtime.http.guard import ConnectionTable, absorb, install
 from realtime.limits import Limits
+from realtime.live.connection import LiveConnection
 from realtime.models.prompt_cache import CachesPrompts
 from realtime.native.connection import NativeConnection
 from realtime.observe import HTTPRefusalReason, Observer, Observers, RefusalReason
@@ -46,6 +47,13 @@ SUBPROTOCOL: Final = "realtime"
 KEY_SUBPROTOCOL_PREFIX: Final = "realtime-key."
 OPENAI_PATH: Final = endpoints.OPENAI_PATH
 OPENAI_KEY_SUBPROTOCOL_PREFIX: Final = "openai-insecure-api-key."
+LIVE_PATH: Final = endpoints.LIVE_PATH
+LIVE_UNSERVED: Final = (
+    "this server serves the Live API over its primary WebSocket only "
+    f"(connect to {LIVE_PATH}); WebRTC (POST {LIVE_PATH}), SIP, sideband attach, forks and "
+    "recording downloads are not served (docs/openai-compatibility.md)"
+)
+"""Why every other Live API address answers 501."""
 PUBLIC_PATHS: Final = ("/", "/favicon.ico")
 PUBLIC_PREFIXES: Final = ("/static/",)
 STATIC_DIR: Final = Path(__file__).parent.parent / "static"
@@ -363,10 +371,16 @@ class RealtimeApp:
         ours or of a library) is logged as one line and counted; Hypercorn then ends
         that connection (500, or close 1011), and nothing else is touched."""
         try:
-            if scope["type"] == "websocket" and scope["path"] == REALTIME_PATH:
-                await self._realtime(scope, receive, send)
-            elif scope["type"] == "websocket" and scope["path"] == OPENAI_PATH:
-                await self._realtime(scope, receive, send, openai=True)
+            path = scope.get("path", "")
+            if scope["type"] == "websocket" and path == REALTIME_PATH:
+                await self._realtime(scope, receive, send, NativeConnection)
+            elif scope["type"] == "websocket" and path == OPENAI_PATH:
+                await self._realtime(scope, receive, send, OpenAIConnection)
+            elif scope["type"] == "websocket" and path == LIVE_PATH:
+                await self._realtime(scope, receive, send, LiveConnection)
+            elif scope["type"] == "websocket" and path.startswith(LIVE_PATH + "/"):
+                if (await receive())["type"] == "websocket.connect":
+                    await _refuse_upgrade(scope, send, 501, "not_implemented", LIVE_UNSERVED)
             else:
                 await self.http(scope, receive, _finish_shielded(send))  # type: ignore[arg-type]
         except BaseException as error:
@@ -380,9 +394,15 @@ class RealtimeApp:
         log.debug("%s: the exception", where, exc_info=exc)
 
     async def _realtime(
-        self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend, *, openai: bool = False
+        self,
+        scope: ASGIScope,
+        receive: ASGIReceive,
+        send: ASGISend,
+        dialect: type[NativeConnection | OpenAIConnection | LiveConnection],
     ) -> None:
-        """``openai``: the OpenAI Realtime GA dialect (realtime.openai) on the same engine."""
+        """One WebSocket conversation in ``dialect`` (native, OpenAI Realtime GA or Live),
+        all on the same engine."""
+        openai = dialect is not NativeConnection
         if (await receive())["type"] != "websocket.connect":
             return
         headers = {
@@ -408,7 +428,7 @@ class RealtimeApp:
         try:
             # Before the upgrade: a connection needs descriptors of its own (the
             # engine's waker), and running out must refuse it with 503, not end it 1011.
-            connection = (OpenAIConnection if openai else NativeConnection)(
+            connection = dialect(
                 transport,
                 state.engine,
                 state.limits,
@@ -646,6 +666,17 @@ def create_http_app(state: ServerState) -> QuartTrio:
 
     for path in (REALTIME_PATH, OPENAI_PATH):
         app.add_url_rule(path, f"upgrade_required{path}", upgrade_required, methods=every_method)
+
+    async def live_unserved(rest: str = "") -> Response:
+        """WebRTC's ``POST /live/sessions``, sideband attach, forks, recordings: 501."""
+        if request.method == "GET" and not rest:
+            return await upgrade_required()
+        return _error(501, "not_implemented", LIVE_UNSERVED)
+
+    app.add_url_rule(LIVE_PATH, "live", live_unserved, methods=every_method)
+    app.add_url_rule(
+        f"{LIVE_PATH}/<path:rest>", "live_unserved", live_unserved, methods=every_method
+    )
 
     @app.get("/")
     async def index() -> Response:

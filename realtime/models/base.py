@@ -7,6 +7,7 @@ arrays or mlx-vlm classes.
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -295,6 +296,37 @@ class ToolInput:
 
     text: str
     ids: tuple[int, ...]
+
+
+DELEGATE_TOOL: Final = "delegate"
+"""The one tool the Live endpoint declares to the model (``realtime.live.prompt``): a
+call of it is a delegation to the application. The demo calls it once a session."""
+
+CONTEXT_KINDS: Final = ("instructions", "thinking", "commentary")
+"""What the Live endpoint's client appends to the model's context, each fed as a tool
+result (:func:`context_feed`); only commentary is meant to be spoken."""
+
+
+def context_feed(kind: str, text: str) -> str:
+    """Appended context as the tool result the model takes: ``{"<kind>": text}``."""
+    return json.dumps({kind: text}, ensure_ascii=False)
+
+
+def context_of(output: str) -> tuple[str, str] | None:
+    """``(kind, text)`` when a tool result is appended context (:func:`context_feed`),
+    else None."""
+    if not output.startswith("{"):
+        return None
+    try:
+        value = json.loads(output)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, dict) or len(value) != 1:
+        return None
+    ((kind, text),) = value.items()
+    if kind in CONTEXT_KINDS and isinstance(text, str):
+        return kind, text
+    return None
 
 
 def tool_output_refusal(output: str) -> str | None:

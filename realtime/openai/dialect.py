@@ -44,7 +44,6 @@ from realtime.openai import events as ev
 from realtime.openai import messages as msg
 from realtime.openai import render
 from realtime.openai import session as sess
-from realtime.openai.audio import InputFramer, OutputResampler
 from realtime.openai.clock import Deadlines, FrameClock
 from realtime.openai.items import (
     MAX_ITEM_BYTES,
@@ -61,6 +60,7 @@ from realtime.openai.turns import Channels, SpeechStarted, Turns, TurnStep, User
 from realtime.openai.usage import Context
 from realtime.session.close_codes import CLOSE_INTERNAL, CLOSE_POLICY, Close
 from realtime.session.work import CountTokens
+from realtime.wire_audio import InputFramer, OutputResampler
 
 MAX_QUEUED_FEEDS: Final = 4
 """Tool outputs that may wait to go into the model at once; each is at most

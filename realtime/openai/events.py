@@ -18,13 +18,13 @@ from typing import Any, Final
 
 import attrs
 
-from realtime.openai.audio import WIRE_RATE
 from realtime.openai.usage import usage as count_usage
+from realtime.wire_audio import PCM24
 
 Event = dict[str, Any]
 Item = dict[str, Any]
 
-PCM_FORMAT: Final = {"type": "audio/pcm", "rate": WIRE_RATE}
+PCM_FORMAT: Final = PCM24.as_json()
 DEFAULT_TURN_DETECTION: Final = {
     "type": "server_vad",
     "threshold": 0.5,

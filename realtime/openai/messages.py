@@ -20,7 +20,7 @@ import attrs
 from realtime import endpoints
 from realtime.models.base import Samples
 from realtime.openai import events as ev
-from realtime.openai.audio import AudioFormatError, decode_pcm16
+from realtime.wire_audio import PCM24, AudioFormatError
 
 
 @attrs.frozen(slots=True)
@@ -159,7 +159,7 @@ def _append(raw: _Raw, cid: str | None) -> Parsed:
             cid,
         )
     try:
-        samples = decode_pcm16(raw.get("audio"))
+        samples = PCM24.decode(raw.get("audio"))
     except AudioFormatError as exc:
         return ev.Invalid("invalid_value", str(exc), "audio", cid)
     return AudioAppend(samples, event_id=cid)

@@ -22,10 +22,10 @@ import attrs
 from realtime.models.base import Samples
 from realtime.openai import events as ev
 from realtime.openai import render
-from realtime.openai.audio import encode_pcm16
 from realtime.openai.items import ItemLog
 from realtime.openai.tools import Call
 from realtime.openai.usage import Context, Made, usage
+from realtime.wire_audio import PCM24
 
 CREATE_TIMEOUT_FRAMES: Final = 100
 """A ``response.create`` the model leaves unanswered for 8 s of its frames (counted
@@ -174,7 +174,7 @@ class Responses:
         msg = self.active.message if self.active is not None else None
         if msg is None or _text(modalities):
             return []
-        return [render.audio_delta(msg.part, encode_pcm16(pcm))]
+        return [render.audio_delta(msg.part, PCM24.encode(pcm))]
 
     def said(self, spoken: str, modalities: list[str]) -> list[ev.Event]:
         """What the model said on one frame, for the open message."""

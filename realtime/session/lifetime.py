@@ -231,9 +231,11 @@ class Lifetime:
         log.info("session %s opened", self.session_id)
         going_away = False
         try:
-            created = self.rules.serialize(self.rules.created_event())
-            self.recorder.event("server", created)
-            await self.transport.send(created)
+            greeting = self.rules.created_event()
+            if greeting is not None:
+                created = self.rules.serialize(greeting)
+                self.recorder.event("server", created)
+                await self.transport.send(created)
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self.until_gone, self._sender, name=self.task_name("sender"))
