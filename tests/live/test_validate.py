@@ -104,4 +104,3 @@ def test_an_invalid_event_fails(event: dict[str, Any]) -> None:
 def test_an_unknown_type_fails() -> None:
     with pytest.raises(AssertionError, match="not a Live server event"):
         validate_live({"type": "response.done", "event_id": "event_1"})
-
