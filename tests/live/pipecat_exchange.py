@@ -74,12 +74,14 @@ async def _conversation(url: str) -> dict[str, Any]:
 
     def parse_and_keep(message: str | bytes) -> Any:
         """Pipecat's parser (which the service calls through its module), recording
-        the raw event first."""
+        the raw event first; an event Pipecat refuses (it would only log and drop it)
+        fails the exchange."""
         try:
             heard.add(json.loads(message))
+            return parse(message)
         except Exception as exc:
             heard.fail(exc)
-        return parse(message)
+            raise
 
     events.parse_server_event = parse_and_keep
 
