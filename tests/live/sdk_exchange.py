@@ -3,7 +3,9 @@
 ``session.started``, stream audio, answer the delegation with commentary, close.
 
 Runs on an asyncio loop of its own (``asyncio.run``, in a worker thread of the trio
-test); every raw event is validated strictly and also parsed by the SDK itself.
+test); every raw event is validated strictly, parsed by the SDK itself and pushed to
+the SDK's ``AsyncTranscriptGrouper``, whose closed segments (speaker and text) the
+record carries as ``segments``.
 """
 
 from __future__ import annotations
@@ -29,8 +31,17 @@ from tests.live.conversation import (
 
 async def _conversation(base_url: str) -> dict[str, Any]:
     from openai import AsyncOpenAI
+    from openai.lib.live import AsyncTranscriptGrouper
 
     heard = Heard()
+    segments: list[dict[str, Any]] = []
+    grouper = AsyncTranscriptGrouper()
+    grouper.on(
+        "segment.closed",
+        lambda closed: segments.append(
+            {"speaker": closed.segment.speaker, "text": closed.segment.text}
+        ),
+    )
     client = AsyncOpenAI(base_url=base_url, api_key=API_KEY, max_retries=0)
     async with client.live.connect() as conn:
 
@@ -38,8 +49,10 @@ async def _conversation(base_url: str) -> dict[str, Any]:
             try:
                 while True:
                     raw = await conn.recv_bytes()
-                    conn.parse_event(raw)  # the SDK's own parser takes it too
                     heard.add(json.loads(raw))
+                    # The SDK's own parser, and its transcript grouper (which reads
+                    # the transcripts' event ids and timeline) take it too.
+                    await grouper.push(conn.parse_event(raw))
             except ConnectionClosedOK:
                 heard.end()
             except Exception as exc:
@@ -88,8 +101,9 @@ async def _conversation(base_url: str) -> dict[str, Any]:
             reader.cancel()
             if mic is not None:
                 mic.cancel()
+    await grouper.close()
     await client.close()
-    return heard.record()
+    return {**heard.record(), "segments": segments}
 
 
 def conversation(base_url: str) -> dict[str, Any]:

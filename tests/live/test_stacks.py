@@ -94,6 +94,12 @@ async def test_the_openai_sdk_holds_a_conversation(engine: Engine) -> None:
             sdk_exchange.conversation, server.http + "/openai/v1"
         )
     check(record, FAKE_RELAYED)
+    # The SDK's transcript grouper read the timeline into the user's turn and the
+    # model's, the relayed commentary in the model's last.
+    speakers = [s["speaker"] for s in record["segments"]]
+    assert "user" in speakers, record["segments"]
+    assert speakers[-1] == "assistant", record["segments"]
+    assert FAKE_RELAYED in record["segments"][-1]["text"], record["segments"]
 
 
 async def test_livekit_holds_a_conversation(engine: Engine, livekit: str) -> None:
