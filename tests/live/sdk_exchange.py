@@ -110,3 +110,21 @@ def conversation(base_url: str) -> dict[str, Any]:
     """One conversation with the Live endpoint under ``base_url`` (``http://HOST:PORT/openai/v1``:
     the SDK adds ``/live/sessions`` and the ``ws`` scheme)."""
     return asyncio.run(_conversation(base_url))
+
+
+async def _started(base_url: str) -> dict[str, Any]:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url, api_key=API_KEY, max_retries=0)
+    async with client.live.connect() as conn:
+        await conn.session.start(session={"model": MODEL, "instructions": INSTRUCTIONS})
+        event: dict[str, Any] = json.loads(await asyncio.wait_for(conn.recv_bytes(), STEP))
+        await conn.session.close()
+    await client.close()
+    return event
+
+
+def started(base_url: str) -> dict[str, Any]:
+    """The first event after ``session.start``, the client sending nothing else
+    meanwhile (as the stacks wait for ``session.started``)."""
+    return asyncio.run(_started(base_url))

@@ -29,6 +29,7 @@ import pytest
 import trio
 
 from realtime.engine.runner import Engine
+from realtime.limits import Limits
 from realtime.testing.fake import Cue, FakeModel, Reply, partner, say
 from realtime.testing.servers import ServerProcess
 from tests.helpers import REPO, running_engine, running_server
@@ -112,6 +113,23 @@ async def test_pipecat_holds_a_conversation(engine: Engine, pipecat: Path) -> No
     async with running_server(engine) as server:
         record = await pipecat_conversation(pipecat, server.http)
     check(record, FAKE_RELAYED)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the server counts its own session opening as the client's idle time "
+    "(LiveRules.check_timeouts checks idle_timeout while the phase is STARTING)",
+)
+async def test_opening_the_session_is_not_the_clients_idle_time() -> None:
+    """The stacks send nothing between ``session.start`` and ``session.started``
+    (LiveKit and Pipecat hold every event until it comes): a long open (a long prompt's
+    prefill; the demo's first open takes about a minute on a loaded CPU) must not close
+    the session for idling."""
+    model = FakeModel(attrs.evolve(partner([]), open_delay=2.0), model_id="slow", path=None)
+    with running_engine(model) as eng:
+        async with running_server(eng, limits=Limits(idle_timeout=1.0)) as server:
+            first = await trio.to_thread.run_sync(sdk_exchange.started, server.http + "/openai/v1")
+    assert first["type"] == "session.started", first
 
 
 @pytest.mark.slow
