@@ -196,10 +196,6 @@ class WireFormat:
         """How much audio ``nbytes`` of raw (decoded) payload hold."""
         return nbytes / (self.bytes_per_sample * self.rate)
 
-    def describe(self) -> str:
-        """``audio/pcmu at 8000 Hz``: for messages."""
-        return f"{self.type} at {self.rate} Hz"
-
 
 PCM24: Final = WireFormat("audio/pcm", 24_000)
 PCM16K: Final = WireFormat("audio/pcm", 16_000)

@@ -68,6 +68,10 @@ Realtime endpoint); more are refused (``rate_limit_exceeded``), not queued."""
 NOTICE_SECONDS: Final = 5.0
 """Audio refused for the same reason is told at most once this often: a client that
 streams in real time is not sent an error per append."""
+START_GRACE_SECONDS: Final = 1.0
+"""The timeline starts with the client's first audio, or this long after
+``session.started`` if none comes: a client whose microphone takes a moment to open
+does not have silence put ahead of the user's first words."""
 MAX_DELEGATIONS: Final = 1024
 """Delegation ids kept for the appends that name them (the oldest forgotten first)."""
 
@@ -137,6 +141,9 @@ class LiveRules:
         self._told: dict[str, float] = {}
         """When each rate-limited notice was last sent."""
         self._usage_second = 0
+        self._clock_from = math.inf
+        """When silence starts to keep the timeline in real time (the first audio starts
+        it sooner)."""
         self.outcome: SessionOutcome = "client_gone"
         self.close_reason = ""
 
@@ -301,6 +308,8 @@ class LiveRules:
             samples = fmt.decode(message.audio)
         except AudioFormatError as exc:
             return [_refusal(message, "invalid_value", str(exc), param="audio")]
+        if self._frames.start is None:
+            self._frames.start = now
         return [self._frame(frame, now) for frame in self._framer.push(samples)]
 
     def _notice(self, message: msg.ClientMessage, now: float, code: str, text: str) -> list[Output]:
@@ -425,7 +434,7 @@ class LiveRules:
             ]
         self.session_open = True
         self.phase = Phase.LIVE
-        self._frames.start = now
+        self._clock_from = now + START_GRACE_SECONDS
         return [
             ev.event("session.started", client_event_id=self._start_id, session=self._resource())
         ]
@@ -585,6 +594,8 @@ class LiveRules:
             return [ev.error(message, code="idle_timeout"), Close(CLOSE_POLICY, message)]
         if self.phase is not Phase.LIVE:
             return []
+        if self._frames.start is None and now >= self._clock_from:
+            self._frames.start = self._clock_from
         due = min(self._frames.silence_due(now), self._max_frames - self._frames.submitted)
         return [self._frame(self._silence, now) for _ in range(max(0, due))]
 
@@ -597,7 +608,9 @@ class LiveRules:
             at = min(at, self._configure_by)
         if stall is not None:
             at = min(at, stall)
-        if self.phase is Phase.LIVE:
+        if self.phase is Phase.LIVE and self._frames.start is None:
+            at = min(at, max(self._clock_from, now))
+        elif self.phase is Phase.LIVE:
             at = min(at, self._frames.next_frame(now))
         return at
 

@@ -60,7 +60,7 @@ from realtime.openai.turns import Channels, SpeechStarted, Turns, TurnStep, User
 from realtime.openai.usage import Context
 from realtime.session.close_codes import CLOSE_INTERNAL, CLOSE_POLICY, Close
 from realtime.session.work import CountTokens
-from realtime.wire_audio import InputFramer, OutputResampler
+from realtime.wire_audio import PCM24, InputFramer, OutputResampler
 
 MAX_QUEUED_FEEDS: Final = 4
 """Tool outputs that may wait to go into the model at once; each is at most
@@ -152,12 +152,16 @@ class Dialect:
         self._deadlines = Deadlines(
             limits.send_timeout, limits.idle_timeout, last_message=now, last_sent=now
         )
-        self._framer = InputFramer(figures=figures)
+        self.input_format = PCM24
+        """``session.audio.input.format``: how appended audio is decoded."""
+        self.output_format = PCM24
+        """``session.audio.output.format``: what the model's audio is resampled to."""
+        self._framer = InputFramer(self.input_format.rate, figures)
         self._poll = min(1.0, limits.send_timeout / 4, limits.idle_timeout / 4)
         """How often the clock re-reads its deadlines (as the native rules do)."""
         self._appended = False
         """Audio came since the last commit or clear."""
-        self._resampler = OutputResampler()
+        self._resampler = OutputResampler(self.output_format.rate)
         self._calls = CallReader(Markers.of(figures))
         self._log = ItemLog()
         self._turns = Turns(new_id, figures.frame_seconds)
@@ -196,7 +200,9 @@ class Dialect:
         self._deadlines.last_message = now
         if self.closed:
             return []
-        message = msg.parse_message(frame, max_bytes=self.limits.max_message_bytes)
+        message = msg.parse_message(
+            frame, max_bytes=self.limits.max_message_bytes, input_format=self.input_format
+        )
         if isinstance(message, ev.Invalid):
             return [ev.refused(message)]
         return self._handle(message)
@@ -253,7 +259,24 @@ class Dialect:
         if isinstance(merged, ev.Invalid):
             return [ev.refused(attrs.evolve(merged, event_id=message.event_id))]
         self.session = merged
+        self._formats_changed()
         return [ev.session_event("session.updated", self.session)]
+
+    def _formats_changed(self) -> None:
+        """Follow the session's audio formats. A new input rate gets a new framer (the
+        partial frame, under one model frame, is dropped; whole frames already went to
+        the model); a new output rate a new resampler (its filter's tail, a few ms, is
+        dropped). A new encoding at the same rate changes only how later audio is read
+        or written: the streams go on. Appends decoded before the update stay as
+        they were read."""
+        new_in = sess.audio_format(self.session, "input")
+        if new_in.rate != self.input_format.rate:
+            self._framer = InputFramer(new_in.rate, self.figures)
+        self.input_format = new_in
+        new_out = sess.audio_format(self.session, "output")
+        if new_out.rate != self.output_format.rate:
+            self._resampler = OutputResampler(new_out.rate)
+        self.output_format = self._responses.output_format = new_out
 
     def _count(self, message: msg.SessionUpdate, text: str) -> list[Output]:
         """Have the pipeline count ``text`` off the event loop (:meth:`counted` applies
@@ -280,6 +303,17 @@ class Dialect:
         return self._update(message)
 
     def _append(self, message: msg.AudioAppend) -> list[Output]:
+        seconds = message.samples.shape[0] / self.input_format.rate
+        limit = self.limits.max_pending_audio_seconds
+        if seconds > limit:
+            # Bounded in seconds, not bytes: a message of G.711 holds 6 times the
+            # audio of one of 24 kHz PCM16.
+            return _refusal(
+                message,
+                "input_audio_buffer_full",
+                f"this append of {seconds:.2f} s is larger than the {limit:g} s limit on "
+                "pending input audio; send it in smaller appends, no faster than real time",
+            )
         backlog = self._frames.backlog
         if backlog >= self._max_backlog:
             return _refusal(
@@ -510,6 +544,7 @@ class Dialect:
             tuple(calls),
             spoken_tokens=sum(isinstance(event, AssistantTextDelta) for event in events),
             call_tokens=call_tokens,
+            wire=self.output_format,
         )
         out += self._model_output(step, made, responds=responds)
         out += self._responses.waited(number, modalities)

@@ -19,12 +19,27 @@ from typing import Any, Final
 import attrs
 
 from realtime.openai.usage import usage as count_usage
-from realtime.wire_audio import PCM24
+from realtime.wire_audio import PCM24, PCMA, PCMU, WireFormat
 
 Event = dict[str, Any]
 Item = dict[str, Any]
 
-PCM_FORMAT: Final = PCM24.as_json()
+FORMATS: Final = (PCM24, PCMU, PCMA)
+"""The audio formats the GA dialect serves, each for input and output alike."""
+DEFAULT_RATES: Final = {"audio/pcm": PCM24.rate, "audio/pcmu": PCMU.rate, "audio/pcma": PCMA.rate}
+"""The rate of a format given without one (G.711 has none in the GA types)."""
+
+
+def format_json(fmt: WireFormat) -> dict[str, Any]:
+    """A format as GA session objects spell it: ``audio/pcm`` with its rate, G.711 by
+    its type alone (``AudioPCMU`` and ``AudioPCMA`` declare no rate: 8 kHz is implied)."""
+    spelled = fmt.as_json()
+    if fmt.type != "audio/pcm":
+        del spelled["rate"]
+    return spelled
+
+
+PCM_FORMAT: Final = format_json(PCM24)
 DEFAULT_TURN_DETECTION: Final = {
     "type": "server_vad",
     "threshold": 0.5,
@@ -290,6 +305,7 @@ def response(
     metadata: Any = None,
     reason: str | None = None,
     usage: dict[str, Any] | None = None,
+    output_format: WireFormat = PCM24,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": response_id,
@@ -297,7 +313,7 @@ def response(
         "status": status,
         "output": output,
         "output_modalities": list(modalities),
-        "audio": {"output": {"format": dict(PCM_FORMAT), "voice": VOICE}},
+        "audio": {"output": {"format": format_json(output_format), "voice": VOICE}},
         "conversation_id": "conv_default",
         "max_output_tokens": "inf",
         "metadata": metadata,

@@ -20,7 +20,7 @@ import attrs
 from realtime import endpoints
 from realtime.models.base import Samples
 from realtime.openai import events as ev
-from realtime.wire_audio import PCM24, AudioFormatError
+from realtime.wire_audio import PCM24, AudioFormatError, WireFormat
 
 
 @attrs.frozen(slots=True)
@@ -38,7 +38,8 @@ class SessionUpdate(_Message):
 @attrs.frozen(slots=True, eq=False)
 class AudioAppend(_Message):
     samples: Samples
-    """The client's 24 kHz PCM16 as float32."""
+    """The client's audio as float32, at the rate of the session's input format
+    (each message is read in the format of the moment it arrives)."""
 
 
 @attrs.frozen(slots=True)
@@ -148,20 +149,22 @@ def _session_update(raw: _Raw, cid: str | None) -> Parsed:
     return SessionUpdate(update, event_id=cid)
 
 
-def _append(raw: _Raw, cid: str | None) -> Parsed:
-    if "sample_rate" in raw:  # a native append: taken as 24 kHz, it would be noise
+def _append(raw: _Raw, cid: str | None, fmt: WireFormat) -> Parsed:
+    if "sample_rate" in raw:  # a native append: taken as the session's format, it would be noise
         return ev.Invalid(
             "unknown_parameter",
-            "sample_rate belongs to the native VoiceChat protocol; here audio is 24 kHz "
-            "audio/pcm (session.audio.input.format) and this append was not accepted; "
-            f"{NATIVE_PROTOCOL_HINT}",
+            f"sample_rate belongs to the native VoiceChat protocol; here audio is "
+            f"{fmt.type} at {fmt.rate} Hz (session.audio.input.format) and this append was "
+            f"not accepted; {NATIVE_PROTOCOL_HINT}",
             "sample_rate",
             cid,
         )
     try:
-        samples = PCM24.decode(raw.get("audio"))
+        samples = fmt.decode(raw.get("audio"))
     except AudioFormatError as exc:
-        return ev.Invalid("invalid_value", str(exc), "audio", cid)
+        return ev.Invalid(
+            "invalid_value", f"{exc} (session.audio.input.format is {fmt.type})", "audio", cid
+        )
     return AudioAppend(samples, event_id=cid)
 
 
@@ -206,7 +209,6 @@ def _response_cancel(raw: _Raw, cid: str | None) -> Parsed:
 
 _PARSERS: Final[Mapping[str, Callable[[_Raw, str | None], Parsed]]] = {
     "session.update": _session_update,
-    "input_audio_buffer.append": _append,
     "input_audio_buffer.commit": lambda raw, cid: AudioCommit(event_id=cid),
     "input_audio_buffer.clear": lambda raw, cid: AudioClear(event_id=cid),
     "output_audio_buffer.clear": lambda raw, cid: OutputAudioClear(event_id=cid),
@@ -220,18 +222,23 @@ _PARSERS: Final[Mapping[str, Callable[[_Raw, str | None], Parsed]]] = {
     "response.cancel": _response_cancel,
 }
 """Each GA client event the dialect serves, by its wire ``type``."""
-CLIENT_TYPES: Final = frozenset(_PARSERS)
+CLIENT_TYPES: Final = frozenset({*_PARSERS, "input_audio_buffer.append"})
 """What the dialect parses; ``realtime.endpoints.OPENAI_CLIENT_TYPES`` lists the same
 for the native endpoint's hint (tests/openai/test_hints.py checks they agree)."""
 
 
-def parse_message(frame: str | bytes | None, *, max_bytes: int) -> Parsed:
-    """One client frame as a typed message, or why it is refused."""
+def parse_message(
+    frame: str | bytes | None, *, max_bytes: int, input_format: WireFormat = PCM24
+) -> Parsed:
+    """One client frame as a typed message, or why it is refused; appended audio is
+    decoded in ``input_format`` (the session's ``audio.input.format``)."""
     raw = ev.parse_client_event(frame, max_bytes=max_bytes)
     if isinstance(raw, ev.Invalid):
         return raw
     kind: str = raw["type"]
     cid = raw.get("event_id") if isinstance(raw.get("event_id"), str) else None
+    if kind == "input_audio_buffer.append":
+        return _append(raw, cid, input_format)
     parse = _PARSERS.get(kind)
     if parse is None:
         message = f"unknown client event type {kind!r}"

@@ -17,6 +17,7 @@ import attrs
 from realtime.openai import events as ev
 from realtime.openai.items import ItemLog
 from realtime.openai.turns import Committed, SpeechStarted, SpeechStopped, Transcribed, UserBeat
+from realtime.wire_audio import WireFormat
 
 Status = Literal["completed", "cancelled", "failed"]
 """How a response ends (``response.done``)."""
@@ -39,8 +40,17 @@ class Part:
         }
 
 
-def response_created(response_id: str, modalities: list[str], metadata: Any) -> ev.Event:
-    body = ev.response(response_id, "in_progress", [], modalities=modalities, metadata=metadata)
+def response_created(
+    response_id: str, modalities: list[str], metadata: Any, output_format: WireFormat
+) -> ev.Event:
+    body = ev.response(
+        response_id,
+        "in_progress",
+        [],
+        modalities=modalities,
+        metadata=metadata,
+        output_format=output_format,
+    )
     return ev.event("response.created", response=body)
 
 
@@ -52,6 +62,7 @@ def response_done(
     modalities: list[str],
     metadata: Any,
     reason: str | None,
+    output_format: WireFormat,
     usage: dict[str, Any] | None = None,
 ) -> list[ev.Event]:
     """``response.done`` and the ``rate_limits.updated`` clients expect after it."""
@@ -63,6 +74,7 @@ def response_done(
         metadata=metadata,
         reason=reason,
         usage=usage,
+        output_format=output_format,
     )
     return [
         ev.event("response.done", response=body),
@@ -109,7 +121,7 @@ def message_closed(
 
 
 def audio_delta(part: Part, audio: str) -> ev.Event:
-    """``audio``: base64 PCM16 at 24 kHz."""
+    """``audio``: base64 of the session's output format (``session.audio.output.format``)."""
     return ev.event("response.output_audio.delta", delta=audio, **part.fields())
 
 

@@ -25,15 +25,15 @@ from realtime.openai import render
 from realtime.openai.items import ItemLog
 from realtime.openai.tools import Call
 from realtime.openai.usage import Context, Made, usage
-from realtime.wire_audio import PCM24
+from realtime.wire_audio import PCM24, WireFormat
 
 CREATE_TIMEOUT_FRAMES: Final = 100
 """A ``response.create`` the model leaves unanswered for 8 s of its frames (counted
 once it has heard what the client sent before it) ends empty, so client loops
 waiting for ``response.done`` never hang."""
 HELD_FRAMES: Final = 125
-"""At most 10 s of a held turn are kept (about 1 MB of 24 kHz audio); a longer
-one is given up and runs unheard."""
+"""At most 10 s of a held turn are kept (about 1 MB of 24 kHz float32 audio); a
+longer one is given up and runs unheard."""
 
 
 @attrs.frozen(slots=True, eq=False)
@@ -41,13 +41,16 @@ class FrameOutput:
     """What the model made on one frame for the client (kept as is in a held turn)."""
 
     pcm: Samples | None
-    """The model's audio at 24 kHz (``None``: the frame had none)."""
+    """The model's audio at ``wire.rate`` (``None``: the frame had none)."""
     spoken: str
     calls: tuple[Call, ...]
     spoken_tokens: int = 0
     """Text-channel tokens behind ``spoken``."""
     call_tokens: int = 0
     """Function-channel tokens behind ``calls`` (since the call before them)."""
+    wire: WireFormat = PCM24
+    """The output format ``pcm`` was resampled for, and is sent in (a held frame keeps
+    the format it was made in, should the session's change before it is sent)."""
 
 
 @attrs.define(slots=True)
@@ -81,6 +84,8 @@ class Responses:
     def __init__(
         self, new_id: Callable[[str], str], log: ItemLog, context: Context | None = None
     ) -> None:
+        self.output_format = PCM24
+        """``session.audio.output.format`` now, echoed in each response object."""
         self._new_id = new_id
         self._log = log
         self.context = context if context is not None else Context()
@@ -113,7 +118,7 @@ class Responses:
         after: int = 0,
     ) -> list[ev.Event]:
         self.active = Response(self._new_id("resp"), metadata, for_call=for_call, after=after)
-        return [render.response_created(self.active.id, modalities, metadata)]
+        return [render.response_created(self.active.id, modalities, metadata, self.output_format)]
 
     def speak(self, modalities: list[str]) -> list[ev.Event]:
         """The model speaks: a response (if none is active) and a message in it."""
@@ -158,7 +163,7 @@ class Responses:
 
     def frame(self, frame: FrameOutput, modalities: list[str]) -> list[ev.Event]:
         """One frame's output for the active response (``calls`` may open one)."""
-        out = [] if frame.pcm is None else self.audio(frame.pcm, modalities)
+        out = [] if frame.pcm is None else self.audio(frame.pcm, modalities, frame.wire)
         if out and self.active is not None:
             self.active.made.audio_frames += 1
         said = self.said(frame.spoken, modalities)
@@ -169,12 +174,15 @@ class Responses:
             out += self.calls(list(frame.calls), modalities, tokens=frame.call_tokens)
         return out
 
-    def audio(self, pcm: Samples, modalities: list[str]) -> list[ev.Event]:
-        """One frame of the model's audio (at 24 kHz), for an audio message."""
+    def audio(
+        self, pcm: Samples, modalities: list[str], wire: WireFormat = PCM24
+    ) -> list[ev.Event]:
+        """One frame of the model's audio (at ``wire.rate``), for an audio message,
+        encoded in ``wire`` (only here: a frame that reaches no client costs no encoding)."""
         msg = self.active.message if self.active is not None else None
         if msg is None or _text(modalities):
             return []
-        return [render.audio_delta(msg.part, PCM24.encode(pcm))]
+        return [render.audio_delta(msg.part, wire.encode(pcm))]
 
     def said(self, spoken: str, modalities: list[str]) -> list[ev.Event]:
         """What the model said on one frame, for the open message."""
@@ -235,6 +243,7 @@ class Responses:
             modalities=modalities,
             metadata=resp.metadata,
             reason=reason,
+            output_format=self.output_format,
             usage=usage(self.context, resp.made),
         )
         return out

@@ -10,16 +10,17 @@ opens, so from then on they are frozen.
 from __future__ import annotations
 
 import copy
-import reprlib
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from realtime.endpoints import OPENAI_SESSION_KEYS
 from realtime.limits import prompt_refusal
 from realtime.openai import events as ev
 from realtime.openai.tools import render_prompt
+from realtime.wire_audio import WireFormat, parse_format
 
 Session = dict[str, Any]
+Side = Literal["input", "output"]
 
 SESSION_KEYS: Final = OPENAI_SESSION_KEYS
 """The GA session's fields; others are ignored (but see
@@ -39,6 +40,14 @@ FROZEN_KEYS: Final = ("instructions", "tools")
 _TURN_SWITCHES: Final = ("create_response", "interrupt_response")
 """The ``turn_detection`` settings the dialect honours (both default to true);
 the VAD's thresholds describe nothing the model does and are only echoed."""
+
+
+def audio_format(session: Session, side: Side) -> WireFormat:
+    """``session.audio.<side>.format`` as a :class:`WireFormat` (the session holds only
+    formats :func:`updated` accepted)."""
+    fmt = parse_format(session["audio"][side]["format"], ev.FORMATS, default_rates=ev.DEFAULT_RATES)
+    assert isinstance(fmt, WireFormat), fmt
+    return fmt
 
 
 def vad(session: Session) -> bool:
@@ -138,14 +147,10 @@ def _merge_audio(audio: Session, value: object) -> ev.Invalid | None:
 def _audio_setting(audio: Session, side: str, key: str, setting: object) -> ev.Invalid | None:
     """Set one ``session.audio.<side>`` setting, or why not."""
     if key == "format":
-        fmt = setting if isinstance(setting, dict) else {}
-        if fmt.get("type") != "audio/pcm" or fmt.get("rate", 24000) != 24000:
-            return _invalid(
-                f"session.audio.{side}.format",
-                f"only {{'type': 'audio/pcm', 'rate': 24000}} is served; got "
-                f"{reprlib.repr(setting)}",
-            )
-        audio["format"] = dict(ev.PCM_FORMAT)
+        fmt = parse_format(setting, ev.FORMATS, default_rates=ev.DEFAULT_RATES)
+        if isinstance(fmt, str):
+            return _invalid(f"session.audio.{side}.format", fmt)
+        audio["format"] = ev.format_json(fmt)
     elif key == "turn_detection" and side == "input":
         detection = _turn_detection(setting)
         if isinstance(detection, ev.Invalid):

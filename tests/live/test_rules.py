@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 
 from realtime.limits import Limits
-from realtime.live.rules import MAX_QUEUED_FEEDS, NOTICE_SECONDS, LiveRules, Phase
+from realtime.live.rules import (
+    MAX_QUEUED_FEEDS,
+    NOTICE_SECONDS,
+    START_GRACE_SECONDS,
+    LiveRules,
+    Phase,
+)
 from realtime.models.base import (
     DELEGATE_TOOL,
     VOICECHAT_FIGURES,
@@ -382,10 +388,14 @@ def test_a_client_that_stops_reading_is_dropped() -> None:
 
 
 def test_silence_keeps_the_timeline_in_real_time() -> None:
-    rules = started()
-    out = rules.check_timeouts(1.0 + 0.08 * 5)
-    quiet = [o for o in out if isinstance(o, RunAudio)]
+    """From the client's first audio, or ``START_GRACE_SECONDS`` after the start."""
+    rules = started()  # opened at 1.0
+    assert rules.next_check(1.1) <= 1.0 + START_GRACE_SECONDS
+    assert not [o for o in rules.check_timeouts(1.0 + START_GRACE_SECONDS - 0.01) if o]
+    later = 1.0 + START_GRACE_SECONDS + 0.08 * 5
+    quiet = [o for o in rules.check_timeouts(later) if isinstance(o, RunAudio)]
     assert quiet and all(not o.samples.any() for o in quiet)
+    assert rules.next_check(later) > later  # no spin once the clock runs
 
 
 def test_output_audio_is_in_the_session_format() -> None:

@@ -124,6 +124,32 @@ def client_driven_vad(ws_base: str) -> list[dict[str, Any]]:
     return log
 
 
+def g711_alaw(ws_base: str) -> list[dict[str, Any]]:
+    """Phone audio both ways: ``audio/pcma`` for input and output (8 kHz A-law, one
+    byte a sample), 20 ms appends of 160 bytes, the server finding the turn."""
+    from realtime.wire_audio import alaw_encode
+
+    log: list[dict[str, Any]] = []
+    with _client(ws_base).realtime.connect(model="nemotron-voicechat") as conn:
+        assert _recv(conn, log)["type"] == "session.created"
+        alaw = {"type": "audio/pcma"}
+        conn.session.update(
+            session={
+                "type": "realtime",
+                "audio": {"input": {"format": alaw}, "output": {"format": alaw}},
+            }
+        )
+        updated = _until(conn, log, "session.updated")
+        assert updated["session"]["audio"]["input"]["format"] == alaw
+        pcm = np.frombuffer(voice(0.8), "<i2")[::3]  # 24 kHz noise taken at 8 kHz
+        codes = alaw_encode(pcm.astype(np.int16)).tobytes()
+        for i in range(0, len(codes), 160):
+            conn.input_audio_buffer.append(audio=base64.b64encode(codes[i : i + 160]).decode())
+        _until(conn, log, "response.done")
+        _until(conn, log, "conversation.item.input_audio_transcription.completed")
+    return log
+
+
 TOOLS = [
     {
         "type": "function",
@@ -191,6 +217,7 @@ SCENARIOS = {
     "push_to_talk": push_to_talk,
     "server_vad": server_vad,
     "client_driven_vad": client_driven_vad,
+    "g711_alaw": g711_alaw,
 }
 
 

@@ -28,6 +28,7 @@ from realtime.openai.turns import END_TAIL_FRAMES, USER_QUIET_FRAMES
 from realtime.session.close_codes import Close
 from realtime.session.work import CountTokens
 from realtime.testing.fake import tone
+from realtime.wire_audio import PCMU
 from tests.openai.scripted import CALL
 from tests.openai.validate import validate_ga
 
@@ -213,9 +214,10 @@ def test_a_long_system_prompt_is_refused_before_any_model_work() -> None:
     assert counted == []
 
 
-def test_only_24khz_pcm_is_accepted() -> None:
+def test_unserved_formats_are_refused() -> None:
+    """24 kHz PCM16 and 8 kHz G.711 are served (tests/openai/test_formats.py); others not."""
     d = dialect()
-    for fmt in ({"type": "audio/pcmu"}, {"type": "audio/pcm", "rate": 16000}):
+    for fmt in ({"type": "audio/pcm", "rate": 16000}, {"type": "audio/pcmu", "rate": 16000}):
         out = send(d, {"type": "session.update", "session": {"audio": {"input": {"format": fmt}}}})
         (error,) = events(out)
         assert error["error"]["param"] == "session.audio.input.format"
@@ -512,6 +514,29 @@ _client_events = st.sampled_from(
         },
         {"type": "session.update", "session": {"output_modalities": ["text"]}},
         {"type": "session.update", "session": {"audio": {"input": {"format": {"type": "x"}}}}},
+        {
+            "type": "session.update",
+            "session": {
+                "audio": {
+                    "input": {"format": {"type": "audio/pcmu"}},
+                    "output": {"format": {"type": "audio/pcma"}},
+                }
+            },
+        },
+        {
+            "type": "session.update",
+            "session": {"audio": {"output": {"format": {"type": "audio/pcmu"}}}},
+        },
+        {
+            "type": "session.update",
+            "session": {
+                "audio": {
+                    "input": {"format": {"type": "audio/pcm", "rate": 24000}},
+                    "output": {"format": {"type": "audio/pcm"}},
+                }
+            },
+        },
+        {"type": "input_audio_buffer.append", "audio": PCMU.encode(np.full(800, 0.2, np.float32))},
         {"type": "session.update", "session": {"tools": [{"type": "function", "name": "f"}]}},
         append(pcm24(0.05)),
         append(pcm24(0.2)),

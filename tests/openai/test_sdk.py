@@ -9,6 +9,7 @@ parser.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import sys
@@ -17,11 +18,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import trio
 
 from realtime.engine.runner import Engine
 from realtime.testing.fake import say
+from realtime.wire_audio import alaw_decode
 from tests.helpers import REPO, run_python_module, running_engine, running_server
 from tests.openai import sdk_exchange
 from tests.openai.scripted import call_then_say, scripted, talking_over
@@ -115,6 +118,25 @@ def pipecat_accepts(events: list[dict[str, Any]], pipecat: Path, tmp_path: Path)
 async def test_latest_sdk(scripted_engine: Engine, scenario: str) -> None:
     events = await in_process(scripted_engine, scenario)
     check_exchange(events, vad=scenario == "server_vad")
+
+
+async def test_latest_sdk_with_g711_alaw_both_ways(scripted_engine: Engine) -> None:
+    """``audio/pcma`` in and out: the exchange is the same, and the answer's audio is
+    A-law at 8 kHz, one byte a sample, as long as the frames the response carried."""
+    events = await in_process(scripted_engine, "g711_alaw")
+    check_exchange(events, vad=True)
+    response = next(e for e in events if e["type"] == "response.done")["response"]
+    assert response["audio"]["output"]["format"] == {"type": "audio/pcma"}
+    deltas = [e["delta"] for e in events if e["type"] == "response.output_audio.delta"]
+    codes = b"".join(base64.b64decode(d) for d in deltas)
+    frames = response["usage"]["output_token_details"]["audio_tokens"]
+    assert frames == len(deltas) >= 5
+    # 80 ms at 8 kHz a frame: 640 bytes, give or take the block soxr hands on its
+    # output in (about 540 samples from 22.05 kHz).
+    assert abs(len(codes) - frames * 640) <= 640
+    pcm = alaw_decode(np.frombuffer(codes, np.uint8)).astype(np.float64)
+    spectrum = np.abs(np.fft.rfft(pcm * np.hanning(pcm.size)))
+    assert abs(float(np.fft.rfftfreq(pcm.size, 1 / 8000)[int(np.argmax(spectrum))]) - 1000) < 10
 
 
 @pytest.mark.parametrize("scenario", ["push_to_talk", "client_driven_vad"])

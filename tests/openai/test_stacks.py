@@ -1,7 +1,8 @@
 """Client stacks built on the OpenAI Realtime API hold whole exchanges with
 ``/openai/v1/realtime`` on a real Hypercorn server: LiveKit's ``livekit-plugins-openai``
 ``RealtimeModel`` session and the OpenAI Agents SDK's ``RealtimeRunner``, in push-to-talk
-(``turn_detection`` null) and server-VAD modes.
+(``turn_detection`` null) and server-VAD modes, and the Agents SDK's Twilio example
+(G.711 μ-law both ways, a simulated Twilio media stream).
 
 Each runs on an asyncio loop of its own in a worker thread; the fake model answers
 each time the user goes quiet, and in push-to-talk it also talks over the user first
@@ -16,11 +17,13 @@ from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
+import numpy as np
 import pytest
 import trio
 
 from realtime.engine.runner import Engine
 from realtime.testing.fake import FakeModel, say
+from realtime.wire_audio import ulaw_decode
 from tests.helpers import running_engine, running_server
 from tests.openai import livekit_exchange
 from tests.openai.scripted import scripted, talking_over
@@ -140,3 +143,36 @@ async def test_agents_realtime_runner(engine: Engine, agents: str, request: Any)
     types = valid(seen.server)
     assert types.count("response.created") == 1
     assert ("input_audio_buffer.speech_started" in types) is (scenario == "server_vad")
+
+
+@pytest.mark.parametrize("engine", ["server_vad"], indirect=True)
+async def test_agents_twilio_g711(engine: Engine, agents: str) -> None:
+    """The Agents SDK's Twilio example: its session settings (``g711_ulaw`` both ways,
+    sent as ``audio/pcmu``) and a simulated Twilio media stream, 20 ms μ-law frames in
+    real time; the answer comes back as μ-law at 8 kHz, as long as the frames the
+    response says it carried, at the fake model's pitch."""
+    from tests.openai import agents_exchange
+
+    async with running_server(engine) as server:
+        url = server.http.replace("http://", "ws://") + "/openai/v1/realtime"
+        with trio.fail_after(60):  # a safety net: it takes a few seconds
+            seen = await trio.to_thread.run_sync(partial(agents_exchange.run, "twilio", url))
+    assert seen.errors == []
+    types = valid(seen.server)
+    updated = [e["session"]["audio"] for e in seen.server if e["type"] == "session.updated"]
+    assert updated[-1]["input"]["format"] == {"type": "audio/pcmu"}
+    assert updated[-1]["output"]["format"] == {"type": "audio/pcmu"}
+    assert "input_audio_buffer.speech_started" in types
+    (response,) = seen.done()
+    assert (response["status"], transcript(response)) == ("completed", "Hi there!")
+    assert response["audio"]["output"]["format"] == {"type": "audio/pcmu"}
+    # One 80 ms frame of model audio a delta.
+    frames = response["usage"]["output_token_details"]["audio_tokens"]
+    assert frames == types.count("response.output_audio.delta") >= 5
+    # 80 ms at 8 kHz a frame: 640 bytes, give or take the block soxr hands on its
+    # output in (about 540 samples from 22.05 kHz).
+    assert abs(len(seen.audio) - frames * 640) <= 640
+    pcm = ulaw_decode(np.frombuffer(bytes(seen.audio), np.uint8)).astype(np.float64)
+    spectrum = np.abs(np.fft.rfft(pcm * np.hanning(pcm.size)))
+    peak = float(np.fft.rfftfreq(pcm.size, 1 / 8000)[int(np.argmax(spectrum))])
+    assert abs(peak - 1000) < 10  # the fake model speaks a 1 kHz tone

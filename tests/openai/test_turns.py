@@ -163,7 +163,7 @@ def test_calls_come_out_once_complete_and_a_malformed_one_is_skipped() -> None:
 def test_a_refused_update_leaves_the_session_as_it_was() -> None:
     session = ev.default_session("sess_x", "m")
     before = ev.serialize(session)
-    update = {"instructions": "new", "audio": {"output": {"format": {"type": "audio/pcmu"}}}}
+    update = {"instructions": "new", "audio": {"output": {"format": {"type": "audio/opus"}}}}
     refused = sess.updated(session, update, applied=None, max_prompt_tokens=99, count_tokens=len)
     assert isinstance(refused, ev.Invalid) and refused.param == "session.audio.output.format"
     assert ev.serialize(session) == before
