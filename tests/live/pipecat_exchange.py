@@ -12,7 +12,10 @@ microphone's frames and ends with an ``EndFrame`` (``session.close``, then
 ``session.closed`` awaited).
 
 Prints one JSON line: :meth:`tests.live.conversation.Heard.record` (every raw server
-event, validated by the test, and the commentary the service sent).
+event, validated by the test, and the commentary the service sent) and ``requests``,
+what the backend was asked (the service renders the transcript since the previous
+delegation: the user's words reach the backend only through the server's input
+transcripts).
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ async def _conversation(url: str) -> dict[str, Any]:
 
     heard = Heard()
     errors: list[str] = []
+    requests: list[str] = []
+    """What the backend was asked: the service's rendering of the transcript."""
 
     parse = events.parse_server_event
 
@@ -91,6 +96,7 @@ async def _conversation(url: str) -> dict[str, Any]:
         async def process_frame(self, frame: Any, direction: Any) -> None:
             await super().process_frame(frame, direction)
             if isinstance(frame, LLMContextFrame):
+                requests.append(str(frame.context.messages[-1].get("content", "")))
                 await self.push_frame(LLMFullResponseStartFrame())
                 await self.push_frame(LLMTextFrame(f"{SPOKEN_MARK} {COMMENTARY}"))
                 await self.push_frame(LLMFullResponseEndFrame())
@@ -155,7 +161,7 @@ async def _conversation(url: str) -> dict[str, Any]:
     await asyncio.wait_for(asyncio.gather(runner.run(), converse()), 4 * STEP)
     assert heard.failure is None, heard.failure
     assert not errors, errors
-    return heard.record()
+    return {**heard.record(), "requests": requests}
 
 
 def main(argv: list[str]) -> None:

@@ -113,6 +113,10 @@ async def test_pipecat_holds_a_conversation(engine: Engine, pipecat: Path) -> No
     async with running_server(engine) as server:
         record = await pipecat_conversation(pipecat, server.http)
     check(record, FAKE_RELAYED)
+    # The backend worked from the server's input transcript (the fake transcribes the
+    # user's speech as words of its own).
+    (request,) = record["requests"]
+    assert "USER: " in request, request
 
 
 @pytest.mark.xfail(
@@ -149,4 +153,5 @@ async def test_each_stack_holds_a_conversation_with_the_demo(
         record = await trio.to_thread.run_sync(livekit_exchange.conversation, http)
     else:
         record = await pipecat_conversation(request.getfixturevalue("pipecat"), http)
+        assert "USER: " in record["requests"][0], record["requests"]
     check(record, DEMO_RELAYED)
