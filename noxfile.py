@@ -109,9 +109,11 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict over the package, tests, examples and benchmarks."""
+    """mypy --strict over the package, tests, examples and benchmarks; the package's
+    floors (import-linter's contract in pyproject.toml: imports run one way)."""
     sync(session, "--extra", "dev")
     session.run("mypy")
+    session.run("lint-imports")
 
 
 @nox.session(python=PYTHON)

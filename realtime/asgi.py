@@ -34,7 +34,7 @@ from realtime.http.app import RealtimeApp, ServerState, create_app
 from realtime.limits import batch_frames_from_env, limits_from_env
 from realtime.telemetry.logs import setup_logging
 
-log = logging.getLogger("realtime")
+log = logging.getLogger(__name__)
 
 
 def _fail(message: str) -> NoReturn:

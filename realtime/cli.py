@@ -27,7 +27,7 @@ from realtime.limits import (
 )
 from realtime.models.checkpoint import ModelLoadError, ModelPathError
 
-log = logging.getLogger("realtime")
+log = logging.getLogger(__name__)
 
 N = TypeVar("N", int, float)
 

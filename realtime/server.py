@@ -37,7 +37,7 @@ from realtime.telemetry.metrics import PrometheusObserver
 from realtime.telemetry.recording import Recording
 from realtime.warm import WarmPrompt, preparing, read_warm_prompts, warm_prompts_from_env
 
-log = logging.getLogger("realtime")
+log = logging.getLogger(__name__)
 
 ABORT_GRACE_SECONDS = 2.0
 """After aborting the sockets of connections that did not close in time: how long

@@ -151,7 +151,7 @@ def test_serve_reads_limits_from_the_environment(monkeypatch: pytest.MonkeyPatch
     assert limits_from_args(flags).drain_timeout == 0
 
 
-def test_serve_prints_the_native_openai_and_page_urls() -> None:
+def test_serve_prints_the_native_openai_live_and_page_urls() -> None:
     from realtime.server import serving_lines
     from realtime.testing.servers import SERVING_LINE
 
@@ -159,12 +159,13 @@ def test_serve_prints_the_native_openai_and_page_urls() -> None:
     assert lines == [
         "realtime: serving ws://127.0.0.1:8080/v1/realtime",
         "realtime: OpenAI Realtime endpoint ws://127.0.0.1:8080/openai/v1/realtime",
+        "realtime: OpenAI Live endpoint ws://127.0.0.1:8080/openai/v1/live/sessions",
         "realtime: browser page http://127.0.0.1:8080/ (3 conversations at once)",
     ]
     # Tools that wait for the serving line find the native URL, and only that one.
     found = [m.group(1) for line in lines if (m := SERVING_LINE.search(line))]
     assert found == ["ws://127.0.0.1:8080/v1/realtime"]
-    assert serving_lines(["http://[::1]:1"])[2] == "realtime: browser page http://[::1]:1/"
+    assert serving_lines(["http://[::1]:1"])[3] == "realtime: browser page http://[::1]:1/"
 
 
 @pytest.mark.parametrize(

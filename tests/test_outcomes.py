@@ -1,5 +1,5 @@
 """How each session ends, as the session log line and ``realtime_sessions_total`` say,
-on both endpoints over a real Hypercorn server: a client's close frame (any code) is
+on the three endpoints over a real Hypercorn server: a client's close frame (any code) is
 ``closed``, a dropped TCP connection ``client_gone``, and the server's own endings keep
 theirs (``done``, ``cancelled``, ``shutdown``); a refused client starts no session."""
 
@@ -21,12 +21,12 @@ from tests.helpers import Server, ahttp, append_msg, noise, running_server
 from tests.reliability.rawws import RawClient
 from tests.test_metrics import value
 
-ENDPOINTS = ["/v1/realtime", "/openai/v1/realtime?model=x"]
+ENDPOINTS = ["/v1/realtime", "/openai/v1/realtime?model=x", "/openai/v1/live/sessions"]
 
 
 @pytest.fixture(params=ENDPOINTS)
 def path(request: pytest.FixtureRequest) -> str:
-    """Every test here runs on both endpoints."""
+    """Every test here runs on every endpoint."""
     endpoint: str = request.param
     return endpoint
 
@@ -35,9 +35,18 @@ def native(path: str) -> bool:
     return path.startswith("/v1/")
 
 
+def live(path: str) -> bool:
+    return path.startswith("/openai/v1/live/")
+
+
 async def open_client(server: Server, path: str) -> RawClient:
     host, port = server.http.removeprefix("http://").rsplit(":", 1)
     client = await RawClient.connect(host, int(port), path=path)
+    if live(path):  # the client speaks first
+        await client.send_json({"type": "session.start", "session": {"model": "m"}})
+        started = await client.recv_json()
+        assert started is not None and started["type"] == "session.started", started
+        return client
     created = await client.recv_json()
     assert created is not None and created["type"] == "session.created", created
     if native(path):
@@ -54,7 +63,8 @@ async def speak(client: RawClient, path: str, frames: int = 2) -> None:
         return
     pcm = (noise(1920 * frames) * 32767).astype(np.int16).tobytes()
     audio = base64.b64encode(pcm).decode()
-    await client.send_json({"type": "input_audio_buffer.append", "audio": audio})
+    kind = "session.input_audio.append" if live(path) else "input_audio_buffer.append"
+    await client.send_json({"type": kind, "audio": audio})
 
 
 def ended(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
@@ -134,15 +144,22 @@ async def test_after_a_commit_or_a_cancel(
     """Native: a commit is answered (``done``), a cancel ends the session
     (``cancelled``), the server closes 1000, and the client's answering close frame
     changes nothing. OpenAI: neither ends the session; the hang-up after it is
-    ``closed``."""
+    ``closed``. Live: its one ending, ``session.close``, is answered with
+    ``session.closed`` (``done``) and 1000."""
     async with running_server(engine) as server:
         client = await open_client(server, path)
         await speak(client, path)
         await client.recv_json()
         if ending == "session.cancel" and not native(path):
             ending = "response.cancel"  # the OpenAI dialect's only cancel
+        if live(path):
+            ending = "session.close"
         await client.send_json({"type": ending})
-        if native(path):
+        if live(path):
+            await client.recv_until("session.closed")
+            assert await client.drain_to_close() == 1000
+            expected = "done"
+        elif native(path):
             awaited, expected = ENDINGS[ending]
             await client.recv_until(awaited)
             assert await client.drain_to_close() == 1000

@@ -568,11 +568,10 @@ class LiveRules:
     # --- time --------------------------------------------------------------------------------
 
     def sending(self, now: float) -> None:
-        self._deadlines.sending_since = now
+        self._deadlines.sending(now)
 
     def sent(self, now: float) -> None:
-        self._deadlines.sending_since = None
-        self._deadlines.last_sent = now
+        self._deadlines.sent(now)
 
     def check_timeouts(self, now: float) -> list[Output]:
         """The stalled-reader, start and idle deadlines; silence to keep the model's
@@ -600,14 +599,11 @@ class LiveRules:
         return [self._frame(self._silence, now) for _ in range(max(0, due))]
 
     def next_check(self, now: float) -> float:
-        stall = None if self.phase is Phase.DROPPED else self._deadlines.stall()
-        if self.closed:
-            return stall if stall is not None else math.inf
-        at = min(self._deadlines.idle(), now + self._poll)
+        at = self._deadlines.next_check(
+            now, self._poll, closed=self.closed, dropped=self.phase is Phase.DROPPED
+        )
         if self.phase is Phase.AWAITING:
             at = min(at, self._configure_by)
-        if stall is not None:
-            at = min(at, stall)
         if self.phase is Phase.LIVE and self._frames.start is None:
             at = min(at, max(self._clock_from, now))
         elif self.phase is Phase.LIVE:

@@ -67,6 +67,26 @@ class Deadlines:
     closing_since: float | None = None
     """When the dialect decided to close: from then on the close is owed."""
 
+    def sending(self, now: float) -> None:
+        """A socket write starts (the stalled-reader clock runs until :meth:`sent`)."""
+        self.sending_since = now
+
+    def sent(self, now: float) -> None:
+        self.sending_since = None
+        self.last_sent = now
+
+    def next_check(self, now: float, poll: float, *, closed: bool, dropped: bool) -> float:
+        """When the client's deadlines next need a look: while serving at most ``poll``
+        away (a write may start, and never end, without the clock being told); once
+        closing only the stalled-reader deadline is left (no later write can make it
+        earlier: the idle one has passed or no longer applies, and a time already past
+        would spin the clock); none once the client is dropped."""
+        stall = None if dropped else self.stall()
+        if closed:
+            return stall if stall is not None else math.inf
+        at = min(self.idle(), now + poll)
+        return at if stall is None else min(at, stall)
+
     def idle(self) -> float:
         """When a client that sends nothing is closed."""
         return self.last_message + self.idle_timeout

@@ -24,7 +24,6 @@ time comes in with each call. :mod:`realtime.openai.connection` carries the rest
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable, Sequence
 from typing import Final, assert_never
 
@@ -613,11 +612,10 @@ class Dialect:
 
     def sending(self, now: float) -> None:
         """A socket write starts (the stalled-reader clock runs until ``sent``)."""
-        self._deadlines.sending_since = now
+        self._deadlines.sending(now)
 
     def sent(self, now: float) -> None:
-        self._deadlines.sending_since = None
-        self._deadlines.last_sent = now
+        self._deadlines.sent(now)
 
     def _close(self, now: float) -> None:
         """Stop serving the client: from ``now`` on only the close is owed it."""
@@ -653,20 +651,14 @@ class Dialect:
         ]
 
     def next_tick(self, now: float) -> float:
-        """When ``tick`` next has something to do (at the latest); while serving at
-        most a poll away, as the native rules do: a write may start (and never end)
-        without the clock being told. Once closing only the stalled-reader deadline is
-        left (no later write can make it earlier): the idle one has passed or no longer
-        applies, and a time already past would spin the clock."""
-        stall = self.stall_deadline()
-        if self.closed:
-            return stall if stall is not None else math.inf
-        idle = min(self._deadlines.idle(), now + self._poll)
-        if stall is not None:
-            idle = min(idle, stall)
-        if self.model_state is not ModelState.OPEN:
-            return idle
-        return min(idle, self._frames.next_frame(now))
+        """When ``tick`` next has something to do (at the latest): the client's
+        deadlines (:meth:`Deadlines.next_check`), and silence once the model runs."""
+        at = self._deadlines.next_check(
+            now, self._poll, closed=self.closed, dropped=self.phase is Phase.DROPPED
+        )
+        if self.closed or self.model_state is not ModelState.OPEN:
+            return at
+        return min(at, self._frames.next_frame(now))
 
 
 def _refusal(

@@ -29,7 +29,7 @@ from realtime.session.close_codes import CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE
 from realtime.session.rules import Refusal, Rules, WatchesWrites
 from realtime.telemetry.recording import Recorder, Recording
 
-log = logging.getLogger("realtime.session.pipeline")
+log = logging.getLogger(__name__)
 
 PIPELINE_DEPTH: Final = 2
 """Slices handed to the engine at once: one running, the next waiting in its queue.

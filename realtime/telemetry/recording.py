@@ -277,8 +277,10 @@ def message_record(at: float, direction: Direction, data: str | bytes) -> dict[s
 
 
 def _carries_audio(kind: str) -> bool:
-    """Audio appends and audio deltas of both endpoints (not transcript deltas)."""
-    return kind == "input_audio_buffer.append" or kind.endswith("audio.delta")
+    """Audio appends and audio deltas of every endpoint (not transcript deltas)."""
+    return kind in ("input_audio_buffer.append", "session.input_audio.append") or kind.endswith(
+        "audio.delta"
+    )
 
 
 def _b64_bytes(text: str) -> int:

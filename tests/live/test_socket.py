@@ -31,11 +31,13 @@ from realtime.models.base import (
 )
 from realtime.models.voicechat.model import VoiceChatModel
 from realtime.session.close_codes import CLOSE_TRY_AGAIN
+from realtime.telemetry.recording import Recording
 from realtime.testing.fake import QUIET, Cue, FakeModel, Reply, partner, say
 from realtime.wire_audio import PCM16K, OutputResampler, WireFormat, ulaw_decode, ulaw_encode
 from tests.helpers import ahttp, append_msg, running_engine, running_server
 from tests.live.validate import validate_live
 from tests.models_fixtures import push_all, speechlike
+from tests.test_recording import files_of, of
 
 LIVE = "/openai/v1/live/sessions"
 CALL = f'<TOOLCALL>[{{"name": "{DELEGATE_TOOL}", "arguments": {{"task": "weather"}}}}]</TOOLCALL>'
@@ -218,6 +220,27 @@ async def test_bad_input_is_an_error_and_the_session_goes_on() -> None:
             assert (await client.until("error"))["error"]["code"] == "invalid_type"
             await client.send({"type": "session.close"})
             await client.until("session.closed")
+
+
+async def test_a_recorded_live_call_keeps_its_audio_in_the_wav(tmp_path: Path) -> None:
+    """``--record``: the Live session's messages go to the JSONL with their audio
+    replaced by its size (the audio is in the WAV), both ways."""
+    with running_engine(delegating()) as engine:
+        async with running_server(engine) as server:
+            server.state.recording = Recording(tmp_path, 10**9)
+            async with live(server.http) as client:
+                await client.start()
+                pcm = (voice(0.5, 24_000) * 32767).astype("<i2").tobytes()
+                audio = base64.b64encode(pcm).decode()
+                await client.send({"type": "session.input_audio.append", "audio": audio})
+                await client.until("session.output_audio.delta")
+                await client.send({"type": "session.close"})
+                await client.until("session.closed")
+            [stem] = await files_of(tmp_path)
+    text = of(stem, ".jsonl").read_text()
+    assert audio not in text and "bytes of audio: see the WAV" in text
+    assert '"session.start"' in text and '"session.closed"' in text
+    assert of(stem, ".wav").stat().st_size > 44
 
 
 # --- bit for bit --------------------------------------------------------------------------

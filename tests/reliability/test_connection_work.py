@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import trio
 
+from realtime.endpoints import LIVE_PATH
 from realtime.limits import Limits
 from realtime.models.base import MAX_TOOL_OUTPUT_BYTES
 from realtime.openai.dialect import COUNT_BURST, MAX_QUEUED_FEEDS
@@ -172,7 +173,7 @@ async def test_websockets_over_http2_are_refused_and_hold_no_slot() -> None:
     model = FakeModel()
     with running_engine(model, capacity=4) as engine:
         async with running_server(engine) as server:
-            for path in ("/v1/realtime", OPENAI_PATH):
+            for path in ("/v1/realtime", OPENAI_PATH, LIVE_PATH):
                 assert await h2_websocket_statuses(server.http, path, 4) == [505] * 4
             assert engine.reserved == 0 and model.calls_named("open") == []
             client = await openai_client(server.http)  # HTTP/1.1 still served
@@ -297,3 +298,24 @@ async def test_sigterm_under_the_hypercorn_cli_closes_every_session_1001(
     assert codes == [1001] * 4, output[-3000:]
     assert server.proc.returncode == 0, output[-3000:]
     assert "terminate called" not in output, output[-3000:]
+
+
+async def test_a_live_client_that_stops_reading_is_dropped_within_the_stall_bound() -> None:
+    """The Live endpoint sends every frame's audio whether the client talks or not, so a
+    client that stops reading fills its socket within seconds; it is dropped
+    ``send_timeout`` after a write stalls, and its slot is freed."""
+    model = FakeModel()
+    limits = Limits(send_timeout=1.0, idle_timeout=60.0)
+    with running_engine(model) as engine:
+        async with running_server(engine, limits=limits) as server:
+            host, port = server.http.removeprefix("http://").split(":")
+            client = await RawClient.connect(host, int(port), path=LIVE_PATH, receive_buffer=4096)
+            await client.send_json({"type": "session.start", "session": {"model": "m"}})
+            started = await client.recv_json()
+            assert started is not None and started["type"] == "session.started", started
+            assert engine.reserved == 1
+            # Read nothing more: the model's audio (silence fed for it) piles up.
+            with trio.fail_after(30):
+                while engine.reserved:
+                    await trio.sleep(0.05)
+            client.reset()

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from realtime.endpoints import LIVE_PATH
 from tests.helpers import ServerProcess, ahttp, start_hypercorn_cli, start_realtime_server
 from tests.reliability.attacks import early_data, raw_frame, refused_then_gone
 from tests.reliability.rawws import RawClient
@@ -74,7 +75,7 @@ async def test_early_data_after_the_upgrade_request(server: tuple[str, ServerPro
     answers: set[str] = set()
     with trio.fail_after(120):
         for _ in range(EARLY_ROUNDS):
-            for path in ("/v1/realtime", "/openai/v1/realtime", "/health"):
+            for path in ("/v1/realtime", "/openai/v1/realtime", LIVE_PATH, "/health"):
                 for extra in payloads:
                     answer = await early_data(port, path, extra, header)
                     answers.add(answer.split(b"\r\n", 1)[0].decode(errors="replace"))
@@ -96,7 +97,7 @@ async def test_refused_clients_that_close_at_once(server: tuple[str, ServerProce
     statuses: set[int | None] = set()
     with trio.fail_after(180):
         for _ in range(REFUSAL_ROUNDS):
-            for path in ("/v1/realtime", "/openai/v1/realtime"):
+            for path in ("/v1/realtime", "/openai/v1/realtime", LIVE_PATH):
                 for wait in (False, True):
                     statuses.add(await refused_then_gone(port, path, wait=wait, headers=headers))
             assert proc.proc.poll() is None, proc.output()[-4000:]

@@ -14,7 +14,7 @@ from realtime.demo.checkpoint.files import (
 )
 from realtime.demo.checkpoint.install import install_atomically
 
-log = logging.getLogger("realtime.demo.checkpoint")
+log = logging.getLogger(__name__)
 
 
 def cache_root() -> Path:

@@ -34,7 +34,7 @@ from realtime.demo.checkpoint.tokenizer import (
 )
 from realtime.demo.checkpoint.weights import Array, DemoWeights
 
-log = logging.getLogger("realtime.demo.checkpoint")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

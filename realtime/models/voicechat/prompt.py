@@ -53,7 +53,7 @@ from realtime.models.prompt_cache import PromptCache
 if TYPE_CHECKING:
     from realtime.models.voicechat.keys import SessionKey
 
-log = logging.getLogger("realtime.models.voicechat.model")
+log = logging.getLogger(__name__)
 
 STEPS_PER_SLICE: Final = 4
 """Prefill steps run as one graph per opening slice: the steps are chained through the
