@@ -119,11 +119,6 @@ async def test_pipecat_holds_a_conversation(engine: Engine, pipecat: Path) -> No
     assert "USER: " in request, request
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the server counts its own session opening as the client's idle time "
-    "(LiveRules.check_timeouts checks idle_timeout while the phase is STARTING)",
-)
 async def test_opening_the_session_is_not_the_clients_idle_time() -> None:
     """The stacks send nothing between ``session.start`` and ``session.started``
     (LiveKit and Pipecat hold every event until it comes): a long open (a long prompt's
