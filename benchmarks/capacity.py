@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -210,10 +211,13 @@ def sweep(
     *,
     peer: bool = True,
     give_up_seconds: float = GIVE_UP_SECONDS,
+    budget_seconds: float = 0.0,
     log: sessions.Log = _log,
 ) -> dict[str, Any]:
     """``counts`` in order on one server (``served``: its ``-m``, None for the built-in
-    demo) until the first that falls behind, then mlx-vlm's server on ``path`` at one."""
+    demo) until the first that falls behind, or until ``budget_seconds`` have passed
+    (0: no bound) before the next count, then mlx-vlm's server on ``path`` at one."""
+    started = time.perf_counter()
     figures = figures_for(path)
     frames = max(1, round(seconds * figures.frames_per_second))
     top = max(counts)
@@ -221,11 +225,16 @@ def sweep(
     warm = scripts[0].messages[: WARMUP_FRAMES + round(1 / figures.frame_seconds)]
     options = ("--max-sessions", str(top), "--admission-margin", "0")
     rows: list[dict[str, Any]] = []
+    stopped: list[str] = []
     with servers.ours(served, *options) as server:
 
         async def run_all() -> None:
             await streams.warm_up(server.url, None, warm)
             for n in counts:
+                if budget_seconds and time.perf_counter() - started > budget_seconds:
+                    stopped.append(f"the {budget_seconds:g} s budget was spent before N={n}")
+                    log(stopped[-1])
+                    break
                 await sessions.wait_idle(server.http)
                 log(f"{n} conversations x {frames * figures.frame_seconds:g} s")
                 times = [PacedTimes(levels=[]) for _ in range(n)]
@@ -256,6 +265,7 @@ def sweep(
         "rows": rows,
         "max_realtime_sessions": sessions.headline(rows),
         "fell_behind_at": next((r["sessions"] for r in rows if not r["realtime"]), None),
+        "stopped_early": stopped[0] if stopped else None,
         "server_log_problems": problems,
     }
     if peer:
@@ -337,6 +347,8 @@ def table(result: dict[str, Any]) -> str:
         f"largest N in real time: {result['max_realtime_sessions']} ({result['criterion']}; "
         f"{result['seconds']:g} s per N)"
     )
+    if result.get("stopped_early"):
+        out.append(f"stopped early: {result['stopped_early']}")
     if "skipped" in peer:
         out.append(f"mlx-vlm: skipped ({peer['skipped']})")
     return "\n".join(line.rstrip() for line in out)
@@ -372,6 +384,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
                         [1], [_value(peer, key, q)], style[0], color="tab:orange", markersize=9,
                         label=f"mlx-vlm's server, {q}",
                     )  # fmt: skip
+            if key == "first_audio_ms" and peer is not None:
+                ax.annotate(
+                    "mlx-vlm: its raw network's\nnext frame after the stop,\nnot a turn's answer",
+                    (1, _value(peer, key, "p50")), textcoords="offset points", xytext=(12, -4),
+                    fontsize=7, color="tab:orange", va="top",
+                )  # fmt: skip
             if key == "latency_ms":
                 ax.axhline(2 * frame_ms, color="grey", lw=0.8, ls=":", label="2 frame times")
             ax.legend(fontsize=8)
@@ -408,9 +426,12 @@ def _scaled(value: float | None, scale: float) -> float:
 
 def _caption(result: dict[str, Any]) -> str:
     m = result.get("machine", {})
+    load = ""
+    if result.get("load_average_start") is not None:
+        load = f", load average {result['load_average_start']} -> {result.get('load_average_end')}"
     return (
         f"python -m benchmarks.capacity, {result.get('date', '')}: {result['served']}; "
-        f"{m.get('nproc')} CPUs, {m.get('cpu')}, mlx {m.get('mlx')}\n"
+        f"{m.get('nproc')} CPUs, {m.get('cpu')}, mlx {m.get('mlx')}{load}\n"
         f"{result['seconds']:g} s a count, turns of {SPEAK_SECONDS:g} s speech + "
         f"{LISTEN_SECONDS:g} s silence; largest N in real time: "
         f"{result['max_realtime_sessions']}"
@@ -451,7 +472,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop a count's run once a conversation has this much audio unanswered "
         "(0: never; default %(default)s)",
     )
+    parser.add_argument(
+        "--budget-seconds",
+        type=float,
+        default=0.0,
+        help="start no further count once the sweep has run this long (0: no bound; "
+        "default %(default)s)",
+    )
     parser.add_argument("--no-peer", action="store_true", help="skip mlx-vlm's server")
+    parser.add_argument(
+        "--replot",
+        type=Path,
+        metavar="JSON",
+        help="measure nothing: print the table of a sweep's --json file and draw its plot",
+    )
     parser.add_argument(
         "--plot",
         type=Path,
@@ -466,6 +500,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.max_sessions < 1:
         parser.error("--seconds must be > 0 and --max-sessions >= 1")
+    if args.replot is not None:
+        try:
+            saved = json.loads(args.replot.read_text())
+            print(table(saved))
+            plot(saved, args.plot)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"error: {args.replot} is not a capacity sweep's JSON: {exc}", file=sys.stderr)
+            return 2
+        _log(f"wrote {args.plot}")
+        return 0
     if args.model is None and args.size != "tiny":
         parser.error("the built-in demo's turns run on tiny only: give --model for another")
     path = model_path(args)
@@ -487,6 +531,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.seconds,
             peer=not args.no_peer,
             give_up_seconds=args.give_up_seconds,
+            budget_seconds=args.budget_seconds,
         )
     )
     results["load_average_end"] = sessions.load_average()

@@ -474,5 +474,13 @@ def test_capacity_table_and_plot(tmp_path: Path) -> None:
     result["peer"] = {"skipped": "--no-peer"}
     assert "mlx-vlm: skipped (--no-peer)" in capacity.table(result)
     capacity.plot(result, tmp_path / "alone.png")
-    for name in ("with-peer.png", "alone.png"):
+    # --replot draws a saved sweep again, measuring nothing; a file that is not one is
+    # a clear error, exit 2.
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps(result))
+    assert capacity.main(["--replot", str(saved), "--plot", str(tmp_path / "again.png")]) == 0
+    for name in ("with-peer.png", "alone.png", "again.png"):
         assert (tmp_path / name).read_bytes().startswith(PNG)
+    saved.write_text("{}")
+    assert capacity.main(["--replot", str(saved), "--plot", str(tmp_path / "no.png")]) == 2
+    assert not (tmp_path / "no.png").exists()
