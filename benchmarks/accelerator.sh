@@ -21,9 +21,11 @@
 #       failure stops the run), the deep checkpoint's exact counts (benchmarks.graph),
 #       the ``full`` checkpoint (the real model's dimensions, 4-bit) built, its step per
 #       batch size against mlx-vlm's, where batched rows stop being their solo runs'
-#       bits (benchmarks.lastbits), and the conversations one server keeps in real time.
+#       bits (benchmarks.lastbits), the conversations one server keeps in real time, and
+#       the capacity curve (benchmarks.capacity: capacity.json and capacity.png).
 #       Prints one screen of figures (screen.txt); everything lands in $OUT.
-#       SECONDS (default 10) is each conversation count's run in the sessions sweep.
+#       SECONDS (default 10) is each conversation count's run in the sessions sweep and
+#       the capacity curve. The device image has matplotlib (KINDS.md), for the plot.
 set -euo pipefail
 shopt -s nullglob
 cd "$(dirname "$0")/.."
@@ -188,6 +190,13 @@ a = mx.ones((1024, 1024)); mx.eval(a @ a); print('a matmul ran on', mx.default_d
         stage sessions $((3 * seconds + 40)) python3 -m benchmarks.sessions --model "$model" \
             --sessions 1,16,32 --scheduler batched --seconds "$seconds" --rounds 1 \
             --json "$out/sessions.json" || true
+        # The capacity curve (docs/performance.md): 1, 2, 4, ... conversations until one
+        # falls behind, mlx-vlm's server at one beside it, plotted to capacity.png. It
+        # starts no count past its budget, which keeps 120 s for mlx-vlm's row.
+        local left=$((budget - (SECONDS - started)))
+        stage capacity $((2 * seconds + 150)) python3 -m benchmarks.capacity --model "$model" \
+            --seconds "$seconds" --max-sessions 64 --budget-seconds $((left - 120)) \
+            --json "$out/capacity.json" --plot "$out/capacity.png" || true
     fi
     # One screen: what ran, then each stage's figures.
     {
@@ -201,6 +210,7 @@ a = mx.ones((1024, 1024)); mx.eval(a @ a); print('a matmul ran on', mx.default_d
         [[ -f "$out/sessions.json" ]] && python3 -c "import json, sys; \
 print('largest N in real time:', json.load(open(sys.argv[1]))['max_realtime_sessions'])" \
             "$out/sessions.json"
+        [[ -f "$out/capacity.log" ]] && grep -E '^(ours|mlx-vlm|largest|stopped)' "$out/capacity.log"
         echo "== $((SECONDS - started)) s of a ${budget} s budget"
     } 2>&1 | tee "$out/screen.txt"
 }

@@ -104,9 +104,11 @@ def _started(name: str, cmd: Sequence[str]) -> Iterator[ServerProcess]:
 
 
 @contextmanager
-def ours(model_path: Path, *options: str) -> Iterator[ServerProcess]:
-    """``python -m realtime serve -m PATH --port 0 [OPTIONS]``: this project's server."""
-    cmd = [sys.executable, "-m", "realtime", "serve", "-m", str(model_path), "--port", "0"]
+def ours(model_path: Path | None, *options: str) -> Iterator[ServerProcess]:
+    """``python -m realtime serve -m PATH --port 0 [OPTIONS]``: this project's server
+    (``model_path`` None: no ``-m``, the built-in tiny demo with its scripted turns)."""
+    model = [] if model_path is None else ["-m", str(model_path)]
+    cmd = [sys.executable, "-m", "realtime", "serve", *model, "--port", "0"]
     cmd += ["--host", "127.0.0.1", *options]
     yield from _started("ours", cmd)
 

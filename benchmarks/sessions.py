@@ -122,7 +122,7 @@ def scheduler_names(text: str) -> tuple[str, ...]:
 
 
 def _log(message: str) -> None:
-    print(f"sessions: {message} (load average {_loadavg()})", file=sys.stderr, flush=True)
+    print(f"sessions: {message} (load average {load_average()})", file=sys.stderr, flush=True)
 
 
 # --- the server's own figures ------------------------------------------------------
@@ -165,7 +165,7 @@ def _labelled_deltas(
     return out
 
 
-async def _wait_idle(http: str) -> None:
+async def wait_idle(http: str) -> None:
     """Until the server holds no session: the previous N's closes are done, so a refusal
     in the next run is a finding, not that race."""
     with trio.move_on_after(IDLE_WAIT):
@@ -312,12 +312,17 @@ async def run_count(
     n: int,
     audio: Sequence[list[str]],
     give_up_seconds: float = GIVE_UP_SECONDS,
+    times: Sequence[PacedTimes] | None = None,
 ) -> dict[str, Any]:
     """N conversations at once: configured together, streamed from one shared start
     (conversation k a k/N frame later), then cancelled and closed together. The run
-    stops early when a conversation falls ``give_up_seconds`` behind (0: never)."""
+    stops early when a conversation falls ``give_up_seconds`` behind (0: never).
+    ``times``: the N conversations' clock readings are kept there (fresh ones if None),
+    for a caller that reads more from them."""
     errors: list[list[str]] = [[] for _ in range(n)]
-    times = [PacedTimes() for _ in range(n)]
+    times = [PacedTimes() for _ in range(n)] if times is None else times
+    if len(times) != n:
+        raise ValueError(f"{n} conversations need {n} PacedTimes, got {len(times)}")
     gave_up: list[dict[str, Any]] = []
     first = await scrape(server.http)
     async with contextlib.AsyncExitStack() as stack:
@@ -352,7 +357,7 @@ async def run_count(
                 if not errors[k]:
                     nursery.start_soon(_close, client, errors[k])
         busy_retries = sum(client.busy_retries for client in clients)
-    await _wait_idle(server.http)  # every session ended: its outcome is counted
+    await wait_idle(server.http)  # every session ended: its outcome is counted
     last = await scrape(server.http)
     frame_ms = frame * 1e3
     frames = len(audio[0])
@@ -453,6 +458,14 @@ def _merge(counts: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+def criterion(frame_ms: float) -> str:
+    """What real time means here, in words, for a model of ``frame_ms`` frames."""
+    return (
+        f"every conversation: p95 <= {MISSED_FRAMES * frame_ms:g} ms, fitted lag growth "
+        f"<= {GROWTH_FRAMES * frame_ms:g} ms over the run, every frame answered"
+    )
+
+
 def headline(by_sessions: list[dict[str, Any]]) -> int:
     """The largest N, counting up, at which every conversation stayed real time (0: not
     even the smallest)."""
@@ -513,7 +526,7 @@ def sweep(
                     server = running[name]
                     results: dict[int, dict[str, Any]] = {}
                     for n in order:
-                        await _wait_idle(server.http)
+                        await wait_idle(server.http)
                         log(f"round {r + 1}/{rounds}, {name}: {n} conversations x {seconds:g} s")
                         results[n] = await run_count(server, n, audio, give_up_seconds)
                         row = results[n]
@@ -548,10 +561,7 @@ def sweep(
         "rounds": rounds,
         "give_up_seconds": give_up_seconds,
         "frame_ms": frame_ms,
-        "criterion": (
-            f"every conversation: p95 <= {MISSED_FRAMES * frame_ms:g} ms, fitted lag growth "
-            f"<= {GROWTH_FRAMES * frame_ms:g} ms over the run, every frame answered"
-        ),
+        "criterion": criterion(frame_ms),
         "by_scheduler": by_scheduler,
         "max_realtime_sessions": {
             name: one["max_realtime_sessions"] for name, one in by_scheduler.items()
@@ -559,7 +569,7 @@ def sweep(
     }
 
 
-def _loadavg() -> str:
+def load_average() -> str:
     try:
         return f"{os.getloadavg()[0]:.2f}"
     except OSError:
@@ -741,7 +751,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "model": str(path),
-        "load_average_start": _loadavg(),
+        "load_average_start": load_average(),
     }
     results.update(
         sweep(
@@ -753,7 +763,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             schedulers=args.scheduler,
         )
     )
-    results["load_average_end"] = _loadavg()
+    results["load_average_end"] = load_average()
     results["elapsed_seconds"] = time.perf_counter() - started
     m = results["machine"]
     print(f"{results['command']}  ({results['date']})")

@@ -25,6 +25,7 @@ from benchmarks.wire import (
     BenchError,
     Client,
     RawClient,
+    audio_level_db,
     connect,
     http_get_json,
     update_message,
@@ -53,15 +54,20 @@ async def warm_up(url: str, model: str | None, messages: list[str]) -> None:
         await cancel_and_close(client)
 
 
-async def _count_audio(client: Client, n: int, into: list[float] | None = None) -> list[float]:
+async def _count_audio(
+    client: Client, n: int, into: list[float] | None = None, levels: list[float] | None = None
+) -> list[float]:
     """Receive times of the next ``n`` audio deltas, appended to ``into`` as they land
-    (so a stream that fails midway still shows how far it got)."""
+    (so a stream that fails midway still shows how far it got); with ``levels``, each
+    delta's level in dBFS beside it (decoded after its time is taken)."""
     times: list[float] = [] if into is None else into
     with trio.fail_after(STREAM_TIMEOUT):
         while len(times) < n:
             at, event = await client.recv()
             if event["type"] == AUDIO_DELTA:
                 times.append(at)
+                if levels is not None:
+                    levels.append(audio_level_db(event))
             elif event["type"] == "error":
                 raise BenchError(f"server error: {event}")
     return times
@@ -91,6 +97,9 @@ class PacedTimes:
     """Just as each frame's audio delta landed, in order (the i-th answers the i-th append)."""
     late: list[float] = attrs.Factory(list)
     """Seconds each append left after its due time (the client's own lag)."""
+    levels: list[float] | None = None
+    """Each audio delta's level in dBFS, in order, when a list is given (the caller asks
+    for it: decoding every delta costs the client a little)."""
 
     def latencies_ms(self) -> list[float]:
         """Append to audio delta, per frame that was answered."""
@@ -105,7 +114,7 @@ async def paced_stream(
     out = PacedTimes() if times is None else times
     step = client.conn.frame_seconds
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_count_audio, client, len(messages), out.received)
+        nursery.start_soon(_count_audio, client, len(messages), out.received, out.levels)
         begin = trio.current_time() if start is None else start
         for i, message in enumerate(messages):
             due = begin + i * step

@@ -23,7 +23,8 @@ import wsproto
 import wsproto.events
 
 from realtime import client as rc
-from realtime.client import CANCEL, PING, append_message, commit_message
+from realtime.client import CANCEL, PING, append_message, commit_message, decode_pcm16
+from realtime.demo.turns import SILENT_DB, frame_energy_db
 from realtime.models.base import ModelFigures
 
 __all__ = ["CANCEL", "PING", "append_message"]
@@ -44,6 +45,28 @@ def test_pcm(samples: int, seed: int = 0) -> Int16:
     rng = np.random.default_rng(seed)
     x = np.clip(rng.standard_normal(samples) * 0.1, -1.0, 1.0)
     return np.rint(x * 32767).astype(np.int16)
+
+
+def speech_pcm(samples: int, rate: int, seed: int = 0) -> Int16:
+    """Deterministic speech-like PCM16: a voiced tone (harmonics of a wandering pitch)
+    whose loudness rises and falls a few times a second, as syllables do, with a little
+    noise. A turn detector hears it as speech (white noise, being steady, it takes for
+    the room's noise); ``seed`` moves the pitch and the syllables' phase."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(samples) / rate
+    pitch = 110.0 + 40.0 * rng.random() + 30.0 * np.sin(2 * np.pi * 0.6 * t + rng.random() * 6)
+    phase = 2 * np.pi * np.cumsum(pitch) / rate
+    voice = sum(np.sin(k * phase) / k for k in range(1, 8))
+    syllables = (0.5 + 0.5 * np.sin(2 * np.pi * 3.5 * t + rng.random() * 6)) ** 2
+    x = 0.2 * voice * syllables + 0.005 * rng.standard_normal(samples)
+    return np.rint(np.clip(x, -1.0, 1.0) * 32767).astype(np.int16)
+
+
+def audio_level_db(event: dict[str, Any]) -> float:
+    """An audio delta's level in dBFS (the demo's turn policy's measure; -100 for
+    digital silence)."""
+    pcm = decode_pcm16(event["delta"])
+    return frame_energy_db(pcm_to_float(pcm)) if pcm.size else SILENT_DB
 
 
 def pcm_to_float(pcm: Int16) -> Float32:

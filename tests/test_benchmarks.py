@@ -12,14 +12,15 @@ import math
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 
-from benchmarks import sessions
+from benchmarks import capacity, sessions
 from benchmarks.main import ROW_NAMES, build_parser, compare, table
 from benchmarks.stats import median_of
 from benchmarks.streams import PacedTimes
+from benchmarks.wire import figures_for
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -371,3 +372,115 @@ def test_start_states_rows_run(demo_cache_dir: Path, tmp_path: Path) -> None:
     assert [r["tokens"] for r in rows] == [0, 6]
     assert rows[1]["bytes"] > 0 and _positive(rows[1]["cold_s"]) and _positive(rows[1]["mlx_vlm_s"])
     assert rows[1]["voice_stored_s"] is None or _positive(rows[1]["voice_stored_s"])
+
+
+PNG: Final = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_capacity_sweep_runs(demo_cache_dir: Path, tmp_path: Path) -> None:
+    """``benchmarks.capacity`` at 1 and 2 conversations of 4 s (a turn each), mlx-vlm's
+    server beside it: every figure of a count is there, the sweep stops at the first count that fell
+    behind, and the plot is a PNG (whether a count kept real time is the benchmark's
+    finding, not the test's)."""
+    out, png = tmp_path / "capacity.json", tmp_path / "capacity.png"
+    cmd = [sys.executable, "-m", "benchmarks.capacity", "--sessions", "1,2", "--seconds", "4"]
+    cmd += ["--json", str(out), "--plot", str(png)]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["served"] == "built-in demo (its turns)"
+    assert result["frames_per_conversation"] == 50 and result["seconds"] == pytest.approx(4.0)
+    rows = result["rows"]
+    assert result["counts"] == [row["sessions"] for row in rows]
+    # Counting up, the sweep stops at the first count that fell behind.
+    assert result["counts"] == ([1] if not rows[0]["realtime"] else [1, 2])
+    assert result["max_realtime_sessions"] == sessions.headline(rows)
+    for row in [*rows, result["peer"]]:
+        # One turn a conversation: its answer, when it came within the silence, timed.
+        turns = row["sessions"]
+        assert row["turns"] == turns and 0 <= row["unanswered_turns"] <= turns
+        answered = turns - row["unanswered_turns"]
+        if answered:
+            assert _summary_ok(row["first_audio_ms"], answered)
+        assert 0 <= row["late_share"] <= 1 and isinstance(row["realtime"], bool)
+        assert _positive(row["latency_ms_p50"]) and _positive(row["latency_ms_p95"])
+    for row in rows:
+        assert 0 < row["engine_busy"] <= 1.5
+        assert row["detail"]["client_errors"] == [] and row["detail"]["refused"] == {}
+    assert result["peer"]["engine_busy"] is None and result["peer"]["errors"] == []
+    assert png.read_bytes().startswith(PNG)
+    assert "largest N in real time:" in done.stdout and "mlx-vlm | 1" in done.stdout
+
+
+def test_capacity_script_and_first_audio() -> None:
+    """Turns of speech then silence; the first audio is the first loud delta after a
+    turn's last speech append, within its silence, timed from that append."""
+    figures = figures_for(None)
+    frame = figures.frame_seconds
+    speak = round(capacity.SPEAK_SECONDS / frame)
+    listen = round(capacity.LISTEN_SECONDS / frame)
+    frames = 2 * (speak + listen) + speak + 3
+    one = capacity.script(frames, figures, seed=1)
+    assert len(one.messages) == frames and one.listen_frames == listen
+    # The third turn's silence is cut by the run's end: no answer looked for.
+    assert one.turn_ends == (speak - 1, 2 * speak + listen - 1)
+    assert capacity.doubling(10) == (1, 2, 4, 8) and capacity.doubling(1) == (1,)
+
+    sent = [i * frame for i in range(frames)]
+    received = [t + 0.03 for t in sent]
+    levels = [-100.0] * frames
+    levels[speak + 7] = -20.0  # the first turn's answer, 8 frames after its stop
+    levels[speak + 8] = -20.0
+    times = PacedTimes(sent=sent, received=received, levels=levels)
+    first, second = capacity.first_audio_ms(times, one)
+    assert first == pytest.approx(8 * frame * 1e3 + 30) and second is None
+    # Deltas that never came: no answer, not an error.
+    cut = PacedTimes(sent=sent, received=received[:speak], levels=levels[:speak])
+    assert capacity.first_audio_ms(cut, one) == [None, None]
+
+
+def _capacity_row(n: int, realtime: bool, peer: bool = False) -> dict[str, Any]:
+    return {
+        "sessions": n,
+        "realtime": realtime,
+        "turns": 3 * n,
+        "unanswered_turns": 0,
+        "first_audio_ms": {"p50": 600.0 + n, "p95": 700.0 + 10 * n},
+        "late_share": 0.0 if realtime else 0.3,
+        "latency_ms_p50": 30.0 * n,
+        "latency_ms_p95": 50.0 * n,
+        "engine_busy": None if peer else 0.2 * n,
+    }
+
+
+def test_capacity_table_and_plot(tmp_path: Path) -> None:
+    """The table and the PNG from a sweep's figures, with and without mlx-vlm's row."""
+    result: dict[str, Any] = {
+        "served": "built-in demo (its turns)",
+        "date": "2026-12-07T05:00:00+00:00",
+        "machine": {"nproc": 2, "cpu": "a CPU", "mlx": "0.32.4"},
+        "seconds": 12.0,
+        "frame_ms": 80.0,
+        "criterion": sessions.criterion(80.0),
+        "rows": [_capacity_row(1, True), _capacity_row(2, True), _capacity_row(4, False)],
+        "max_realtime_sessions": 2,
+        "peer": _capacity_row(1, True, peer=True),
+    }
+    printed = capacity.table(result)
+    assert "ours    | 4 | 604 / 740" in printed and "mlx-vlm | 1" in printed
+    assert "largest N in real time: 2" in printed
+    capacity.plot(result, tmp_path / "with-peer.png")
+    result["peer"] = {"skipped": "--no-peer"}
+    assert "mlx-vlm: skipped (--no-peer)" in capacity.table(result)
+    capacity.plot(result, tmp_path / "alone.png")
+    # --replot draws a saved sweep again, measuring nothing; a file that is not one is
+    # a clear error, exit 2.
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps(result))
+    assert capacity.main(["--replot", str(saved), "--plot", str(tmp_path / "again.png")]) == 0
+    for name in ("with-peer.png", "alone.png", "again.png"):
+        assert (tmp_path / name).read_bytes().startswith(PNG)
+    saved.write_text("{}")
+    assert capacity.main(["--replot", str(saved), "--plot", str(tmp_path / "no.png")]) == 2
+    assert not (tmp_path / "no.png").exists()
