@@ -725,7 +725,8 @@ def test_browser_page_served_offline(demo_server: ServerProcess) -> None:
         found = EXTERNAL_URL.findall(body)
         assert not found, f"{name} refers to external URLs: {found}"
     # The worklet module the page loads at run time is among the served files.
-    assert b'addModule("/static/audio-worklet.js")' in (STATIC / "app.js").read_bytes()
+    scripts = b"".join(path.read_bytes() for path in STATIC.glob("*.js"))
+    assert b'addModule("/static/audio-worklet.js")' in scripts
 
 
 async def test_browser_key_subprotocol_accepted(key_server: ServerProcess) -> None:
@@ -784,7 +785,17 @@ async (url) => {
   spanRecording.addModel(0, new Int16Array([1, 1]));
   spanRecording.addModel(1, new Int16Array([2, 3]));
   spanRecording.addModel(3, new Int16Array([4, 5]));
+  let illegal = null;
+  try {
+    m.advance("done", "live");
+  } catch (err) {
+    illegal = err.message;
+  }
   return {
+    states: m.CALL_STATES,
+    illegal,
+    walk: ["configuring", "live", "finishing", "committing", "committing", "done"].reduce(
+      (from, to) => m.advance(from, to), "connecting"),
     formats, first, unknown,
     wav: Array.from(wav),
     micFirst: new DataView(wav.buffer).getInt16(44, true),
@@ -855,6 +866,17 @@ async (url) => {
 @pytest.mark.browser
 def test_browser_app_units(demo_server: ServerProcess, browser: _Browser) -> None:
     units = _evaluate(demo_server, browser, APP_UNITS, "/static/app.js")
+    # The call's phases change only along one table.
+    assert set(units["states"]) == {
+        "connecting",
+        "configuring",
+        "live",
+        "finishing",
+        "committing",
+        "done",
+    }
+    assert units["states"]["done"] == [] and units["walk"] == "done"
+    assert units["illegal"] == "a call cannot go from done to live"
     formats = units["formats"]
     assert formats["empty"] == {
         "frameSamples": 1280,
