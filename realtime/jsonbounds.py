@@ -28,9 +28,11 @@ anything is parsed. A GA event holds a few dozen, a session with tools a few
 hundred; one of a million ``{}`` took far more memory and seconds of the event loop
 to parse, copy and echo (docs/reliability.md)."""
 
-_STRING_OR_MARK: Final = re.compile(r'"[^"]*"|\{\s*\}|\[\s*\]|[,\[{]')
-"""A JSON string (once its escapes are gone), an empty object or array, a comma or
-an opening bracket: the tokens that tell how many values a JSON text holds."""
+_TOKEN: Final = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|\{\s*\}|\[\s*\]|[,\[{]')
+"""A JSON string (escapes and all), an empty object or array, a comma or an opening
+bracket: the tokens that tell how many values a JSON text holds."""
+_CHUNK: Final = 1 << 16
+"""Characters counted at a time by the first, rough pass of :func:`too_many_values`."""
 
 
 @attrs.frozen(slots=True)
@@ -71,22 +73,35 @@ def utf8_size(text: str) -> int:
 
 def too_many_values(frame: str, limit: int) -> bool:
     """Whether the JSON text ``frame`` holds more than ``limit`` values, decided
-    without parsing it. Outside strings, a JSON text holds one value, plus one per
-    comma, plus one per object or array that is not empty (its first element). For
-    nearly every message ``str.count`` over the whole text (strings included) shows
-    it is well under; only one with that many marks anywhere is scanned token by
-    token, strings skipped, until the limit is passed. Linear in the text, and the
-    scan stops at the limit: a hostile text costs a few passes of ``str`` methods."""
-    if 1 + frame.count(",") + frame.count("[") + frame.count("{") <= limit:
+    without parsing it, at a cost bounded whatever the text.
+
+    Outside strings, a JSON text holds one value, plus one per comma, plus one per
+    object or array that is not empty (its first element). A rough pass counts those
+    marks anywhere (strings included) a chunk at a time: nearly every message is well
+    under (audio is base64, which holds none). Past it, the text is read token by
+    token from its start (a string or an empty object or array is one token) until
+    the limit is passed, which a flood of ``{},{},...`` does within its first few
+    kilobytes. Valid JSON has at most two tokens that are not marks (a key and its
+    value) per mark, so a text that goes on longer without passing the limit is not
+    JSON: the scan stops there and ``json.loads`` refuses it at its first error."""
+    marks = 1
+    for start in range(0, len(frame), _CHUNK):
+        end = start + _CHUNK
+        marks += frame.count(",", start, end) + frame.count("[", start, end)
+        marks += frame.count("{", start, end)
+        if marks > limit:
+            break
+    else:
         return False
-    # An escape is a pair; without them every quote opens or closes a string.
-    bare = frame.replace("\\\\", "").replace('\\"', "")
-    values = 1
-    for found in _STRING_OR_MARK.finditer(bare):
-        if found.group() in (",", "[", "{"):
+    values, budget = 1, 3 * limit + 3
+    for found in _TOKEN.finditer(frame):
+        if found.end() - found.start() == 1:  # a mark; a string or {} is longer
             values += 1
             if values > limit:
                 return True
+        budget -= 1
+        if budget <= 0:
+            return False
     return values > limit
 
 
