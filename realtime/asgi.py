@@ -90,7 +90,7 @@ def create_app_from_env() -> RealtimeApp:
         loader = model_loader(
             os.environ.get("REALTIME_MODEL") or None, None, model_option="REALTIME_MODEL"
         )
-        warm = warm_prompts_from_env(os.environ)
+        warm = warm_prompts_from_env(os.environ, limits.max_message_bytes)
         engine = engine_for(loader, limits, batch_frames=batch_frames, warm=warm)
     except (UsageError, ModelPathError, ValueError) as exc:
         _fail(f"realtime: error: {exc}")

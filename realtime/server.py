@@ -398,12 +398,13 @@ def _recording(args: argparse.Namespace) -> Recording | None:
     return Recording(directory, args.record_max_bytes)
 
 
-def warm_prompts_from_args(paths: Sequence[str] | None) -> tuple[WarmPrompt, ...]:
-    """``--warm-prompt`` files, else ``REALTIME_WARM_PROMPT``'s; a bad file exits 2."""
+def warm_prompts_from_args(paths: Sequence[str] | None, max_bytes: int) -> tuple[WarmPrompt, ...]:
+    """``--warm-prompt`` files, else ``REALTIME_WARM_PROMPT``'s, each at most
+    ``max_bytes``; a bad file exits 2, before the model loads."""
     try:
         if paths is None:
-            return warm_prompts_from_env(os.environ)
-        return read_warm_prompts(paths)
+            return warm_prompts_from_env(os.environ, max_bytes)
+        return read_warm_prompts(paths, max_bytes)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -411,7 +412,7 @@ def warm_prompts_from_args(paths: Sequence[str] | None) -> tuple[WarmPrompt, ...
 def serve_command(args: argparse.Namespace, limits: Limits) -> int:
     # A bad path exits 2 here.
     loader = model_loader(args.model, args.quantize, demo_turns=args.demo_turns)
-    warm = warm_prompts_from_args(getattr(args, "warm_prompt", None))
+    warm = warm_prompts_from_args(getattr(args, "warm_prompt", None), limits.max_message_bytes)
     config = hypercorn_config(args.host, args.port, limits)
     try:
         bind_now(config)  # a port in use exits 2 here, before the model loads
