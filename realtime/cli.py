@@ -282,8 +282,10 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=_positive_int(os.environ.get("REALTIME_RECORD_MAX_BYTES", str(2**30))),
         metavar="N",
-        help="with --record: delete the oldest recordings once DIR holds more than N "
-        "bytes of them (default: $REALTIME_RECORD_MAX_BYTES, else 1 GiB)",
+        help="with --record: DIR holds at most N bytes of recordings at any moment; a "
+        "conversation writes at most N / (--max-sessions + 1), then stops recording, and "
+        "the oldest finished recordings are deleted to make room "
+        "(default: $REALTIME_RECORD_MAX_BYTES, else 1 GiB)",
     )
     _add_demo_turns_option(serve)
     _add_limit_options(serve)

@@ -34,7 +34,7 @@ from realtime.models.base import RealtimeModel
 from realtime.observe import Observer, Observers
 from realtime.telemetry.logs import SessionLog
 from realtime.telemetry.metrics import PrometheusObserver
-from realtime.telemetry.recording import Recording
+from realtime.telemetry.recording import Recording, share_of
 from realtime.warm import WarmPrompt, preparing, read_warm_prompts, warm_prompts_from_env
 
 log = logging.getLogger("realtime")
@@ -382,8 +382,9 @@ def _leaf(group: BaseExceptionGroup[OSError]) -> OSError:
     return inner
 
 
-def _recording(args: argparse.Namespace) -> Recording | None:
-    """``--record DIR``, its folder made and checked writable now (exit 2 if not)."""
+def _recording(args: argparse.Namespace, conversations: int = 1) -> Recording | None:
+    """``--record DIR``, its folder made and checked writable now (exit 2 if not); each
+    of ``conversations`` at once may write its share of ``--record-max-bytes``."""
     if not getattr(args, "record", None):
         return None
     directory = Path(args.record).expanduser()
@@ -394,8 +395,14 @@ def _recording(args: argparse.Namespace) -> Recording | None:
         probe.unlink()
     except OSError as exc:
         raise UsageError(f"cannot record to {directory}: {exc.strerror or exc}") from None
-    log.info("recording every call to %s (at most %d bytes)", directory, args.record_max_bytes)
-    return Recording(directory, args.record_max_bytes)
+    share = share_of(args.record_max_bytes, conversations)
+    log.info(
+        "recording every call to %s (at most %d bytes, %d a conversation)",
+        directory,
+        args.record_max_bytes,
+        share,
+    )
+    return Recording(directory, args.record_max_bytes, share)
 
 
 def warm_prompts_from_args(paths: Sequence[str] | None, max_bytes: int) -> tuple[WarmPrompt, ...]:
@@ -420,7 +427,7 @@ def serve_command(args: argparse.Namespace, limits: Limits) -> int:
         raise UsageError(
             f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}"
         ) from None
-    recording = _recording(args)
+    recording = _recording(args, limits.max_sessions)
     metrics = PrometheusObserver()
     observer = Observers((metrics, SessionLog()))
     try:
