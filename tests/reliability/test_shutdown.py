@@ -265,3 +265,35 @@ async def test_sigterm_with_three_streams_and_a_non_reader_that_keeps_sending() 
     assert "aborted 1 TCP connection" in output, output
     assert "engine alive after shutdown: False" in output, output
     assert "Traceback" not in output, output
+
+
+async def test_a_dropped_stalled_reader_that_keeps_sending_ends_its_connection() -> None:
+    """A client that stops reading but goes on sending: once its session is dropped
+    (send timeout), nothing reads the app's queue. Before, its appends filled it and the
+    connection's reader waited in the put until shutdown (handler and descriptor held);
+    now the connection ends with its session."""
+    model = FakeModel(FakeOptions(audio_samples=BIG_FRAMES))
+    engine = started(model)
+    try:
+        limits = Limits(send_timeout=0.5, send_queue_events=4)
+        stop = trio.Event()
+        async with server_until(engine, limits, stop) as (port, state, _done):
+            client = await stalled_client(port)
+            gone = trio.Event()
+
+            async def keep_sending() -> None:
+                frame = append_msg(noise(1280))
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    while not gone.is_set():
+                        await client.send_json(frame)
+                        await trio.sleep(0.02)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(keep_sending)
+                await wait_until(lambda: state.connections == 0, 15, "the session ended")
+                await wait_until(lambda: not state.tcp.open, 15, "the TCP connection ended")
+                gone.set()
+            assert not engine.is_reserved()
+            await client.aclose()
+    finally:
+        engine.shutdown()
