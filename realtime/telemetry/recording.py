@@ -128,8 +128,10 @@ class Recording:
         """One worker thread for every session's writes (and the byte bound's deletes)."""
         self._live: dict[str, int] = {}
         """Bytes written so far by each recording still being written."""
+        self._live_total = 0
         self._finished: dict[str, int] | None = None
         """Bytes of each finished recording in DIR (read from DIR when first needed)."""
+        self._finished_total = 0
 
     def session(self, session_id: str, figures: ModelFigures) -> Recorder:
         return CallRecorder(self, session_id, figures)
@@ -143,14 +145,16 @@ class Recording:
         if written + size + keep > self.share:
             return False
         finished = self._finished_sizes()
-        if sum(finished.values()) + sum(self._live.values()) + size > self.max_bytes:
-            finished = self._finished = _sizes(self.directory, exclude=self._live)
-            room = self.max_bytes - sum(self._live.values()) - size
+        if self._finished_total + self._live_total + size > self.max_bytes:
+            # Read DIR again (an operator may have deleted some), then delete.
+            finished = self._read_finished()
+            room = self.max_bytes - self._live_total - size
             for old in _delete_oldest(self.directory, finished, room):
-                del finished[old]
-            if sum(finished.values()) + sum(self._live.values()) + size > self.max_bytes:
+                self._finished_total -= finished.pop(old)
+            if self._finished_total + self._live_total + size > self.max_bytes:
                 return False
         self._live[stem] = written + size
+        self._live_total += size
         return True
 
     def room(self, stem: str) -> int:
@@ -160,11 +164,18 @@ class Recording:
     def finished(self, stem: str) -> None:
         """The recording ``stem`` is complete: from now on it may be deleted."""
         if stem in self._live:
-            self._finished_sizes()[stem] = self._live.pop(stem)
+            finished = self._finished_sizes()  # read while ``stem`` is still left out
+            size = self._live.pop(stem)
+            self._live_total -= size
+            finished[stem] = size
+            self._finished_total += size
 
     def _finished_sizes(self) -> dict[str, int]:
-        if self._finished is None:
-            self._finished = _sizes(self.directory, exclude=self._live)
+        return self._finished if self._finished is not None else self._read_finished()
+
+    def _read_finished(self) -> dict[str, int]:
+        self._finished = _sizes(self.directory, exclude=self._live)
+        self._finished_total = sum(self._finished.values())
         return self._finished
 
 
