@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.models_fixtures import run_realtime
+from tests.models_fixtures import REPO_ROOT, run_realtime, subprocess_env
 
 
 def serve_with(cache_dir: Path, prompt: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -93,6 +94,7 @@ def test_a_bad_warm_prompt_file_is_one_line_and_exit_2(
     assert why in line and str(path) in line, line
 
 
+@pytest.mark.slow
 def test_a_prompt_refused_after_the_load_exits_2_without_an_abort(
     demo_cache_dir: Path, tmp_path: Path
 ) -> None:
@@ -106,3 +108,34 @@ def test_a_prompt_refused_after_the_load_exits_2_without_an_abort(
         line = one_refusal(done)
         assert "the 8-token limit" in line, line
     assert not os.path.exists(tmp_path / "core")
+
+
+@pytest.mark.slow
+def test_under_the_hypercorn_cli_a_prompt_refused_after_the_load_ends_the_command(
+    demo_cache_dir: Path, tmp_path: Path
+) -> None:
+    """``hypercorn -k trio realtime.asgi:app``: the same refusal, once the model has
+    loaded at lifespan startup, ends the command with one line (non-zero: Hypercorn
+    loses its worker's status, pgjones/hypercorn#269). Before: a traceback, and
+    Hypercorn went on serving with no model."""
+    prompt = tmp_path / "agent.txt"
+    prompt.write_text("Be brief and kind to every caller. " * 5, "utf-8")
+    env = {
+        **subprocess_env(demo_cache_dir),
+        "REALTIME_WARM_PROMPT": str(prompt),
+        "REALTIME_MAX_SYSTEM_PROMPT_TOKENS": "8",
+        "REALTIME_LOG_LEVEL": "error",
+    }
+    hypercorn = os.path.join(os.path.dirname(sys.executable), "hypercorn")
+    done = subprocess.run(
+        [hypercorn, "-k", "trio", "-b", "127.0.0.1:0", "realtime.asgi:app"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
+    assert done.returncode != 0, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("realtime: error:")]
+    assert len(errors) == 1 and "the 8-token limit" in errors[0], done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "terminate called" not in done.stderr
