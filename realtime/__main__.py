@@ -1,5 +1,3 @@
-import sys
+from realtime.cli import run
 
-from realtime.cli import main
-
-sys.exit(main())
+run()

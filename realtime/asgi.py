@@ -28,7 +28,7 @@ from typing import NoReturn
 import trio
 
 from realtime.cpu_blas import from_env, install_from
-from realtime.engine.runner import watch_for_hung_calls
+from realtime.engine.runner import EngineLoadError, watch_for_hung_calls
 from realtime.errors import UsageError
 from realtime.http.app import RealtimeApp, ServerState, create_app
 from realtime.limits import batch_frames_from_env, limits_from_env
@@ -37,7 +37,7 @@ from realtime.telemetry.logs import setup_logging
 log = logging.getLogger(__name__)
 
 
-def _fail(message: str) -> NoReturn:
+def _fail(message: str, *, engine_ran: bool = False) -> NoReturn:
     """Stop with ``message`` and a non-zero status, under Hypercorn's CLI too.
 
     Hypercorn runs the app in worker processes and, up to 0.18 at least, loses a
@@ -46,12 +46,19 @@ def _fail(message: str) -> NoReturn:
     (pgjones/hypercorn#269). So a worker that cannot start ends the Hypercorn
     process too, with SIGUSR1 (status 138 in a shell; there is no handler for it),
     and every other worker fails the same way on the same environment.
+    ``engine_ran``: MLX has run on the engine thread (a load that failed, a warm
+    prompt refused once loaded), so the exit skips MLX's static destructors, which
+    may abort (ml-explore/mlx#3126), as every other exit after the engine does.
     """
     print(message, file=sys.stderr, flush=True)
     parent = multiprocessing.parent_process()
     if parent is not None and parent.pid is not None and "hypercorn" in sys.modules:
         with contextlib.suppress(OSError):
             os.kill(parent.pid, signal.SIGUSR1)
+    if engine_ran:
+        from realtime.server import exit_skipping_native_teardown
+
+        exit_skipping_native_teardown(2)
     raise SystemExit(2)
 
 
@@ -90,7 +97,7 @@ def create_app_from_env() -> RealtimeApp:
         loader = model_loader(
             os.environ.get("REALTIME_MODEL") or None, None, model_option="REALTIME_MODEL"
         )
-        warm = warm_prompts_from_env(os.environ)
+        warm = warm_prompts_from_env(os.environ, limits.max_message_bytes)
         engine = engine_for(loader, limits, batch_frames=batch_frames, warm=warm)
     except (UsageError, ModelPathError, ValueError) as exc:
         _fail(f"realtime: error: {exc}")
@@ -110,7 +117,11 @@ def create_app_from_env() -> RealtimeApp:
 
     @app.http.before_serving
     async def load() -> None:
-        await trio.to_thread.run_sync(engine.start)
+        try:
+            await trio.to_thread.run_sync(engine.start)
+        except EngineLoadError as exc:
+            # Before: a traceback, and Hypercorn went on serving with no model.
+            _fail(f"realtime: error: could not load the model: {exc}", engine_ran=True)
         app.http.nursery.start_soon(
             watch_for_hung_calls, engine, limits.max_step_seconds, partial(_exit_hung, state)
         )

@@ -11,9 +11,10 @@ import logging
 import math
 import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from realtime import __version__
 from realtime.errors import UsageError
@@ -281,8 +282,10 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=_positive_int(os.environ.get("REALTIME_RECORD_MAX_BYTES", str(2**30))),
         metavar="N",
-        help="with --record: delete the oldest recordings once DIR holds more than N "
-        "bytes of them (default: $REALTIME_RECORD_MAX_BYTES, else 1 GiB)",
+        help="with --record: DIR holds at most N bytes of recordings at any moment; a "
+        "conversation writes at most N / (--max-sessions + 1), then stops recording, and "
+        "the oldest finished recordings are deleted to make room "
+        "(default: $REALTIME_RECORD_MAX_BYTES, else 1 GiB)",
     )
     _add_demo_turns_option(serve)
     _add_limit_options(serve)
@@ -408,5 +411,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise AssertionError(args.command)
 
 
+def run() -> NoReturn:
+    """The ``realtime`` command and ``python -m realtime``: :func:`main`, then its exit.
+
+    Once MLX has been loaded (``serve`` and ``generate`` run it on a thread of their
+    own), the interpreter's teardown may abort in MLX's static destructors
+    ("terminate called without an active exception", ml-explore/mlx#3126) after any
+    exit: a warm prompt refused once the model has loaded exited 2 and then SIGABRT.
+    Every exit then skips that teardown, as the exit after serving does."""
+    try:
+        code = main()
+    except SystemExit as exc:
+        if "mlx.core" not in sys.modules:
+            raise
+        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    except BaseException:
+        if "mlx.core" not in sys.modules:
+            raise
+        traceback.print_exc()
+        code = 1
+    if "mlx.core" in sys.modules:
+        from realtime.server import exit_skipping_native_teardown
+
+        exit_skipping_native_teardown(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -34,7 +34,7 @@ from realtime.models.base import RealtimeModel
 from realtime.observe import Observer, Observers
 from realtime.telemetry.logs import SessionLog
 from realtime.telemetry.metrics import PrometheusObserver
-from realtime.telemetry.recording import Recording
+from realtime.telemetry.recording import Recording, share_of
 from realtime.warm import WarmPrompt, preparing, read_warm_prompts, warm_prompts_from_env
 
 log = logging.getLogger(__name__)
@@ -383,8 +383,9 @@ def _leaf(group: BaseExceptionGroup[OSError]) -> OSError:
     return inner
 
 
-def _recording(args: argparse.Namespace) -> Recording | None:
-    """``--record DIR``, its folder made and checked writable now (exit 2 if not)."""
+def _recording(args: argparse.Namespace, conversations: int = 1) -> Recording | None:
+    """``--record DIR``, its folder made and checked writable now (exit 2 if not); each
+    of ``conversations`` at once may write its share of ``--record-max-bytes``."""
     if not getattr(args, "record", None):
         return None
     directory = Path(args.record).expanduser()
@@ -395,16 +396,23 @@ def _recording(args: argparse.Namespace) -> Recording | None:
         probe.unlink()
     except OSError as exc:
         raise UsageError(f"cannot record to {directory}: {exc.strerror or exc}") from None
-    log.info("recording every call to %s (at most %d bytes)", directory, args.record_max_bytes)
-    return Recording(directory, args.record_max_bytes)
+    share = share_of(args.record_max_bytes, conversations)
+    log.info(
+        "recording every call to %s (at most %d bytes, %d a conversation)",
+        directory,
+        args.record_max_bytes,
+        share,
+    )
+    return Recording(directory, args.record_max_bytes, share)
 
 
-def warm_prompts_from_args(paths: Sequence[str] | None) -> tuple[WarmPrompt, ...]:
-    """``--warm-prompt`` files, else ``REALTIME_WARM_PROMPT``'s; a bad file exits 2."""
+def warm_prompts_from_args(paths: Sequence[str] | None, max_bytes: int) -> tuple[WarmPrompt, ...]:
+    """``--warm-prompt`` files, else ``REALTIME_WARM_PROMPT``'s, each at most
+    ``max_bytes``; a bad file exits 2, before the model loads."""
     try:
         if paths is None:
-            return warm_prompts_from_env(os.environ)
-        return read_warm_prompts(paths)
+            return warm_prompts_from_env(os.environ, max_bytes)
+        return read_warm_prompts(paths, max_bytes)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -412,7 +420,7 @@ def warm_prompts_from_args(paths: Sequence[str] | None) -> tuple[WarmPrompt, ...
 def serve_command(args: argparse.Namespace, limits: Limits) -> int:
     # A bad path exits 2 here.
     loader = model_loader(args.model, args.quantize, demo_turns=args.demo_turns)
-    warm = warm_prompts_from_args(getattr(args, "warm_prompt", None))
+    warm = warm_prompts_from_args(getattr(args, "warm_prompt", None), limits.max_message_bytes)
     config = hypercorn_config(args.host, args.port, limits)
     try:
         bind_now(config)  # a port in use exits 2 here, before the model loads
@@ -420,7 +428,7 @@ def serve_command(args: argparse.Namespace, limits: Limits) -> int:
         raise UsageError(
             f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}"
         ) from None
-    recording = _recording(args)
+    recording = _recording(args, limits.max_sessions)
     metrics = PrometheusObserver()
     observer = Observers((metrics, SessionLog()))
     try:

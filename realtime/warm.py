@@ -15,16 +15,16 @@ or a Live ``session.start`` event, rendered as ``/openai/v1/live/sessions`` rend
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Final
 
 import attrs
 
+from realtime import jsonbounds
 from realtime.limits import Limits
 from realtime.models.base import RealtimeModel, open_session
 from realtime.models.prompt_cache import CachesPrompts
@@ -35,6 +35,8 @@ WARM_PROMPT_ENV: Final = "REALTIME_WARM_PROMPT"
 """``--warm-prompt`` as an environment setting: files separated by the path separator."""
 
 WARM_SEED: Final = 0
+MAX_WARM_PROMPT_BYTES: Final = Limits().max_message_bytes
+"""A warm-prompt file's bound when none is given: the default ``--max-message-bytes``."""
 
 
 @attrs.frozen(slots=True)
@@ -48,27 +50,35 @@ class WarmPrompt:
     live: Mapping[str, Any] | None = None
 
 
-def read_warm_prompt(path: str | os.PathLike[str]) -> WarmPrompt:
-    """The file's prompt; ValueError (one line, naming the file) when it cannot be."""
+def read_warm_prompt(
+    path: str | os.PathLike[str], max_bytes: int = MAX_WARM_PROMPT_BYTES
+) -> WarmPrompt:
+    """The file's prompt; ValueError (one line, naming the file) when it cannot be.
+
+    Read within bounds before anything is built: a regular file of at most
+    ``max_bytes`` (``--max-message-bytes``: no client could send a larger prompt),
+    UTF-8, and a ``.json`` file within the bounds a client's event is held to
+    (:func:`realtime.jsonbounds.load`); an OpenAI session's fields are checked here
+    too, as ``/openai/v1/realtime`` checks them, so a bad file is refused before the
+    model loads (only the token count waits for the model's tokenizer)."""
     name = os.fspath(path)
-    try:
-        raw = Path(path).read_text("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read the warm prompt {name}: {exc}") from None
+    raw = _read_text(name, max_bytes)
     if not name.lower().endswith(".json"):
         text = raw[:-2] if raw.endswith("\r\n") else raw.removesuffix("\n")
         if not text.strip():
             raise ValueError(f"the warm prompt {name} is blank")
         return WarmPrompt(name, text=text)
     try:
-        value = json.loads(raw)
-    except ValueError as exc:
-        raise ValueError(f"the warm prompt {name} is not JSON: {exc}") from None
+        value = jsonbounds.load(raw)
+    except jsonbounds.Refused as exc:
+        raise ValueError(f"the warm prompt {name} {exc}") from None
     if isinstance(value, dict) and value.get("type") == "session.start":
         live = value.get("session")
         if not isinstance(live, dict):
             raise ValueError(f"the warm prompt {name}: a session.start event needs a 'session'")
-        return WarmPrompt(name, live=live)
+        prompt = WarmPrompt(name, live=live)
+        _live_prompt_text(prompt, live)  # refused before the model loads
+        return prompt
     if isinstance(value, dict) and value.get("type") == "session.update":
         value = value.get("session")
     if not isinstance(value, dict):
@@ -76,16 +86,67 @@ def read_warm_prompt(path: str | os.PathLike[str]) -> WarmPrompt:
             f"the warm prompt {name} must hold an OpenAI session object "
             '({"instructions": ..., "tools": [...]}) or a session.update event'
         )
-    return WarmPrompt(name, session=value)
+    prompt = WarmPrompt(name, session=value)
+    _check_session(prompt)
+    return prompt
 
 
-def read_warm_prompts(paths: Sequence[str | os.PathLike[str]]) -> tuple[WarmPrompt, ...]:
-    return tuple(read_warm_prompt(path) for path in paths)
+def _read_text(name: str, max_bytes: int) -> str:
+    """The file's text, read no further than ``max_bytes`` + 1 whatever it is."""
+    try:
+        info = os.stat(name)
+        if not stat.S_ISREG(info.st_mode):
+            what = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+            raise ValueError(f"cannot read the warm prompt {name}: it is {what}")
+        if info.st_size > max_bytes:
+            raise ValueError(_too_large(name, info.st_size, max_bytes))
+        with open(name, "rb") as file:
+            data = file.read(max_bytes + 1)
+    except OSError as exc:
+        raise ValueError(f"cannot read the warm prompt {name}: {exc.strerror or exc}") from None
+    if len(data) > max_bytes:  # it grew since stat
+        raise ValueError(_too_large(name, len(data), max_bytes))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"the warm prompt {name} is not UTF-8 text: {exc}") from None
 
 
-def warm_prompts_from_env(environ: Mapping[str, str]) -> tuple[WarmPrompt, ...]:
+def _too_large(name: str, size: int, max_bytes: int) -> str:
+    return (
+        f"the warm prompt {name} is {size} bytes, over the {max_bytes}-byte limit "
+        "(--max-message-bytes: no client could send a longer prompt)"
+    )
+
+
+def _check_session(prompt: WarmPrompt) -> None:
+    """An OpenAI session's fields, checked as the endpoint checks them (the token count
+    aside: it needs the model, :func:`system_prompt_of`)."""
+    from realtime.openai import events as ev
+    from realtime.openai import session as sess
+
+    merged = sess.updated(
+        ev.default_session("warm", "warm"),
+        dict(prompt.session or {}),
+        applied=None,
+        max_prompt_tokens=1 << 62,
+        count_tokens=len,
+    )
+    if isinstance(merged, ev.Invalid):
+        raise ValueError(f"warm prompt {prompt.source}: {merged.param}: {merged.message}")
+
+
+def read_warm_prompts(
+    paths: Sequence[str | os.PathLike[str]], max_bytes: int = MAX_WARM_PROMPT_BYTES
+) -> tuple[WarmPrompt, ...]:
+    return tuple(read_warm_prompt(path, max_bytes) for path in paths)
+
+
+def warm_prompts_from_env(
+    environ: Mapping[str, str], max_bytes: int = MAX_WARM_PROMPT_BYTES
+) -> tuple[WarmPrompt, ...]:
     raw = environ.get(WARM_PROMPT_ENV, "")
-    return read_warm_prompts([p for p in raw.split(os.pathsep) if p.strip()])
+    return read_warm_prompts([p for p in raw.split(os.pathsep) if p.strip()], max_bytes)
 
 
 def system_prompt_of(prompt: WarmPrompt, model: RealtimeModel, limits: Limits) -> str | None:
@@ -119,11 +180,9 @@ def system_prompt_of(prompt: WarmPrompt, model: RealtimeModel, limits: Limits) -
     return sess.system_prompt(merged)
 
 
-def _live_prompt(
-    prompt: WarmPrompt, session: Mapping[str, Any], model: RealtimeModel, limits: Limits
-) -> str | None:
-    """A Live session's prompt, checked as the Live endpoint checks it."""
-    from realtime.limits import prompt_refusal
+def _live_prompt_text(prompt: WarmPrompt, session: Mapping[str, Any]) -> str | None:
+    """A Live session's prompt as the Live endpoint renders it; ValueError for a
+    configuration the endpoint would refuse."""
     from realtime.live.config import parse_config
     from realtime.live.prompt import system_prompt
     from realtime.openai import events as ev
@@ -131,7 +190,16 @@ def _live_prompt(
     config = parse_config(session)
     if isinstance(config, ev.Invalid):
         raise ValueError(f"warm prompt {prompt.source}: {config.param}: {config.message}")
-    text = system_prompt(config)
+    return system_prompt(config)
+
+
+def _live_prompt(
+    prompt: WarmPrompt, session: Mapping[str, Any], model: RealtimeModel, limits: Limits
+) -> str | None:
+    """A Live session's prompt, checked as the Live endpoint checks it (its length too)."""
+    from realtime.limits import prompt_refusal
+
+    text = _live_prompt_text(prompt, session)
     refusal = prompt_refusal(
         text,
         limits.max_system_prompt_tokens,

@@ -81,18 +81,16 @@ async def test_a_recording_matches_the_session(
     server_side = [line["event"] for line in lines[1:] if line["from"] == "server"]
     assert [e["type"] for e in server_side] == [e["type"] for e in got]
     assert [e.get("event_id") for e in server_side] == [e.get("event_id") for e in got]
-    client_side = [line["event"]["type"] for line in lines[1:] if line["from"] == "client"]
-    assert client_side == [
+    # A client's messages as the server took them: their text, never parsed again.
+    client_side = [json.loads(line["text"]) for line in lines[1:] if line["from"] == "client"]
+    assert [m["type"] for m in client_side] == [
         "session.update",
         "input_audio_buffer.append",
         "input_audio_buffer.commit",
     ]
     times = [line["t"] for line in lines[1:]]
     assert times == sorted(times)
-    append = next(
-        line for line in lines if line.get("event", {}).get("type", "").endswith("append")
-    )
-    assert append["event"]["audio"] == f"<{1280 * FRAMES * 2} bytes of audio: see the WAV>"
+    assert client_side[1]["audio"] == f"<{1280 * FRAMES * 2} bytes of audio: see the WAV>"
 
     # The transcript: the user's words and the assistant's, as the client got them.
     text = of(stem, ".md").read_text()
@@ -188,3 +186,32 @@ def test_a_folder_that_cannot_be_written_is_a_usage_error(tmp_path: Path) -> Non
     assert made is not None and made.directory.is_dir()
     args.record = None
     assert server_module._recording(args) is None
+
+
+def test_claims_keep_the_bound_and_the_share_and_never_delete_a_live_recording(
+    tmp_path: Path,
+) -> None:
+    """The accounts behind ``--record-max-bytes`` (pure bookkeeping, files of a given
+    size): a conversation's share, room made from finished recordings only, oldest first."""
+    old = [f"20261203T1400{s:02d}_000000Z-sess_{s}" for s in range(3)]
+    for stem in old:
+        (tmp_path / (stem + ".wav")).write_bytes(b"x" * 300)
+    recording = Recording(tmp_path, 1000, share=400)
+    live = ["20261203T150000_000000Z-sess_a", "20261203T150001_000000Z-sess_b"]
+    assert recording.claim(live[0], 100)  # 900 + 100: fits as it is
+    assert sorted(p.name.split(".")[0] for p in tmp_path.iterdir()) == old
+    assert recording.claim(live[0], 100)  # 1,100: the oldest finished one goes
+    assert not (tmp_path / (old[0] + ".wav")).exists()
+    assert not recording.claim(live[0], 250)  # 450 > its share of 400
+    assert not recording.claim(live[0], 150, keep=100)  # the share less what it keeps
+    assert recording.claim(live[0], 150) and recording.room(live[0]) == 50
+    assert recording.claim(live[1], 400)  # deletes the other two finished ones
+    assert list(tmp_path.iterdir()) == []
+    recording.finished(live[0])  # 350 finished, 400 live
+    assert not recording.claim(live[1], 1)  # at its share
+    (tmp_path / (live[0] + ".wav")).write_bytes(b"x" * 350)
+    more = ["20261203T150002_000000Z-sess_c", "20261203T150003_000000Z-sess_d"]
+    assert recording.claim(more[0], 300)  # 1,050: the finished one goes, never a live one
+    assert not (tmp_path / (live[0] + ".wav")).exists()
+    assert not recording.claim(more[1], 301)  # live ones only, 1,001: refused
+    assert recording.claim(more[1], 300)  # exactly the bound

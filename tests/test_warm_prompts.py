@@ -39,7 +39,7 @@ def test_warm_prompt_files(tmp_path: Path) -> None:
     assert read_warm_prompt(update).session == SESSION
     for name, content, why in [
         ("blank.txt", "  \n", "blank"),
-        ("bad.json", "{", "not JSON"),
+        ("bad.json", "{", "not valid JSON"),
         ("list.json", "[]", "session object"),
     ]:
         (tmp_path / name).write_text(content, "utf-8")

@@ -39,7 +39,7 @@ import os
 import resource
 import socket
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Final
 
 import attrs
@@ -470,6 +470,11 @@ class GuardedWSStream(WSStream):
     """Hypercorn's ``WSStream`` with the upgrade race closed; see the module docstring."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._app_ended = False
+        """The app has returned (its last ``send(None)`` came): nothing reads its queue."""
+        self._puts: set[trio.CancelScope] = set()
+        """Puts into the app's queue under way (the reader's, at most one or two)."""
+        self._queue_put: Callable[[Any], Awaitable[None]] | None = None
         super().__init__(*args, **kwargs)
         self.buffer = _BoundedBuffer(self.config.websocket_max_message_size)
         self._answering = False
@@ -479,6 +484,38 @@ class GuardedWSStream(WSStream):
         """A frame broke the protocol: the close it calls for, not yet sent."""
         self._peer_close: int | None = None
         """The client's own close frame's code (it hung up), for the app's disconnect."""
+
+    @property
+    def app_put(self) -> Callable[[Any], Awaitable[None]] | None:
+        """Hypercorn's put into the app's queue (``max_app_queue_size`` messages), as
+        :meth:`_put` bounds it; ``None`` before the app is started."""
+        return None if self._queue_put is None else self._put
+
+    @app_put.setter
+    def app_put(self, put: Callable[[Any], Awaitable[None]] | None) -> None:
+        self._queue_put = put
+
+    async def _put(self, message: Any) -> None:
+        """A message for the app, unless the app has ended. Once it has, nothing reads
+        its queue: a client that went on sending filled it, and the connection's reader
+        waited in this put (not on the socket, so aborting the socket did not end it)
+        until Hypercorn's graceful timeout cancelled it (issue 43: SIGTERM took
+        shutdown timeout + 5 s with a non-reader that kept sending)."""
+        if self._app_ended or self._queue_put is None:
+            return
+        with trio.CancelScope() as scope:
+            self._puts.add(scope)
+            try:
+                await self._queue_put(message)
+            finally:
+                self._puts.discard(scope)
+
+    async def app_send(self, message: Any) -> None:
+        if message is None:  # the app has returned: a put waiting for it never ends
+            self._app_ended = True
+            for scope in self._puts:
+                scope.cancel()
+        await super().app_send(message)
 
     async def handle(self, event: Any) -> None:
         if (

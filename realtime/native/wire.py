@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import attrs
 
-from realtime import audio
+from realtime import audio, jsonbounds
 from realtime.audio import float_to_pcm16, pcm16_to_float
 from realtime.endpoints import OPENAI_CLIENT_TYPES, OPENAI_DIALECT_HINT, OPENAI_SESSION_KEYS
 from realtime.endpoints import ErrorCode as ErrorCode
@@ -233,17 +233,21 @@ def parse_client_message(
 ) -> ClientMessage:
     """Parse one WebSocket frame; raise :class:`ProtocolError` with a clear reason.
 
+    Bounded like the OpenAI endpoint's events (:func:`realtime.jsonbounds.load`): more
+    than ``MAX_JSON_VALUES`` values or ``MAX_JSON_DEPTH`` levels is refused from the
+    text alone. The size bound (``max_message_bytes``) is the caller's.
+
     ``figures`` are the served model's: an append without ``sample_rate`` is at its
     input rate, and ``max_streaming_seconds`` is at least one of its frames.
     """
     if isinstance(frame, (bytes, bytearray)):
         raise ProtocolError("binary frames are not supported; send JSON text frames")
     try:
-        msg = json.loads(frame)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ProtocolError(f"message is not valid JSON: {exc}") from None
-    except ValueError as exc:  # e.g. an integer longer than Python's digit limit
-        raise ProtocolError(f"message cannot be read: {exc}") from None
+        # Refused by its structure (values, depth) before anything is built: a
+        # hostile text costs a bounded scan of the event loop, not its parse.
+        msg = jsonbounds.load(frame)
+    except jsonbounds.Refused as exc:
+        raise ProtocolError(f"message {exc}") from None
     if not isinstance(msg, dict):
         raise ProtocolError("message must be a JSON object")
     kind = msg.get("type")

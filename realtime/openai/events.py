@@ -18,6 +18,13 @@ from typing import Any, Final
 
 import attrs
 
+from realtime import jsonbounds
+from realtime.jsonbounds import MAX_JSON_DEPTH as MAX_JSON_DEPTH
+from realtime.jsonbounds import MAX_JSON_VALUES as MAX_JSON_VALUES
+from realtime.jsonbounds import Shape as Shape
+from realtime.jsonbounds import shape as shape
+from realtime.jsonbounds import too_many_values as too_many_values
+from realtime.jsonbounds import utf8_size as utf8_size
 from realtime.openai.usage import usage as count_usage
 from realtime.wire_audio import PCM24, PCMA, PCMU, WireFormat
 
@@ -52,20 +59,6 @@ DEFAULT_TURN_DETECTION: Final = {
 server does (a user turn ends after 640 ms without new transcript), not a VAD."""
 VOICE: Final = "voicechat"
 
-MAX_JSON_DEPTH: Final = 64
-"""Deepest nesting of objects and arrays in a client event. GA events nest a few
-levels (a tool's JSON schema a dozen); the bound keeps every recursive step on
-client JSON (parsing, ``copy.deepcopy``, comparisons, ``json.dumps``) far from
-Python's recursion limit, which 800 to 1000 levels reach (RecursionError)."""
-MAX_JSON_VALUES: Final = 4096
-"""Most JSON values (objects, arrays, scalars) in one client event, checked before
-anything is parsed. A GA event holds a few dozen, a session with tools a few
-hundred; one of a million ``{}`` took far more memory and seconds of the event loop
-to parse, copy and echo (docs/reliability.md)."""
-
-_STRING_OR_MARK: Final = re.compile(r'"[^"]*"|\{\s*\}|\[\s*\]|[,\[{]')
-"""A JSON string (once its escapes are gone), an empty object or array, a comma or
-an opening bracket: the tokens that tell how many values a JSON text holds."""
 _SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89a-fA-F]")
 """A ``\\uD800``-``\\uDFFF`` escape: half of a pair, or a lone surrogate."""
 
@@ -81,62 +74,6 @@ class Invalid:
     """The field at fault, when one is."""
     event_id: str | None = None
     """The refused client event's own ``event_id``, echoed so the client can match."""
-
-
-@attrs.frozen(slots=True)
-class Shape:
-    """How big a JSON value is as Python builds it."""
-
-    values: int
-    """Objects, arrays and scalars, itself included (object keys are not counted)."""
-    depth: int
-    """Nesting of objects and arrays (a scalar: 0)."""
-
-
-def shape(value: object) -> Shape:
-    """``value``'s shape, walked a level at a time rather than recursively: its depth
-    may be what is being checked."""
-    values, depth = 0, 0
-    level: list[Any] = [value]
-    while level:
-        values += len(level)
-        below: list[Any] = []
-        nested = False
-        for node in level:
-            if isinstance(node, dict):
-                below.extend(node.values())
-                nested = True
-            elif isinstance(node, list):
-                below.extend(node)
-                nested = True
-        depth += nested
-        level = below
-    return Shape(values, depth)
-
-
-def utf8_size(text: str) -> int:
-    """``text``'s size in UTF-8 bytes (without encoding it when it is ASCII)."""
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-
-
-def too_many_values(frame: str, limit: int) -> bool:
-    """Whether the JSON text ``frame`` holds more than ``limit`` values, decided
-    without parsing it. Outside strings, a JSON text holds one value, plus one per
-    comma, plus one per object or array that is not empty (its first element). For
-    nearly every message ``str.count`` over the whole text (strings included) shows
-    it is well under; only one with that many marks anywhere is scanned token by
-    token, strings skipped, until the limit is passed."""
-    if 1 + frame.count(",") + frame.count("[") + frame.count("{") <= limit:
-        return False
-    # An escape is a pair; without them every quote opens or closes a string.
-    bare = frame.replace("\\\\", "").replace('\\"', "")
-    values = 1
-    for found in _STRING_OR_MARK.finditer(bare):
-        if found.group() in (",", "[", "{"):
-            values += 1
-            if values > limit:
-                return True
-    return values > limit
 
 
 def _unicode(message: Any) -> bool:
@@ -162,21 +99,12 @@ def parse_client_event(frame: str | bytes | None, *, max_bytes: int) -> dict[str
         return Invalid("invalid_json", "send JSON text messages")
     if len(frame) > max_bytes or utf8_size(frame) > max_bytes:
         return Invalid("message_too_large", f"message exceeds the {max_bytes}-byte limit")
-    if too_many_values(frame, MAX_JSON_VALUES):
-        return Invalid(
-            "message_too_large",
-            f"message holds more than {MAX_JSON_VALUES} JSON values (objects, arrays, "
-            "strings, numbers); no client event needs that many",
-        )
-    deep = Invalid("invalid_json", f"message nests deeper than {MAX_JSON_DEPTH} levels")
     try:
-        message = json.loads(frame)
-    except RecursionError:
-        return deep
-    except ValueError as exc:
-        return Invalid("invalid_json", f"message is not JSON: {exc}")
-    if shape(message).depth > MAX_JSON_DEPTH:
-        return deep
+        message = jsonbounds.load(frame)
+    except jsonbounds.TooManyValues as exc:
+        return Invalid("message_too_large", f"message {exc}; no client event needs that many")
+    except jsonbounds.Refused as exc:
+        return Invalid("invalid_json", f"message {exc}")
     if _SURROGATE_ESCAPE.search(frame) is not None and not _unicode(message):
         return Invalid(
             "invalid_json",

@@ -96,6 +96,16 @@ def tokenizing() -> trio.CapacityLimiter:
         return limiter
 
 
+def refusal(outputs: Iterable[Output]) -> str | None:
+    """Why the rules refused the client message they answered with ``outputs`` (the
+    first ``error`` event's message, both dialects spell it so), or ``None``."""
+    for out in outputs:
+        if isinstance(out, dict) and out.get("type") == "error":
+            error = out.get("error")
+            return str(error.get("message", "")) if isinstance(error, dict) else "refused"
+    return None
+
+
 @attrs.frozen(slots=True, eq=False)
 class _Slice:
     future: concurrent.futures.Future[Step | None]
@@ -256,9 +266,10 @@ class Connection:
             # Queued for the sender, never written here: a write that finds the socket
             # dead makes Hypercorn put the disconnect into its (full) receive queue from
             # inside the write, which only this task drains (issue 37).
-            if frame is not None:
-                self.lifetime.recorder.event("client", frame)
-            await self._apply(rules.receive(frame, trio.current_time()), arrived)
+            outputs = rules.receive(frame, trio.current_time())
+            if frame is not None:  # recorded as the rules took it, never parsed again
+                self.lifetime.recorder.received(frame, refusal(outputs))
+            await self._apply(outputs, arrived)
 
     async def _timer(self) -> None:
         rules = self.rules

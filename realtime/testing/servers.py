@@ -57,12 +57,13 @@ def serve_engine(
     *,
     metrics: PrometheusObserver | None = None,
     observer: Observer | None = None,
+    limits: Limits | None = None,
 ) -> None:
     """Serve a started ``engine`` in this process until interrupted, printing the
     ``realtime: serving`` line (for servers on a fake or instrumented model); the
     engine is shut down on the way out. ``observer`` (with its ``metrics``) replaces
-    the default metrics and session log."""
-    limits = Limits()
+    the default metrics and session log; ``limits``: the defaults' unless given."""
+    limits = limits or Limits()
     extra: dict[str, Any] = {}
     if metrics is not None and observer is not None:
         extra = {"metrics": metrics, "observer": observer}

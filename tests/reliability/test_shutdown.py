@@ -7,6 +7,7 @@ descriptor and, on shutdown, stop within ``shutdown_timeout``.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -170,3 +171,129 @@ async def test_sigterm_exits_0_within_the_bound_while_a_client_reads_nothing(
     assert "aborted 1 TCP connection" in output, output
     assert "engine alive after shutdown: False" in output, output
     assert "Traceback" not in output, output
+
+
+SERVE_FAKE_FOUR = """
+import sys
+from realtime.engine.runner import Engine
+from realtime.limits import Limits
+from realtime.testing.fake import FakeModel, FakeOptions
+from realtime.testing.servers import serve_engine
+limits = Limits(max_sessions=4, shutdown_timeout=3.0, admission_margin=0)
+engine = Engine(lambda: FakeModel(FakeOptions(audio_samples=50_000)), capacity=4)
+engine.start()
+serve_engine(engine, limits=limits)
+print("engine alive after shutdown:", engine.alive, file=sys.stderr, flush=True)
+"""
+
+
+async def streaming_client(port: int, stop: trio.Event, opened: list[int]) -> int | None:
+    """A client that streams a frame every 80 ms and reads everything, until the
+    server closes; its close code."""
+    client = await RawClient.connect("127.0.0.1", port)
+    assert (await client.recv_json() or {})["type"] == "session.created"
+    await client.send_json({"type": "session.update", "session": {}})
+    assert (await client.recv_json() or {})["type"] == "session.updated"
+    opened.append(1)
+
+    async def read() -> None:
+        while await client.recv_json(30) is not None:
+            pass
+        stop.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read)
+        frame = append_msg(noise(1280))
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            while not stop.is_set():
+                await client.send_json(frame)
+                await trio.sleep(0.08)
+    await client.aclose()
+    return client.close_code
+
+
+async def test_sigterm_with_three_streams_and_a_non_reader_that_keeps_sending() -> None:
+    """Issue 43 finding 9: three conversations streaming and one client that stopped
+    reading but goes on sending, ``--max-sessions 4``, shutdown timeout 3 s: SIGTERM
+    exits 0 within drain + shutdown timeout + 2 s = 5 s. Before: 8.1 s. Once its
+    session ended, nothing read the app's queue, which the client's appends had
+    filled: the connection's reader waited in its put (not on the socket, so the abort
+    did not end it) until Hypercorn's graceful timeout (shutdown timeout + 2 s)."""
+    with start_server_process(
+        argv=[sys.executable, "-c", SERVE_FAKE_FOUR], cwd=REPO, name="stall4"
+    ) as server:
+        port = urlsplit(server.http).port
+        assert port is not None
+        closes: list[int | None] = []
+        opened: list[int] = []
+        done = trio.Event()
+
+        async def stream() -> None:
+            closes.append(await streaming_client(port, trio.Event(), opened))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(stream)
+            await wait_until(lambda: len(opened) == 3, 10, "three streaming")
+            client = await stalled_client(port)
+
+            async def keep_sending() -> None:
+                frame = append_msg(noise(1280))
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    while not done.is_set():
+                        await client.send_json(frame)
+                        await trio.sleep(0.08)
+
+            nursery.start_soon(keep_sending)
+            await trio.sleep(2)  # its writes are blocked and its appends queue up
+            started_at = time.monotonic()
+            server.proc.send_signal(signal.SIGTERM)
+            try:
+                code = await trio.to_thread.run_sync(partial(server.proc.wait, 30))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(
+                    "SIGTERM did not end the server:\n" + server.output()
+                ) from None
+            elapsed = time.monotonic() - started_at
+            done.set()
+        await client.aclose()
+        output = server.output()
+    assert code == 0, output
+    assert closes == [1001, 1001, 1001], (closes, output)
+    # The documented bound: drain (0) + shutdown timeout (3 s) + 2 s.
+    assert elapsed < 5.0, (elapsed, output)
+    assert "aborted 1 TCP connection" in output, output
+    assert "engine alive after shutdown: False" in output, output
+    assert "Traceback" not in output, output
+
+
+async def test_a_dropped_stalled_reader_that_keeps_sending_ends_its_connection() -> None:
+    """A client that stops reading but goes on sending: once its session is dropped
+    (send timeout), nothing reads the app's queue. Before, its appends filled it and the
+    connection's reader waited in the put until shutdown (handler and descriptor held);
+    now the connection ends with its session."""
+    model = FakeModel(FakeOptions(audio_samples=BIG_FRAMES))
+    engine = started(model)
+    try:
+        limits = Limits(send_timeout=0.5, send_queue_events=4)
+        stop = trio.Event()
+        async with server_until(engine, limits, stop) as (port, state, _done):
+            client = await stalled_client(port)
+            gone = trio.Event()
+
+            async def keep_sending() -> None:
+                frame = append_msg(noise(1280))
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    while not gone.is_set():
+                        await client.send_json(frame)
+                        await trio.sleep(0.02)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(keep_sending)
+                await wait_until(lambda: state.connections == 0, 15, "the session ended")
+                await wait_until(lambda: not state.tcp.open, 15, "the TCP connection ended")
+                gone.set()
+            assert not engine.is_reserved()
+            await client.aclose()
+    finally:
+        engine.shutdown()
