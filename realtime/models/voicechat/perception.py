@@ -16,7 +16,7 @@ zeros change none of the sums on MLX's CPU, whose reductions run in order
 run; a GPU's attention kernels split the keys into blocks, so padding may move the
 last bits there). A chunk the step does not cut runs as mlx-audio's own push.
 
-The resident batch's rows (:mod:`realtime.models.voicechat.batch`) keep that padded
+The frame batch's rows (:mod:`realtime.models.voicechat.batch`) keep that padded
 layout between frames (:class:`ConformerBatch`): their caches are stacked once, not
 per step, and written back to each row's streaming state when it leaves.
 """
@@ -41,10 +41,12 @@ T = TypeVar("T")
 
 
 class HoldsConformer(Protocol):
-    """What perception reads and sets of the resident batch
-    (:class:`realtime.models.voicechat.batch.Resident`, which imports this module)."""
+    """What perception reads and sets of the frame batch
+    (:class:`realtime.models.voicechat.batch.FrameBatch`, which imports this module)."""
 
-    inners: list[Any]
+    @property
+    def inners(self) -> list[Any]: ...
+
     conformer: ConformerBatch | None
 
     def release_conformer(self) -> None: ...
@@ -167,7 +169,7 @@ def _resident_batch(
         return None
     streams = [inner._conformer_stream for inner in resident.inners]
     if plain and all(stackable(s) for s in streams):
-        resident.conformer = ConformerBatch.of(streams)
+        resident.conformer = ConformerBatch.merge(streams)
     return resident.conformer
 
 
@@ -187,7 +189,8 @@ class ConformerBatch:
     longest (``lengths[j]`` real keys at the right, the layout :func:`_conformer_blocks`
     builds per step; the padding masked while lengths differ), and their convolution
     caches (rows, kernel - 1, features). Rows join with :meth:`extend`, leave with
-    :meth:`put` and :meth:`filter`."""
+    :meth:`extract` and :meth:`filter` (a frame batch's
+    :class:`~realtime.models.voicechat.batch.Part`)."""
 
     attn: list[Any]
     conv: list[Any]
@@ -198,7 +201,7 @@ class ConformerBatch:
         return max(self.lengths)
 
     @classmethod
-    def of(cls, streams: Sequence[Any]) -> ConformerBatch:
+    def merge(cls, streams: Sequence[Any]) -> ConformerBatch:
         """Stacked from each :func:`stackable` stream's own caches."""
         lengths = [s.attn_cache[0].shape[1] for s in streams]
         layers = range(len(streams[0].attn_cache))
@@ -238,7 +241,7 @@ class ConformerBatch:
     def arrays(self) -> list[Any]:
         return [*self.attn, *self.conv]
 
-    def put(self, j: int, stream: Any) -> list[Any]:
+    def extract(self, j: int, stream: Any) -> list[Any]:
         """Write row ``j``'s caches back to its own ``stream`` (as its own pushes would
         have left them); the new arrays."""
         row, start = mx.array([j]), self.width - self.lengths[j]

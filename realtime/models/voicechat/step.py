@@ -24,21 +24,21 @@ Rows are combined only where the result stays bit for bit what each row gets alo
   (under 70 encoder frames) left-padded to the longest and masked;
 * the RNN-T runs one batch per round of symbols over the rows still emitting (each
   emits its own number), its predictor's LSTM layers called batch-first;
-* the language model runs as one batch over the resident batch's stacked state
+* the language model runs as one batch over the frame batch's state
   (:mod:`realtime.models.voicechat.batch`: Mamba states stacked, each attention layer
-  a :class:`~realtime.models.voicechat.batch.BatchedKV`, left-padded to the longest,
-  masked); rows beside it (not steady: a first frame, past the TTS window) read their
-  own caches through :class:`_RowsKV`, which lays them out the same way for the step;
+  a :class:`~realtime.models.voicechat.batch.PaddedKV`, left-padded to the longest,
+  masked); rows beside it (not steady: a conversation's first frame) are merged into
+  the same parts for the step and written back after it;
 * the TTS runs as one batch of 2B rows (classifier-free guidance: all conditional
-  rows, then all unconditional ones), its backbone over the resident batch's
-  (rows beside it: :class:`_RowsKV`) with per-row RoPE offsets, its character
-  encoder over groups of rows whose tokens spell equally many characters (no
-  padding), its random draws from each row's own key
+  rows, then all unconditional ones), its backbone over the frame batch's (a wrapped
+  sliding window kept rotated, written in place) with per-row RoPE offsets, its
+  character encoder over groups of rows whose tokens spell equally many characters
+  (no padding), its random draws from each row's own key
   (:func:`realtime.models.voicechat.keys.drawing_rows`);
-* the codec decodes the resident batch's rows as one batch on their stacked caches, the
+* the codec decodes the frame batch's rows as one batch on their stacked caches, the
   rows beside it per group whose streaming caches hold the same layers.
 
-The resident batch's cost in memory (every row at the longest row's length while
+The frame batch's cost in memory (every row at the longest row's length while
 batched) is in docs/architecture.md.
 """
 
@@ -52,7 +52,6 @@ import mlx.core as mx
 import numpy as np
 from mlx_audio.stt.models.nemotron_asr import tokenizer as rnnt_tokenizer
 from mlx_audio.stt.models.nemotron_asr.audio import log_mel_spectrogram
-from mlx_vlm.models.cache import KVCache
 
 from realtime.models.base import (
     AssistantTextDelta,
@@ -65,12 +64,11 @@ from realtime.models.base import (
     UserTranscriptDelta,
 )
 from realtime.models.voicechat.batch import (
-    Resident,
+    FrameBatch,
+    PaddedKV,
+    StackedCodec,
     codec_layout,
-    release,
-    residents,
-    stacked_codec,
-    stacked_states,
+    language_part,
 )
 from realtime.models.voicechat.codes import (
     PerModel,
@@ -127,91 +125,34 @@ def check_state(inner: Any) -> None:
         )
 
 
-class _RowsKV:
-    """Several rows' own attention caches seen as one batched cache for one layer.
-
-    ``update_and_fetch`` appends each row's new key and value to that row's cache and
-    returns all rows left-padded to the longest; ``make_mask`` masks the padding (None
-    when every row is equally long: then the batch is exactly the rows stacked).
-    ``parts`` are (cache, rows) pairs: a TTS cache holds a conversation's conditional
-    and unconditional rows together, and ``order`` lays the batch out as the model
-    expects it (all conditional rows, then all unconditional ones).
-    """
-
-    def __init__(self, caches: Sequence[Any], rows_each: int) -> None:
-        self._caches = caches
-        self._rows_each = rows_each
-
-        self.offset = mx.array(
-            [int(cache.offset) for _ in range(rows_each) for cache in caches], dtype=mx.int32
-        )
-
-    def _size_after(self, cache: Any, n: int) -> int:
-        limit = getattr(cache, "max_size", None)
-        size = int(cache.offset) + n
-        return size if limit is None else min(size, int(limit))
-
-    def make_mask(self, n: int, **_: Any) -> Any:
-
-        sizes = [self._size_after(cache, n) for cache in self._caches]
-        longest = max(sizes)
-        if n != 1:
-            raise ValueError("batched frames step one position at a time")
-        if all(size == longest for size in sizes):
-            return None
-        positions = mx.arange(longest)[None, :]
-        starts = mx.array([longest - size for _ in range(self._rows_each) for size in sizes])
-        return (positions >= starts[:, None])[:, None, None, :]
-
-    def update_and_fetch(self, keys: Any, values: Any) -> tuple[Any, Any]:
-
-        count = len(self._caches)
-        fetched_k: list[Any] = []
-        fetched_v: list[Any] = []
-        for index, cache in enumerate(self._caches):
-            rows = [index + r * count for r in range(self._rows_each)]
-            take = mx.array(rows) if self._rows_each > 1 else slice(index, index + 1)
-            k, v = cache.update_and_fetch(keys[take], values[take])
-            fetched_k.append(k)
-            fetched_v.append(v)
-        longest = max(k.shape[2] for k in fetched_k)
-
-        def padded(parts: list[Any]) -> Any:
-            out = []
-            for part in parts:
-                gap = longest - part.shape[2]
-                if gap:
-                    part = mx.pad(part, [(0, 0), (0, 0), (gap, 0), (0, 0)])
-                out.append(part)
-            # Lay the rows out as [row 0 of each cache..., row 1 of each cache...].
-            return mx.concatenate(
-                [part[r : r + 1] for r in range(self._rows_each) for part in out], axis=0
-            )
-
-        return padded(fetched_k), padded(fetched_v)
+def _merged(owns: Sequence[Sequence[Any]], merge: Callable[[list[Any]], Any]) -> list[Any]:
+    """Rows' own caches (``owns[row][layer]``) as one batch for a step: a part per layer
+    (:mod:`realtime.models.voicechat.batch`), written back by :func:`_put_back`."""
+    return [merge([own[layer] for own in owns]) for layer in range(len(owns[0]))]
 
 
-def _split_arrays(batch: Any, caches: Sequence[Any]) -> None:
-    for slot in range(len(batch.cache)):
-        stacked = batch[slot]
-        if stacked is None:
-            continue
-        for row, cache in enumerate(caches):
-            cache[slot] = stacked[row : row + 1]
+def _put_back(parts: Sequence[Any], owns: Sequence[Sequence[Any]]) -> None:
+    """Each row's part of a step's merged ``parts`` written back to its own caches (its
+    arrays submitted now: no view of the merged buffers outlives the step)."""
+    written: list[Any] = []
+    for j, own in enumerate(owns):
+        for part, cache in zip(parts, own, strict=True):
+            written += part.extract(j, cache)
+    mx.async_eval(written)  # type: ignore[no-untyped-call]
 
 
-def _language(rows: Sequence[StepRow], fused: Any, resident: Resident | None) -> tuple[Any, Any]:
-    """The language model over ``rows`` (the resident batch's state, else one batch
-    per group of rows whose recurrent states exist: a session's first step starts
-    them), each row's caches advanced; the text and function logits of the new
-    position, (rows, vocabulary) each."""
+def _language(rows: Sequence[StepRow], fused: Any, batch: FrameBatch | None) -> tuple[Any, Any]:
+    """The language model over ``rows`` (the frame batch's rows, which lead, on its
+    state; the others one batch per group of rows whose recurrent states exist: a
+    session's first step starts them), each row's caches advanced; the text and
+    function logits of the new position, (rows, vocabulary) each."""
 
-    held = 0 if resident is None else len(resident.inners)
+    held = 0 if batch is None else len(batch.seats)
     if held:
-        assert resident is not None
+        assert batch is not None
         whole = held == len(rows)
         output = rows[0].inner.model.stt_model(
-            fused if whole else fused[:held], cache=resident.language
+            fused if whole else fused[:held], cache=batch.views(batch.language)
         )
         logits = output.text_logits[:, -1], output.function_logits[:, -1]
         if whole:
@@ -240,20 +181,10 @@ def _language_batch(rows: Sequence[StepRow], fused: Any) -> Any:
     model = rows[0].inner.model.stt_model
     if len(rows) == 1:
         return model(fused, cache=rows[0].inner._language_cache)
-    per_row = [row.inner._language_cache for row in rows]
-    batch: list[Any] = []
-    stacked: list[tuple[Any, list[Any]]] = []
-    for layer in range(len(per_row[0])):
-        caches = [row_caches[layer] for row_caches in per_row]
-        if isinstance(caches[0], KVCache):
-            batch.append(_RowsKV(caches, 1))
-        else:
-            merged = stacked_states(caches)
-            batch.append(merged)
-            stacked.append((merged, caches))
-    output = model(fused, cache=batch)
-    for merged, caches in stacked:
-        _split_arrays(merged, caches)
+    owns = [row.inner._language_cache for row in rows]
+    parts = _merged(owns, language_part)
+    output = model(fused, cache=[part.view for part in parts])
+    _put_back(parts, owns)
     return output
 
 
@@ -288,7 +219,7 @@ def _tts(
     ids: list[int],
     previous: list[Any | None],
     silence: Any,
-    resident: Resident | None,
+    batch: FrameBatch | None,
 ) -> tuple[Any, Any]:
     """One EAR-TTS step for ``rows``: mlx-vlm's ``RVQEARTTSModel.step`` with guidance,
     its conditioning built per group of rows, its backbone over every row's own caches
@@ -306,33 +237,34 @@ def _tts(
     cond = _subwords(tts, ids)
     null = mx.broadcast_to(tts.null_emb, cond.shape)
     inputs = tts.gated_fusion_audio_text(code_embed, mx.concatenate([cond, null], axis=0))
-    if resident is not None:
-        cache: Any = resident.tts
-    elif count == 1:
-        cache = rows[0].inner._tts_cache
+    owns = [row.inner._tts_cache for row in rows]
+    merged = batch is None and count > 1
+    if batch is not None:
+        cache: Any = batch.tts
     else:
-        per_row = [row.inner._tts_cache for row in rows]
-        cache = [_RowsKV([c[layer] for c in per_row], 2) for layer in range(len(per_row[0]))]
+        cache = _merged(owns, lambda caches: PaddedKV.merge(caches, 2)) if merged else owns[0]
     hidden = tts.backbone(None, inputs_embeds=inputs, cache=cache)
+    if merged:
+        _put_back(cache, owns)
     with drawing_rows([row.key for row in rows]):
         return generate_codes(tts, hidden)
 
 
-def _codec(rows: Sequence[StepRow], clean: Any, resident: Resident | None) -> list[Any]:
+def _codec(rows: Sequence[StepRow], clean: Any, batch: FrameBatch | None) -> list[Any]:
     """Each row's samples for its codes: the codec's streaming decode (``decode_step``:
     its quantizer's latents, here :func:`~realtime.models.voicechat.codes.codec_latents`,
-    then ``decode_latents``), over the resident batch's caches, else one batch per
-    group of rows whose caches hold the same layers (a conversation's first frame
-    starts its cache)."""
+    then ``decode_latents``), over the frame batch's caches for its rows (which lead),
+    the others one batch per group of rows whose caches hold the same layers (a
+    conversation's first frame starts its cache)."""
 
     codec = rows[0].inner.model.tts_model.audio_codec
-    held = 0 if resident is None else len(resident.inners)
+    held = 0 if batch is None else len(batch.seats)
     if held:
-        assert resident is not None
+        assert batch is not None
         whole = held == len(rows)
         codes = clean if whole else clean[:held]
         out = codec.decode_latents(
-            codec_latents(codec.prvq, codes.transpose(0, 2, 1)), cache=resident.codec
+            codec_latents(codec.prvq, codes.transpose(0, 2, 1)), cache=batch.codec_view
         )
         decoded = [out[i, 0] for i in range(held)]
         return decoded if whole else decoded + _codec(rows[held:], clean[held:], None)
@@ -345,14 +277,12 @@ def _codec(rows: Sequence[StepRow], clean: Any, resident: Resident | None) -> li
             out = codec.decode_latents(latents, cache=rows[members[0]].inner._codec_cache)
             samples[members[0]] = out[0, 0]
             continue
-        caches = [rows[i].inner._codec_cache for i in members]
-        merged = stacked_codec(caches)
-        out = codec.decode_latents(latents, cache=merged)
-        for position, (i, cache) in enumerate(zip(members, caches, strict=True)):
+        owns = [[rows[i].inner._codec_cache] for i in members]
+        merged = _merged(owns, StackedCodec.merge)
+        out = codec.decode_latents(latents, cache=merged[0].view)
+        _put_back(merged, owns)
+        for position, i in enumerate(members):
             samples[i] = out[position, 0]
-            cache.cache = {
-                name: value[position : position + 1] for name, value in merged.cache.items()
-            }
     return samples
 
 
@@ -561,16 +491,16 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
             raise ContextLimitReached(
                 f"stream exceeded the configured {inner.max_frames}-frame context"
             )
-    resident = residents(rows[0].inner.model)
-    order, held = resident.arrange([row.inner for row in rows])
+    batch = next((row.seat.batch for row in rows if row.seat.batch is not None), FrameBatch())
+    order, held = batch.arrange([row.seat for row in rows])
     if not held:
         return _step(rows, figures, None)
     try:
-        out = _step([rows[k] for k in order], figures, resident)
+        out = _step([rows[k] for k in order], figures, batch)
     except BaseException:
         # The batch holds only this step's rows; their states may be partly advanced
         # (the caller fails them all), so nothing is written back.
-        resident.drop()
+        batch.drop()
         raise
     events: list[list[ModelEvent]] = [[] for _ in rows]
     for position, k in enumerate(order):
@@ -579,20 +509,18 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
 
 
 def _step(
-    rows: Sequence[StepRow], figures: ModelFigures, resident: Resident | None
+    rows: Sequence[StepRow], figures: ModelFigures, batch: FrameBatch | None
 ) -> list[list[ModelEvent]]:
-    """:func:`step_frames` for ``rows``: the resident batch's rows first, in its order,
-    on its state (``resident``), the others on their own caches (all: None)."""
+    """:func:`step_frames` for ``rows``: the frame batch's rows first, in its order,
+    on its state (``batch``), the others on their own caches (all: None)."""
     first = rows[0].inner
     # Perception (batched where the rows' streaming states allow); the language
     # model's input for every row at once.
-    encoded, projected = perceive(rows, resident)
+    encoded, projected = perceive(rows, batch)
     fresh = [row.inner._timeline_index == 0 for row in rows]
     """A session opened with no system prompt has run no timeline step yet: its first
     frame reads pad on both channels and speaks the codec's silence (no TTS step)."""
-    text_logits, function_logits = _language(
-        rows, _language_input(rows, projected, fresh), resident
-    )
+    text_logits, function_logits = _language(rows, _language_input(rows, projected, fresh), batch)
     text_ids = mx.argmax(text_logits, axis=-1)
     function_ids = mx.argmax(function_logits, axis=-1)
     mx.async_eval(text_ids, function_ids)  # type: ignore[no-untyped-call]
@@ -600,11 +528,11 @@ def _step(
     # The text ids are read now (the TTS's character encoder spells them on the host);
     # the function ids only once the frame's final evaluation has run.
     texts = [int(t) for t in np.asarray(text_ids).reshape(-1)]
-    codes, spoken = _speak(rows, texts, fresh, resident)
+    codes, spoken = _speak(rows, texts, fresh, batch)
     clean = first.parent._replace_control_codes(codes)
-    samples = _codec(rows, clean, resident)
-    # The resident rows' attention and convolution caches are stacked (their own are stale).
-    conformer = None if resident is None else resident.conformer
+    samples = _codec(rows, clean, batch)
+    # The batch's rows' attention and convolution caches are stacked (their own are stale).
+    conformer = None if batch is None else batch.conformer
     state: list[Any] = [] if conformer is None else conformer.arrays()
     for position, row in enumerate(rows):
         own = _conformer_state(row.inner)
@@ -674,20 +602,20 @@ def _language_input(rows: Sequence[StepRow], projected: Sequence[Any], fresh: li
 
 
 def _speak(
-    rows: Sequence[StepRow], texts: list[int], fresh: list[bool], resident: Resident | None
+    rows: Sequence[StepRow], texts: list[int], fresh: list[bool], batch: FrameBatch | None
 ) -> tuple[Any, dict[int, Any]]:
     """Every row's codes for this frame, (rows, 1, codebooks): the TTS's for the rows
     that speak (all but fresh ones, whose first frame is the codec's silence; the
-    resident batch's rows, which lead, on its state, the others on their own caches),
+    frame batch's rows, which lead, on its state, the others on their own caches),
     and those rows' codes by row."""
 
     first = rows[0].inner
     config = first.config
     silence_tokens = first.model.tts_model.codec_silence_tokens
     speaking = [i for i, new in enumerate(fresh) if not new]
-    held = 0 if resident is None else len(resident.inners)
+    held = 0 if batch is None else len(batch.seats)
     spoken: dict[int, Any] = {}
-    for part, state in ((speaking[:held], resident), (speaking[held:], None)):
+    for part, state in ((speaking[:held], batch), (speaking[held:], None)):
         if not part:
             continue
         codes_now, sums = _tts(
@@ -805,7 +733,7 @@ def inserted_step(row: StepRow, forced_function: int | None) -> int:
     from realtime.models.voicechat.keys import drawing_from
 
     inner = row.inner
-    release(inner)
+    row.seat.release()
     model, config = inner.model, inner.config
     pad = config.pad_token_id
     started = inner._timeline_index > 0
