@@ -210,10 +210,12 @@ def test_joins_leaves_and_inserted_steps_keep_each_conversation_its_solo_run(
 def test_a_steady_batch_is_stacked_once_then_reused_as_it_is(
     demo_model: VoiceChatModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Three conversations stepping together: their first frame steps beside (nothing
-    started yet), the second stacks their state once (the conformer's caches too), and
-    every later frame reuses it: nothing is stacked, filtered or written back again, and
-    the conformer's per-step stacking is not run, until a session ends."""
+    """Three conversations stepping together: their first frame stacks their language
+    model's state (nothing started yet: the batch's Mamba states start as the layer
+    starts them), the second their TTS's (a first frame has no TTS step) and the
+    conformer's caches (a first frame has none), each once, and every later frame
+    reuses it: nothing is stacked, filtered or written back again, and the conformer's
+    per-step stacking is not run, until a session ends."""
     from realtime.models.voicechat import perception
     from realtime.models.voicechat.batch import StackedStates
 
@@ -257,8 +259,9 @@ def test_a_steady_batch_is_stacked_once_then_reused_as_it_is(
         results = demo_model.step([(s, piece, 16000) for s in sessions])
         assert not any(isinstance(r, Exception) for r in results)
         per_frame.append(list(calls))
-    assert per_frame[0] == ["_conformer_blocks"]
-    assert set(per_frame[1]) == {"PaddedKV.merge", "StackedStates.merge", "ConformerBatch.merge"}
+    assert set(per_frame[0]) == {"PaddedKV.merge", "StackedStates.merge", "_conformer_blocks"}
+    assert per_frame[0].count("_conformer_blocks") == 1
+    assert set(per_frame[1]) == {"PaddedKV.merge", "ConformerBatch.merge"}
     assert per_frame[1].count("ConformerBatch.merge") == 1
     assert all(frame == [] for frame in per_frame[2:])
     calls.clear()

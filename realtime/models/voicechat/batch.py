@@ -23,12 +23,17 @@ mlx-vlm's session, the caches of its ``_conformer_stream``) are stale: every pat
 reads them alone (a solo frame, an inserted tool-response step, flush, cancel) calls
 :meth:`Seat.release` first, which writes its rows back exactly and drops them.
 
-The layout is the one each row's own caches give it, entries in the same order, zeros
-masked where the row has none, so each row's output stays bit for bit its solo run
-(tests/test_voicechat_batch.py, tests/test_voicechat_step.py). A row whose TTS window
-(a ``RotatingKVCache`` of 7,500 steps, 10 minutes) has wrapped keeps its window in the
-batch as its own cache keeps it (rotated, written in place at its own index), masked
-around: a long conversation stays batched.
+Every row of a batched frame is a row of its batch, whatever its age, so each stage
+runs once a frame. The layout is the one each row's own caches give it, entries in the
+same order, zeros masked where the row has none, so each row's output stays bit for
+bit its solo run (tests/test_voicechat_batch.py, tests/test_voicechat_step.py). A
+conversation's first frame joins with the states it has before anything ran: no
+attention entry, zero Mamba and codec states (:func:`_stack`: read as not started),
+the conformer's as :func:`~realtime.models.voicechat.perception.fresh` says; its TTS
+state joins on its second frame (``FrameBatch.voices``: a first frame has no TTS step).
+A row whose TTS window (a ``RotatingKVCache`` of 7,500 steps, 10 minutes) has wrapped
+keeps its window in the batch as its own cache keeps it (rotated, written in place at
+its own index), masked around: a long conversation stays batched.
 
 Memory: attention buffers hold every row at the longest row's length (plus growth room
 of :data:`GROWTH` positions), so while batched a young conversation pays for an old
@@ -211,6 +216,8 @@ class PaddedKV:
         return mx.array([j + r * count for r in range(self.rows_each) for j in members])
 
     def extract(self, j: int, own: Any) -> list[Any]:
+        if self.keys is None:  # no entry yet: its own cache is as empty
+            return []
         start, end = self.starts[j], self._end(j)
         rows = self._rows([j])
         own.keys = mx.contiguous(self.keys[rows, :, start:end, :])
@@ -222,6 +229,10 @@ class PaddedKV:
 
     def filter(self, keep: Sequence[int]) -> None:
         """Keep conversations ``keep`` (in that order), trimmed to the columns they use."""
+        if self.keys is None:  # no entry yet
+            self.offsets = [self.offsets[j] for j in keep]
+            self.cursors, self.starts = [0] * len(keep), [0] * len(keep)
+            return
         rows = self._rows(keep)
         ends = [self._end(j) for j in keep]
         self.offsets = [self.offsets[j] for j in keep]
@@ -234,8 +245,24 @@ class PaddedKV:
         self.width = last - first
         self._offset = None
 
+    def _shape_by(self, keys: Any, values: Any) -> None:
+        """Give a part whose rows have no entry yet an empty buffer shaped as another's."""
+        if self.keys is not None or keys is None:
+            return
+        rows = self.rows_each * len(self.offsets)
+        self.keys = mx.zeros((rows, keys.shape[1], _room(self.width), keys.shape[3]), keys.dtype)
+        self.values = mx.zeros(
+            (rows, values.shape[1], _room(self.width), values.shape[3]), values.dtype
+        )
+
     def extend(self, other: PaddedKV) -> None:
         """Append ``other``'s conversations after these."""
+        self._shape_by(other.keys, other.values)
+        other._shape_by(self.keys, self.values)
+        if self.keys is None:  # no row of either has an entry yet
+            self.offsets, self.cursors = self.offsets + other.offsets, self.cursors + other.cursors
+            self.starts = [0] * len(self.offsets)
+            return
         width = max(self.width, other.width)
         room = max(
             width + self.keys.shape[2] - self.width, width + other.keys.shape[2] - other.width
@@ -304,23 +331,40 @@ def _room(width: int) -> int:
     return (width // GROWTH + 1) * GROWTH
 
 
+def _stack(groups: Sequence[tuple[Any, int]]) -> Any:
+    """Groups of rows' arrays (array, rows) stacked on the first axis; a group with
+    none (its state not started yet) as zeros, which every state stacked here reads as
+    not started (mlx-vlm's Mamba layer starts its convolution state as zeros and adds
+    its SSM state's exact zero terms; mlx-audio's codec starts a cache as zeros); None
+    when no group has one."""
+    like = next((array for array, _ in groups if array is not None), None)
+    if like is None:
+        return None
+    return mx.concatenate(
+        [
+            mx.zeros((rows, *like.shape[1:]), like.dtype) if array is None else array
+            for array, rows in groups
+        ],
+        axis=0,
+    )
+
+
 class StackedStates:
-    """A Mamba layer's conv and SSM states for several rows, stacked in ``view`` (an
-    ``ArraysCache``; a slot no row has started yet is None: the layer starts it, for
-    rows equally far)."""
+    """A Mamba layer's conv and SSM states for ``count`` rows, stacked in ``view`` (an
+    ``ArraysCache``; a slot no row has started yet is None: the layer starts it)."""
 
-    __slots__ = ("view",)
+    __slots__ = ("count", "view")
 
-    def __init__(self, view: Any) -> None:
+    def __init__(self, view: Any, count: int) -> None:
         self.view = view
+        self.count = count
 
     @classmethod
     def merge(cls, caches: Sequence[Any]) -> StackedStates:
         view = ArraysCache(size=len(caches[0].cache))
         for slot in range(len(caches[0].cache)):
-            states = [cache[slot] for cache in caches]
-            view[slot] = None if states[0] is None else mx.concatenate(states, axis=0)
-        return cls(view)
+            view[slot] = _stack([(cache[slot], 1) for cache in caches])
+        return cls(view, len(caches))
 
     def extract(self, j: int, own: Any) -> list[Any]:
         row = mx.array([j])
@@ -333,30 +377,33 @@ class StackedStates:
     def filter(self, keep: Sequence[int]) -> None:
         rows = mx.array(list(keep))
         self.view.cache = [None if state is None else state[rows] for state in self.view.cache]
+        self.count = len(keep)
 
     def extend(self, other: StackedStates) -> None:
         self.view.cache = [
-            mx.concatenate([mine, theirs], axis=0)
+            _stack([(mine, self.count), (theirs, other.count)])
             for mine, theirs in zip(self.view.cache, other.view.cache, strict=True)
         ]
+        self.count += other.count
 
 
 class StackedCodec:
-    """The codec's streaming caches for several rows, stacked layer by layer in ``view``
-    (a ``CausalConv1dCache``; rows whose caches hold the same layers:
-    :func:`codec_layout`)."""
+    """The codec's streaming caches for ``count`` rows, stacked layer by layer in
+    ``view`` (a ``CausalConv1dCache``; a row whose codec has not decoded yet holds no
+    layer, and joins as zeros)."""
 
-    __slots__ = ("view",)
+    __slots__ = ("count", "view")
 
-    def __init__(self, view: Any) -> None:
+    def __init__(self, view: Any, count: int) -> None:
         self.view = view
+        self.count = count
 
     @classmethod
     def merge(cls, caches: Sequence[Any]) -> StackedCodec:
         view = CausalConv1dCache()
-        for name in caches[0].cache:
-            view.cache[name] = mx.concatenate([cache.cache[name] for cache in caches], axis=0)
-        return cls(view)
+        for name in {name: None for cache in caches for name in cache.cache}:
+            view.cache[name] = _stack([(cache.cache.get(name), 1) for cache in caches])
+        return cls(view, len(caches))
 
     def extract(self, j: int, own: Any) -> list[Any]:
         row = mx.array([j])
@@ -366,18 +413,15 @@ class StackedCodec:
     def filter(self, keep: Sequence[int]) -> None:
         rows = mx.array(list(keep))
         self.view.cache = {name: value[rows] for name, value in self.view.cache.items()}
+        self.count = len(keep)
 
     def extend(self, other: StackedCodec) -> None:
+        mine, theirs = self.view.cache, other.view.cache
         self.view.cache = {
-            name: mx.concatenate([value, other.view.cache[name]], axis=0)
-            for name, value in self.view.cache.items()
+            name: _stack([(mine.get(name), self.count), (theirs.get(name), other.count)])
+            for name in {**mine, **theirs}
         }
-
-
-def codec_layout(cache: Any) -> tuple[Any, ...]:
-    """Which layers a codec cache holds, with each entry's per-row shape (rows decode
-    as one batch exactly when theirs are equal)."""
-    return tuple(sorted((str(k), tuple(v.shape[1:])) for k, v in cache.cache.items()))
+        self.count += other.count
 
 
 def language_part(caches: Sequence[Any]) -> Part:
@@ -388,37 +432,27 @@ def language_part(caches: Sequence[Any]) -> Part:
 
 
 def owned(inner: Any) -> list[Any]:
-    """A conversation's own caches, in the order of :meth:`FrameBatch.parts`."""
-    return [*inner._language_cache, *inner._tts_cache, inner._codec_cache]
-
-
-def steady(inner: Any) -> bool:
-    """A conversation can join a batch: its timeline started (a first frame reads pad
-    and speaks silence), its codec decoded (its cache holds layers) and its Mamba
-    states started."""
-    if inner._timeline_index == 0 or not inner._codec_cache.cache:
-        return False
-    return not any(
-        state is None
-        for layer in inner._language_cache
-        if isinstance(layer, ArraysCache)
-        for state in layer.cache
-    ) and all(int(layer.offset) > 0 for layer in inner._tts_cache)
+    """A conversation's own caches, in the order of :meth:`FrameBatch.parts`: the
+    language model's layers, then the codec's."""
+    return [*inner._language_cache, inner._codec_cache]
 
 
 class FrameBatch:
     """The rows of a batched frame (their :class:`Seat` s, in batch order) with their
-    language-model, TTS and codec state stacked (empty: no row), and their conformer
+    language-model and codec state stacked (empty: no row), the TTS state of those whose
+    timeline has started (``voices``, in the TTS's own order: a conversation's first
+    frame has no TTS step, so it joins the TTS on its second), and their conformer
     caches (``conformer``: stacked by the first frame whose chunks all take the
     batched path, None while they are each row's own)."""
 
-    __slots__ = ("codec", "conformer", "language", "seats", "tts")
+    __slots__ = ("codec", "conformer", "language", "seats", "tts", "voices")
 
     def __init__(self) -> None:
         self.seats: list[Seat] = []
-        self.language: list[Any] = []
-        self.tts: list[PaddedKV] = []
+        self.language: list[Part] = []
         self.codec: StackedCodec | None = None
+        self.voices: list[Seat] = []
+        self.tts: list[PaddedKV] = []
         self.conformer: ConformerBatch | None = None
 
     def views(self, parts: Sequence[Part]) -> list[Any]:
@@ -437,79 +471,73 @@ class FrameBatch:
         return [seat.inner for seat in self.seats]
 
     def parts(self) -> list[Part]:
-        """Every part but the conformer's, in the order of :func:`owned`."""
-        return [*self.language, *self.tts, *([] if self.codec is None else [self.codec])]
+        """The parts over every row, in the order of :func:`owned`."""
+        return [*self.language, *([] if self.codec is None else [self.codec])]
 
-    def arrange(self, seats: Sequence[Seat]) -> tuple[list[int], int]:
-        """Make the batch hold exactly the steady rows of ``seats`` (rows that left
-        written back and filtered out, rows that joined extended in). Returns the order
-        to step ``seats`` in (indices into it: the batch's rows first, in its order,
-        then the rest, which step on their own caches) and how many lead it (0: none
-        is held; a lone steady row is not a batch)."""
+    def arrange(self, seats: Sequence[Seat]) -> list[int] | None:
+        """Make the batch hold exactly the rows of ``seats`` (rows that left written
+        back and filtered out, rows that joined extended in, rows whose timeline has
+        started in the TTS). Returns the order to step ``seats`` in (indices into it,
+        the batch's order), or None when they are not a batch (one row, which then
+        steps on its own caches)."""
         for seat in seats:
             if seat.batch is not None and seat.batch is not self:
                 seat.release()
         self.release(self._leaving(seats))
-        joining = self._joining(seats)
+        joining = [seat for seat in seats if seat.batch is not self]
         if len(self.seats) + len(joining) < 2:
             self.release(self.seats)
-            return list(range(len(seats))), 0
+            return None
         if joining:
-            self._extend(joining)
+            self._join(joining)
+        self._voice()
         position = {id(seat): i for i, seat in enumerate(seats)}
-        order = [position[id(seat)] for seat in self.seats]
-        held = set(order)
-        return order + [i for i in range(len(seats)) if i not in held], len(order)
+        return [position[id(seat)] for seat in self.seats]
 
     def _leaving(self, seats: Sequence[Seat]) -> list[Seat]:
         stepping = {id(seat) for seat in seats}
         return [seat for seat in self.seats if id(seat) not in stepping]
 
-    def _joining(self, seats: Sequence[Seat]) -> list[Seat]:
-        """The rows of ``seats`` not held that can join (steady, their codec caches
-        laid out as the batch's)."""
-        layout = None if self.codec is None else codec_layout(self.codec.view)
-        joining: list[Seat] = []
-        for seat in seats:
-            if seat.batch is self or not seat.lasting or not steady(seat.inner):
-                continue
-            own = codec_layout(seat.inner._codec_cache)
-            layout = own if layout is None else layout
-            if own == layout:
-                joining.append(seat)
-        return joining
-
-    def _extend(self, joining: Sequence[Seat]) -> None:
+    def _join(self, joining: Sequence[Seat]) -> None:
         inners = [seat.inner for seat in joining]
-        parts = len(owned(inners[0]))
-        languages = len(inners[0]._language_cache)
-        added: list[Any] = []
-        for k in range(parts):
-            caches = [owned(inner)[k] for inner in inners]
-            if k < languages:
-                added.append(language_part(caches))
-            elif k < parts - 1:
-                added.append(PaddedKV.merge(caches, 2))
-            else:
-                added.append(StackedCodec.merge(caches))
-        self._extend_conformer([inner._conformer_stream for inner in inners])
-        if self.seats:
-            for mine, theirs in zip(self.parts(), added, strict=True):
-                mine.extend(theirs)
+        owns = [owned(inner) for inner in inners]
+        language = [language_part([own[k] for own in owns]) for k in range(len(owns[0]) - 1)]
+        codec = StackedCodec.merge([own[-1] for own in owns])
+        self._join_conformer([inner._conformer_stream for inner in inners])
+        if self.codec is None:
+            self.language, self.codec = language, codec
         else:
-            self.language, self.tts = added[:languages], added[languages:-1]
-            self.codec = added[-1]
+            for mine, theirs in zip(self.parts(), [*language, codec], strict=True):
+                mine.extend(theirs)
         self.seats.extend(joining)
         for seat in joining:
             seat.batch = self
 
-    def _extend_conformer(self, streams: Sequence[Any]) -> None:
+    def _join_conformer(self, streams: Sequence[Any]) -> None:
         if self.conformer is None:
             return
         if all(stackable(s) for s in streams):
-            self.conformer.extend(ConformerBatch.merge(streams))
+            self.conformer.extend(ConformerBatch.merge(streams, like=self.conformer))
         else:
             self.release_conformer()
+
+    def _voice(self) -> None:
+        """Rows whose timeline has started and whose TTS state is not held join the
+        TTS's parts."""
+        voiced = {id(seat) for seat in self.voices}
+        joining = [
+            seat for seat in self.seats if id(seat) not in voiced and seat.inner._timeline_index > 0
+        ]
+        if not joining:
+            return
+        owns = [seat.inner._tts_cache for seat in joining]
+        added = [PaddedKV.merge([own[k] for own in owns], 2) for k in range(len(owns[0]))]
+        if self.voices:
+            for mine, theirs in zip(self.tts, added, strict=True):
+                mine.extend(theirs)
+        else:
+            self.tts = added
+        self.voices.extend(joining)
 
     def release(self, seats: Sequence[Seat]) -> None:
         """Write ``seats``' rows (those held) back to their own caches and drop them
@@ -519,16 +547,12 @@ class FrameBatch:
             return
         if len(self.seats) - len(leaving) < 2:
             leaving = list(range(len(self.seats)))
-        written: list[Any] = []
-        for j in leaving:
-            inner = self.seats[j].inner
-            for part, own in zip(self.parts(), owned(inner), strict=True):
-                written += part.extract(j, own)
-            if self.conformer is not None:
-                written += self.conformer.extract(j, inner._conformer_stream)
-            self.seats[j].batch = None
+        gone = [self.seats[j] for j in leaving]
+        written = [array for j in leaving for array in self._extract(j)]
         # Computed now, off the host: a written-back row holds no view of the batch.
         mx.async_eval(written)  # type: ignore[no-untyped-call]
+        for seat in gone:
+            seat.batch = None
         if len(leaving) == len(self.seats):
             self.drop()
             return
@@ -538,6 +562,25 @@ class FrameBatch:
         if self.conformer is not None:
             self.conformer.filter(keep)
         self.seats = [self.seats[j] for j in keep]
+        voices = [v for v, seat in enumerate(self.voices) if all(seat is not g for g in gone)]
+        for kv in self.tts:
+            kv.filter(voices)
+        self.voices = [self.voices[v] for v in voices]
+
+    def _extract(self, j: int) -> list[Any]:
+        """Row ``j``'s state written back to its own caches; the arrays written."""
+        seat = self.seats[j]
+        inner = seat.inner
+        written: list[Any] = []
+        for part, own in zip(self.parts(), owned(inner), strict=True):
+            written += part.extract(j, own)
+        if self.conformer is not None:
+            written += self.conformer.extract(j, inner._conformer_stream)
+        voice = [v for v, held in enumerate(self.voices) if held is seat]
+        for v in voice:
+            for kv, own in zip(self.tts, inner._tts_cache, strict=True):
+                written += kv.extract(v, own)
+        return written
 
     def release_conformer(self) -> None:
         """Write every row's conformer caches back to its own streaming state (the rest
@@ -556,5 +599,6 @@ class FrameBatch:
         failed step's rows are failed with it)."""
         for seat in self.seats:
             seat.batch = None
-        self.seats, self.language, self.tts, self.codec = [], [], [], None
+        self.seats, self.language, self.codec = [], [], None
+        self.voices, self.tts = [], []
         self.conformer = None

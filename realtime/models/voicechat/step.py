@@ -20,23 +20,26 @@ Rows are combined only where the result stays bit for bit what each row gets alo
   out alike (conversations of equal age, and every conversation fed whole frames from
   its third frame on): :mod:`realtime.models.voicechat.mel`;
 * the conformer (:mod:`realtime.models.voicechat.perception`) runs its blocks as one
-  batch for every row past its first frame: attention caches of young conversations
-  (under 70 encoder frames) left-padded to the longest and masked;
+  batch for every row: attention caches of young conversations (under 70 encoder
+  frames; none yet on a first frame) left-padded to the longest and masked;
 * the RNN-T runs one batch per round of symbols over the rows still emitting (each
   emits its own number), its predictor's LSTM layers called batch-first;
-* the language model runs as one batch over the frame batch's state
-  (:mod:`realtime.models.voicechat.batch`: Mamba states stacked, each attention layer
-  a :class:`~realtime.models.voicechat.batch.PaddedKV`, left-padded to the longest,
-  masked); rows beside it (not steady: a conversation's first frame) are merged into
-  the same parts for the step and written back after it;
+* every row of a batched frame is a row of its frame batch
+  (:mod:`realtime.models.voicechat.batch`), whatever its age, so the language model,
+  the TTS and the codec each run once a frame: the language model over the batch's
+  Mamba states stacked and attention layers
+  (:class:`~realtime.models.voicechat.batch.PaddedKV`: left-padded to the longest,
+  masked), a conversation opening this frame included (its states zeros, which the
+  layers read as not started);
 * the TTS runs as one batch of 2B rows (classifier-free guidance: all conditional
-  rows, then all unconditional ones), its backbone over the frame batch's (a wrapped
-  sliding window kept rotated, written in place) with per-row RoPE offsets, its
-  character encoder over groups of rows whose tokens spell equally many characters
-  (no padding), its random draws from each row's own key
+  rows, then all unconditional ones) over the rows whose timeline has started (a first
+  frame speaks the codec's silence), its backbone over the batch's (a wrapped sliding
+  window kept rotated, written in place) with per-row RoPE offsets, its character
+  encoder over groups of rows whose tokens spell equally many characters (no
+  padding), its random draws from each row's own key
   (:func:`realtime.models.voicechat.keys.drawing_rows`);
-* the codec decodes the frame batch's rows as one batch on their stacked caches, the
-  rows beside it per group whose streaming caches hold the same layers.
+* the codec decodes every row as one batch on the batch's stacked caches (a
+  conversation's first frame on zeros, which the codec reads as not started).
 
 The frame batch's cost in memory (every row at the longest row's length while
 batched) is in docs/architecture.md.
@@ -65,10 +68,6 @@ from realtime.models.base import (
 )
 from realtime.models.voicechat.batch import (
     FrameBatch,
-    PaddedKV,
-    StackedCodec,
-    codec_layout,
-    language_part,
 )
 from realtime.models.voicechat.codes import (
     PerModel,
@@ -125,67 +124,15 @@ def check_state(inner: Any) -> None:
         )
 
 
-def _merged(owns: Sequence[Sequence[Any]], merge: Callable[[list[Any]], Any]) -> list[Any]:
-    """Rows' own caches (``owns[row][layer]``) as one batch for a step: a part per layer
-    (:mod:`realtime.models.voicechat.batch`), written back by :func:`_put_back`."""
-    return [merge([own[layer] for own in owns]) for layer in range(len(owns[0]))]
-
-
-def _put_back(parts: Sequence[Any], owns: Sequence[Sequence[Any]]) -> None:
-    """Each row's part of a step's merged ``parts`` written back to its own caches (its
-    arrays submitted now: no view of the merged buffers outlives the step)."""
-    written: list[Any] = []
-    for j, own in enumerate(owns):
-        for part, cache in zip(parts, own, strict=True):
-            written += part.extract(j, cache)
-    mx.async_eval(written)  # type: ignore[no-untyped-call]
-
-
 def _language(rows: Sequence[StepRow], fused: Any, batch: FrameBatch | None) -> tuple[Any, Any]:
-    """The language model over ``rows`` (the frame batch's rows, which lead, on its
-    state; the others one batch per group of rows whose recurrent states exist: a
-    session's first step starts them), each row's caches advanced; the text and
-    function logits of the new position, (rows, vocabulary) each."""
-
-    held = 0 if batch is None else len(batch.seats)
-    if held:
-        assert batch is not None
-        whole = held == len(rows)
-        output = rows[0].inner.model.stt_model(
-            fused if whole else fused[:held], cache=batch.views(batch.language)
-        )
-        logits = output.text_logits[:, -1], output.function_logits[:, -1]
-        if whole:
-            return logits
-        beside = _language(rows[held:], fused[held:], None)
-        return (
-            mx.concatenate([logits[0], beside[0]], axis=0),
-            mx.concatenate([logits[1], beside[1]], axis=0),
-        )
-    started = [row.inner._timeline_index > 0 for row in rows]
-    if all(started) or not any(started):
-        output = _language_batch(rows, fused)
-        return output.text_logits[:, -1], output.function_logits[:, -1]
-    text: list[Any] = [None] * len(rows)
-    function: list[Any] = [None] * len(rows)
-    for members in groups(range(len(rows)), lambda i: started[i]):
-        part = _language_batch([rows[i] for i in members], fused[mx.array(members)])
-        for position, i in enumerate(members):
-            text[i] = part.text_logits[position : position + 1, -1]
-            function[i] = part.function_logits[position : position + 1, -1]
-    return mx.concatenate(text, axis=0), mx.concatenate(function, axis=0)
-
-
-def _language_batch(rows: Sequence[StepRow], fused: Any) -> Any:
+    """The language model over ``rows`` (the frame batch's rows on its state, else one
+    row on its own caches), each row's caches advanced; the text and function logits
+    of the new position, (rows, vocabulary) each."""
 
     model = rows[0].inner.model.stt_model
-    if len(rows) == 1:
-        return model(fused, cache=rows[0].inner._language_cache)
-    owns = [row.inner._language_cache for row in rows]
-    parts = _merged(owns, language_part)
-    output = model(fused, cache=[part.view for part in parts])
-    _put_back(parts, owns)
-    return output
+    cache = rows[0].inner._language_cache if batch is None else batch.views(batch.language)
+    output = model(fused, cache=cache)
+    return output.text_logits[:, -1], output.function_logits[:, -1]
 
 
 def _subwords(tts: Any, ids: Any) -> Any:
@@ -230,22 +177,14 @@ def _tts(
     from realtime.models.voicechat.keys import drawing_rows
 
     tts = rows[0].inner.model.tts_model.tts_model
-    count = len(rows)
     sums = previous_sums(tts, [row.inner for row in rows], previous, silence)
     code_embed = tts.embed_code(sums)
     code_embed = mx.concatenate([code_embed, code_embed], axis=0)
     cond = _subwords(tts, ids)
     null = mx.broadcast_to(tts.null_emb, cond.shape)
     inputs = tts.gated_fusion_audio_text(code_embed, mx.concatenate([cond, null], axis=0))
-    owns = [row.inner._tts_cache for row in rows]
-    merged = batch is None and count > 1
-    if batch is not None:
-        cache: Any = batch.tts
-    else:
-        cache = _merged(owns, lambda caches: PaddedKV.merge(caches, 2)) if merged else owns[0]
+    cache = rows[0].inner._tts_cache if batch is None else batch.tts
     hidden = tts.backbone(None, inputs_embeds=inputs, cache=cache)
-    if merged:
-        _put_back(cache, owns)
     with drawing_rows([row.key for row in rows]):
         return generate_codes(tts, hidden)
 
@@ -253,37 +192,13 @@ def _tts(
 def _codec(rows: Sequence[StepRow], clean: Any, batch: FrameBatch | None) -> list[Any]:
     """Each row's samples for its codes: the codec's streaming decode (``decode_step``:
     its quantizer's latents, here :func:`~realtime.models.voicechat.codes.codec_latents`,
-    then ``decode_latents``), over the frame batch's caches for its rows (which lead),
-    the others one batch per group of rows whose caches hold the same layers (a
-    conversation's first frame starts its cache)."""
+    then ``decode_latents``), over the frame batch's stacked caches (else one row's
+    own)."""
 
     codec = rows[0].inner.model.tts_model.audio_codec
-    held = 0 if batch is None else len(batch.seats)
-    if held:
-        assert batch is not None
-        whole = held == len(rows)
-        codes = clean if whole else clean[:held]
-        out = codec.decode_latents(
-            codec_latents(codec.prvq, codes.transpose(0, 2, 1)), cache=batch.codec_view
-        )
-        decoded = [out[i, 0] for i in range(held)]
-        return decoded if whole else decoded + _codec(rows[held:], clean[held:], None)
-    samples: list[Any] = [None] * len(rows)
-
-    for members in groups(range(len(rows)), lambda i: codec_layout(rows[i].inner._codec_cache)):
-        codes = clean[mx.array(members)] if len(members) < len(rows) else clean
-        latents = codec_latents(codec.prvq, codes.transpose(0, 2, 1))
-        if len(members) == 1:
-            out = codec.decode_latents(latents, cache=rows[members[0]].inner._codec_cache)
-            samples[members[0]] = out[0, 0]
-            continue
-        owns = [[rows[i].inner._codec_cache] for i in members]
-        merged = _merged(owns, StackedCodec.merge)
-        out = codec.decode_latents(latents, cache=merged[0].view)
-        _put_back(merged, owns)
-        for position, i in enumerate(members):
-            samples[i] = out[position, 0]
-    return samples
+    cache = rows[0].inner._codec_cache if batch is None else batch.codec_view
+    out = codec.decode_latents(codec_latents(codec.prvq, clean.transpose(0, 2, 1)), cache=cache)
+    return [out[i, 0] for i in range(len(rows))]
 
 
 def _predict(lstm: Any, inputs: Any, hidden: tuple[Any, Any] | None) -> tuple[Any, Any]:
@@ -491,9 +406,10 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
             raise ContextLimitReached(
                 f"stream exceeded the configured {inner.max_frames}-frame context"
             )
-    batch = next((row.seat.batch for row in rows if row.seat.batch is not None), FrameBatch())
-    order, held = batch.arrange([row.seat for row in rows])
-    if not held:
+    held = [row.seat.batch for row in rows if row.seat.batch is not None]
+    batch = held[0] if held else FrameBatch()
+    order = batch.arrange([row.seat for row in rows])
+    if order is None:
         return _step(rows, figures, None)
     try:
         out = _step([rows[k] for k in order], figures, batch)
@@ -502,6 +418,8 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
         # (the caller fails them all), so nothing is written back.
         batch.drop()
         raise
+    # A row made for this call only leaves with it.
+    batch.release([row.seat for row in rows if not row.seat.lasting])
     events: list[list[ModelEvent]] = [[] for _ in rows]
     for position, k in enumerate(order):
         events[k] = out[position]
@@ -612,12 +530,13 @@ def _speak(
     first = rows[0].inner
     config = first.config
     silence_tokens = first.model.tts_model.codec_silence_tokens
-    speaking = [i for i, new in enumerate(fresh) if not new]
-    held = 0 if batch is None else len(batch.seats)
+    if batch is None:
+        part = [i for i, new in enumerate(fresh) if not new]
+    else:  # the TTS's own order (every row whose timeline started)
+        position = {id(row.seat): i for i, row in enumerate(rows)}
+        part = [position[id(seat)] for seat in batch.voices]
     spoken: dict[int, Any] = {}
-    for part, state in ((speaking[:held], batch), (speaking[held:], None)):
-        if not part:
-            continue
+    if part:
         codes_now, sums = _tts(
             [rows[i] for i in part],
             [texts[i] for i in part],
@@ -626,12 +545,12 @@ def _speak(
                 for i in part
             ],
             silence_tokens,
-            state,
+            batch,
         )
         for n, i in enumerate(part):
             spoken[i] = codes_now[n : n + 1]
             remember(rows[i].inner, spoken[i], sums[n : n + 1])
-        if len(part) == len(rows):
+        if part == list(range(len(rows))):
             return codes_now, spoken
     silence = silence_tokens[None, None, :].astype(mx.int32)
     codes = mx.concatenate([spoken.get(i, silence) for i in range(len(rows))], axis=0)
