@@ -368,3 +368,61 @@ def test_a_batch_another_thread_left_is_forgotten(demo_model: VoiceChatModel) ->
     for k, seed in enumerate((3, 4)):
         alone = batched((seed,), 4)[0]
         assert digest(together[k]) == digest(alone)
+
+
+def test_every_frame_is_one_model_pass_whatever_its_rows_ages(
+    demo_model: VoiceChatModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three conversations batched and a fourth opening among them: every frame runs the
+    language model, the TTS backbone and the codec once for all its rows (the TTS not
+    on the first frame, when every row speaks the codec's silence; the opening row's
+    first frame in the same pass as the others'), and each conversation is still its
+    solo run."""
+    from collections import Counter
+
+    network = demo_model.runtime.model
+    passes: Counter[str] = Counter()
+    for stage, kind, method in (
+        ("language", type(network.stt_model), "__call__"),
+        ("tts", type(network.tts_model.tts_model.backbone), "__call__"),
+        ("codec", type(network.tts_model.audio_codec), "decode_latents"),
+    ):
+        original = getattr(kind, method)
+
+        def counted(*args: Any, _stage: str = stage, _call: Any = original, **kw: Any) -> Any:
+            passes[_stage] += 1
+            return _call(*args, **kw)
+
+        monkeypatch.setattr(kind, method, counted)
+    starts, frames = [0, 0, 0, 3], 7
+    audio = [_audio(seed, frames) for seed in range(len(starts))]
+    sessions: dict[int, ModelSession] = {}
+    got: list[list[ModelEvent]] = [[] for _ in starts]
+    per_frame: list[dict[str, int]] = []
+    for t in range(frames):
+        for k, start in enumerate(starts):
+            if t == start:
+                sessions[k] = open_session(
+                    demo_model, system_prompt=None, seed=k, max_streaming_seconds=None
+                )
+        live = [k for k, start in enumerate(starts) if start <= t < start + frames]
+        passes.clear()
+        pieces = [audio[k][(t - starts[k]) * 1280 : (t - starts[k] + 1) * 1280] for k in live]
+        results = demo_model.step(
+            [(sessions[k], piece, 16000) for k, piece in zip(live, pieces, strict=True)]
+        )
+        per_frame.append(dict(passes))
+        for k, result in zip(live, results, strict=True):
+            assert not isinstance(result, Exception), result
+            got[k] += result
+    assert per_frame[0] == {"language": 1, "codec": 1}
+    assert all(frame == {"language": 1, "tts": 1, "codec": 1} for frame in per_frame[1:])
+    for k, session in sessions.items():
+        got[k] += session.flush(True)
+    for k in range(len(starts)):
+        alone = open_session(demo_model, system_prompt=None, seed=k, max_streaming_seconds=None)
+        want: list[ModelEvent] = []
+        for f in range(min(frames, frames - starts[k])):
+            want += alone.push_audio(audio[k][f * 1280 : (f + 1) * 1280], 16000)
+        want += alone.flush(True)
+        assert digest(got[k]) == digest(want), f"conversation {k}"
