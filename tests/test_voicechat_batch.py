@@ -109,6 +109,32 @@ def test_padded_kv_is_each_rows_own_cache_through_joins_leaves_and_a_wrap(
         _written_back(batched, j, cache, rows_each, rotating)
 
 
+def test_wrapped_windows_do_not_hold_the_buffer_open_while_rows_come_and_go() -> None:
+    """A wrapped window stays where it filled while younger rows grow the buffer; with
+    rows joining, wrapping and leaving beside it for long, the buffer is compacted
+    (each window moved whole, in its order) instead of growing, and every row is still
+    its own cache."""
+    from realtime.models.voicechat.batch import GROWTH
+
+    own = [_cache(2, 30, 0, True)]  # wrapped
+    batched = PaddedKV.merge(copy.deepcopy(own), 2)
+    widest = 0
+    for k in range(1, 60):
+        young = _cache(2, 1, k, True)
+        batched.extend(PaddedKV.merge([copy.deepcopy(young)], 2))
+        own.append(young)
+        for step in range(WINDOW + 3):
+            _step_both(batched, own, 2, 1000 * k + step)
+        widest = max(widest, batched.keys.shape[2])
+        if len(own) == 3:  # the one before leaves; the old one and the newest stay
+            _written_back(batched, 1, own[1], 2, True)
+            batched.filter([0, 2])
+            own = [own[0], own[2]]
+    assert widest <= 2 * GROWTH
+    for j, cache in enumerate(own):
+        _written_back(batched, j, cache, 2, True)
+
+
 def _audio(seed: int, frames: int) -> np.ndarray:
     return np.concatenate([noise(frames - 4, seed=3 + seed % 2, level=0.5), speechlike(4)])
 

@@ -123,6 +123,8 @@ class PaddedKV:
     def merge(cls, caches: Sequence[Any], rows_each: int) -> PaddedKV:
         """Stacked from each conversation's own cache of this layer."""
         window = getattr(caches[0], "max_size", None)
+        if any(getattr(cache, "keep", 0) for cache in caches):
+            raise ValueError("a rotating cache that keeps its first entries cannot be batched")
         kept = [_entries(cache, window) for cache in caches]
         width = max(len_ for _, _, len_, _ in kept)
         return cls(
@@ -176,6 +178,9 @@ class PaddedKV:
             self.keys = mx.zeros((*keys.shape[:2], _room(0), keys.shape[3]), keys.dtype)
             self.values = mx.zeros((*values.shape[:2], _room(0), values.shape[3]), values.dtype)
         if end > self.keys.shape[2]:
+            self._compact()
+            end = self.width + (not all(wrapped))
+        if end > self.keys.shape[2]:
             grow = _room(end) - self.keys.shape[2]
             pad = [(0, 0), (0, 0), (0, grow), (0, 0)]
             self.keys = mx.pad(self.keys, pad)
@@ -196,6 +201,34 @@ class PaddedKV:
                 self.starts[j], self.cursors[j] = end - self._size, self._size
         self._offset = None
         return self.keys[..., :end, :], self.values[..., :end, :]
+
+    def _compact(self) -> None:
+        """Every conversation's entries moved right-aligned on the longest's (a wrapped
+        window whole, in its order): the columns that wrapped windows left behind them
+        (a window stays where it was when it filled, while younger rows grow the
+        buffer) go. Run when the buffer would grow or rows join, and only when that frees
+        columns (never for a plain cache, whose rows all end at ``width``)."""
+        if self.keys is None:
+            return
+        count = len(self.offsets)
+        spans = [(self.starts[j], self._end(j)) for j in range(count)]
+        width = max(end - start for start, end in spans)
+        if width >= self.width:
+            return
+        room = _room(width)
+
+        def laid(array: Any) -> Any:
+            parts = []
+            for r in range(self.rows_each):
+                for j, (start, end) in enumerate(spans):
+                    row = array[j + r * count : j + r * count + 1, :, start:end, :]
+                    pad = [(0, 0), (0, 0), (width - (end - start), room - width), (0, 0)]
+                    parts.append(mx.pad(row, pad))
+            return mx.concatenate(parts, axis=0)
+
+        self.keys, self.values = laid(self.keys), laid(self.values)
+        self.starts = [width - (end - start) for start, end in spans]
+        self.width = width
 
     def _write_each(self, keys: Any, values: Any, wrapped: list[bool]) -> None:
         """Each row's new entry at its own column (one scatter): a wrapped window's in
@@ -263,6 +296,7 @@ class PaddedKV:
             self.offsets, self.cursors = self.offsets + other.offsets, self.cursors + other.cursors
             self.starts = [0] * len(self.offsets)
             return
+        self._compact()
         width = max(self.width, other.width)
         room = max(
             width + self.keys.shape[2] - self.width, width + other.keys.shape[2] - other.width

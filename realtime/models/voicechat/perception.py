@@ -219,6 +219,11 @@ class ConformerBatch:
     def width(self) -> int:
         return max(self.lengths)
 
+    @property
+    def view(self) -> ConformerBatch:
+        """What the conformer's step reads: this object (:meth:`step`)."""
+        return self
+
     @classmethod
     def merge(cls, streams: Sequence[Any], like: ConformerBatch | None = None) -> ConformerBatch:
         """Stacked from each :func:`stackable` stream's own caches (a fresh one's as

@@ -197,6 +197,8 @@ def _codec(rows: Sequence[StepRow], clean: Any, batch: FrameBatch | None) -> lis
 
     codec = rows[0].inner.model.tts_model.audio_codec
     cache = rows[0].inner._codec_cache if batch is None else batch.codec_view
+    if cache is None:  # as mlx-audio's decode_step: a stream decodes on its own cache
+        raise ValueError("the codec's streaming decode requires a per-stream cache")
     out = codec.decode_latents(codec_latents(codec.prvq, clean.transpose(0, 2, 1)), cache=cache)
     return [out[i, 0] for i in range(len(rows))]
 
