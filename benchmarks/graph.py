@@ -3,9 +3,10 @@
 On an accelerator a frame step is bound by host work (Python building the graph,
 kernel launches, waits on the device), not by arithmetic, and that work can be counted
 exactly on any machine. Per step (one frame of every row), for mlx-vlm's streaming
-session at B=1 and this project's batched step at B = 1, 8, 32 (equal ages) and 8 rows
-of staggered ages (all younger than the conformer's 70-frame attention context), on the
-tiny, medium and deep demo checkpoints:
+session at B=1 and this project's batched step at B = 1, 8, 32 (equal ages), 8 rows
+of staggered ages (all younger than the conformer's 70-frame attention context), 8 rows
+one of which opens every step, and 8 rows one of which is past its TTS window (cut to
+:data:`WINDOW` frames), on the tiny, medium and deep demo checkpoints:
 
 - **waits**: synchronous evaluations that still had work to run (a graph with at least
   one primitive, or arrays an earlier ``mx.async_eval`` submitted and nothing has read);
@@ -62,8 +63,21 @@ VIEW_OPS: Final = frozenset(
 )
 """Primitives that make a view of their input on a GPU (no kernel launched)."""
 
-SHAPES: Final = ("mlx-vlm B=1", "B=1", "B=8", "B=32", "B=8 staggered")
-"""The step shapes measured, as the table names them."""
+SHAPES: Final = (
+    "mlx-vlm B=1",
+    "B=1",
+    "B=8",
+    "B=32",
+    "B=8 staggered",
+    "B=8 opening",
+    "B=8 past window",
+)
+"""The step shapes measured, as the table names them ("opening": 7 rows of equal age
+and, every step, a conversation's first frame; "past window": 8 rows of equal age but
+one whose TTS window has wrapped)."""
+WINDOW: Final = 8
+"""The TTS window of the "past window" shape's rows (the checkpoint's is 7,500 frames,
+ten minutes; here one row is past it after a few frames)."""
 STAGGER: Final = 3
 """Frames between the ages of the staggered rows (8 rows: 0 to 21 frames older than the
 youngest, so all stay under the conformer's 70 frames)."""
@@ -306,8 +320,9 @@ def noise_audio(seed: int, frames: int) -> Any:
     return np.clip(rng.standard_normal(frames * 1280) * 0.1, -1.0, 0.999).astype(np.float32)
 
 
-def _ours(model: Any, starts: Sequence[int], frames: int) -> Stepper:
-    """This project's step over rows opened at ``starts`` (frame indices)."""
+def _ours(model: Any, starts: Sequence[int], frames: int, seeds: int = 0) -> Stepper:
+    """This project's step over rows opened at ``starts`` (frame indices), row ``k``
+    with seed ``seeds + k``."""
     from realtime.models.base import open_session
 
     sessions: list[Any] = [None] * len(starts)
@@ -318,7 +333,7 @@ def _ours(model: Any, starts: Sequence[int], frames: int) -> Stepper:
         for k, start in enumerate(starts):
             if t == start:
                 sessions[k] = open_session(
-                    model, system_prompt=None, seed=k, max_streaming_seconds=None
+                    model, system_prompt=None, seed=seeds + k, max_streaming_seconds=None
                 )
             if t >= start:
                 f = t - start
@@ -328,6 +343,45 @@ def _ours(model: Any, starts: Sequence[int], frames: int) -> Stepper:
                 raise result
 
     return step
+
+
+def _opening(model: Any, rows: int, frames: int) -> Stepper:
+    """``rows - 1`` rows opened together and, at each step, one more conversation's
+    first frame (each opened before the steps run, so no opening is counted)."""
+    from realtime.models.base import open_session
+
+    def opened(seed: int) -> Any:
+        return open_session(model, system_prompt=None, seed=seed, max_streaming_seconds=None)
+
+    steady = [opened(k) for k in range(rows - 1)]
+    fresh = [opened(rows + t) for t in range(frames)]
+    audio = [noise_audio(k, frames) for k in range(rows)]
+
+    def step(t: int) -> None:
+        piece = slice(t * 1280, (t + 1) * 1280)
+        batch = [(s, audio[k][piece], 16000) for k, s in enumerate(steady)]
+        batch.append((fresh[t], audio[-1][:1280], 16000))
+        for result in model.step(batch):
+            if isinstance(result, Exception):
+                raise result
+
+    return step
+
+
+def _windowed(model: Any, starts: Sequence[int], frames: int) -> Stepper:
+    """:func:`_ours` with every row's TTS window cut to :data:`WINDOW` frames (the
+    rows must share one window to share a batch; seeds no other shape uses, so no
+    prompt state stored with the checkpoint's window is reused)."""
+    config = model.runtime.model.tts_model.tts_model.config
+    kept = config.sliding_window
+    config.sliding_window = WINDOW
+    try:
+        step = _ours(model, starts, frames, seeds=1000)
+        for t in range(max(starts) + 1):  # every row opened under the cut window
+            step(t)
+    finally:
+        config.sliding_window = kept
+    return lambda t: None if t <= max(starts) else step(t)
 
 
 def _mlx_vlm(model: Any, frames: int) -> Stepper:
@@ -355,6 +409,12 @@ def _scenario(model: Any, shape: str, warm: int, frames: int) -> tuple[Stepper, 
     """The stepper of ``shape``, its rows and the step measuring starts at."""
     if shape == "mlx-vlm B=1":
         return _mlx_vlm(model, warm + frames), 1, warm
+    if shape == "B=8 opening":
+        return _opening(model, 8, warm + frames), 8, warm
+    if shape == "B=8 past window":
+        past = WINDOW + 2  # the old row's age when the others open
+        starts = [0] + [past] * 7
+        return _windowed(model, starts, past + warm + frames), 8, past + warm
     if shape.endswith("staggered"):
         rows = int(shape.split()[0].removeprefix("B="))
         oldest = STAGGER * (rows - 1)

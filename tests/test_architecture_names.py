@@ -21,7 +21,7 @@ DOC = REPO / "docs" / "architecture.md"
 CODE = re.compile(r"`([^`\s]+)`")
 DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 CLASS = re.compile(r"^_?[A-Z][a-z]+[A-Za-z0-9]*$")
-FILE = re.compile(r"^[a-z_][a-z_/]*\.(py|sh)$")
+FILE = re.compile(r"^[a-z_.][a-z_/.-]*\.(py|sh|toml|md|json|txt|cfg|ya?ml)$")
 
 FOREIGN = frozenset(
     {
@@ -98,8 +98,8 @@ def named() -> Iterator[str]:
 
 
 def file_exists(token: str) -> bool:
-    if token.startswith(ROOTS):
-        return (REPO / token).exists()
+    if token.startswith(ROOTS) or (REPO / token).exists() or (REPO / "docs" / token).exists():
+        return (REPO / token).exists() or (REPO / "docs" / token).exists()
     return (REPO / "realtime" / token).exists() or any(
         path.name == token for path in (REPO / "realtime").rglob(token.rsplit("/", 1)[-1])
     )

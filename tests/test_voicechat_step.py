@@ -144,8 +144,8 @@ def test_batched_rows_past_the_tts_window_are_what_they_are_alone(
 ) -> None:
     """The TTS's sliding-window layers keep 7500 frames (10 min) in a rotating cache; with
     the window cut to 6 frames, two conversations of different ages both run past it
-    (their caches full and rotating, one joining while the other's already rotates) and
-    each is still bit for bit its solo run and mlx-vlm's."""
+    (their caches full and rotating, one joining while the other's already rotates),
+    staying one batch, and each is still bit for bit its solo run and mlx-vlm's."""
     import json
     import shutil
 
@@ -161,6 +161,7 @@ def test_batched_rows_past_the_tts_window_are_what_they_are_alone(
     audio = [_audio(seed, frames) for seed, _, frames in specs]
     sessions: list[ModelSession | None] = [None, None]
     got: list[list[Any]] = [[], []]
+    batched: list[int] = []
     for t in range(16):
         batch = []
         for k, (seed, start, frames) in enumerate(specs):
@@ -173,6 +174,10 @@ def test_batched_rows_past_the_tts_window_are_what_they_are_alone(
                 f = t - start
                 batch.append((k, session, audio[k][f * 1280 : (f + 1) * 1280]))
         step_rows(model, batch, got)
+        held = [s._seat.batch for s in sessions if s is not None and s._seat.batch]  # type: ignore[attr-defined]
+        batched.append(len(held[0].seats) if held else 0)
+    # Past the window they stayed one batch: one model pass a frame.
+    assert batched[6:15] == [2] * 9
     for k, (seed, _, _) in enumerate(specs):
         session = sessions[k]
         assert session is not None
@@ -429,18 +434,16 @@ def test_batched_transcript_steps_are_each_rows_own(
 
 
 def _perception_state(session: ModelSession) -> list[np.ndarray]:
-    """A session's perception caches: a resident row's attention and convolution caches
-    read from the resident batch's stacked ones (its own are stale), left in place."""
-    from realtime.models.voicechat.batch import residents
-
+    """A session's perception caches: a batched row's attention and convolution caches
+    read from its frame batch's stacked ones (its own are stale), left in place."""
     inner = session._inner  # type: ignore[attr-defined]
     stream = inner._conformer_stream
     attn, conv = list(stream.attn_cache), list(stream.conv_cache)
-    resident = residents(inner.model)
-    held = [j for j, mine in enumerate(resident.inners) if mine is inner]
-    if held and resident.conformer is not None:
+    batch = session._seat.batch  # type: ignore[attr-defined]
+    held = [] if batch is None else [j for j, mine in enumerate(batch.inners) if mine is inner]
+    if held and batch.conformer is not None:
         view = SimpleNamespace(attn_cache=attn, conv_cache=conv)
-        resident.conformer.put(held[0], view)
+        batch.conformer.extract(held[0], view)
     state = [stream.mel_cache, *attn, *conv]
     return [np.array(value) for value in state if value is not None]
 
@@ -456,7 +459,6 @@ def test_young_rows_of_staggered_ages_run_the_conformer_as_one_batch(
     (mel tail, attention and convolution caches, each its own length) are bit for bit
     its solo run's."""
     from realtime.models.voicechat import perception
-    from realtime.models.voicechat.batch import residents
 
     model = _models(request, name)
     # (first frame, frames); ages 0 and 1 to 2 differ from older rows in their mel tails.
@@ -488,7 +490,8 @@ def test_young_rows_of_staggered_ages_run_the_conformer_as_one_batch(
             if 0 <= (f := t - start) < frames:
                 batch.append((k, audio[k][f * 1280 : (f + 1) * 1280]))
         results = model.step([(ours[k], piece, 16000) for k, piece in batch])
-        conformer = residents(ours[0]._inner.model).conformer  # type: ignore[attr-defined]
+        held = ours[0]._seat.batch  # type: ignore[attr-defined]
+        conformer = None if held is None else held.conformer
         stacked_rows.append(0 if conformer is None else len(conformer.lengths))
         for (k, piece), result in zip(batch, results, strict=True):
             assert not isinstance(result, Exception), result
@@ -501,5 +504,5 @@ def test_young_rows_of_staggered_ages_run_the_conformer_as_one_batch(
             assert all(np.array_equal(a, b) for a, b in zip(mine, theirs, strict=True)), (t, k)
         assert [digest(g) for g in got] == [digest(w) for w in want], t
     assert max(batched_rows) == len(specs)
-    # The young rows' padded caches stayed stacked in the resident batch between frames.
+    # The young rows' padded caches stayed stacked in the frame batch between frames.
     assert max(stacked_rows) == len(specs)

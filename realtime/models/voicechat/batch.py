@@ -1,173 +1,309 @@
-"""A batch's per-layer state kept stacked between frame steps.
+"""The frame batch: the state of the rows a batched frame step runs, kept stacked.
 
-Without it every batched frame stacks each row's state for the step and splits it
-back after (the language model's Mamba states, the attention caches of the language
-model and of the TTS backbone left-padded and concatenated for every layer, the
-codec's convolution caches). :class:`Resident` keeps, for the ordered rows of a
-model's last batched frame, that state as the batched model computes with it: stacked
-Mamba states, one :class:`BatchedKV` per attention layer (rows left-padded to the
-longest, right-aligned on one write position, preallocated past it), stacked codec
-caches and the conformer's caches (:class:`ConformerBatch`, stacked by the first
-frame whose chunks all take the batched path). A next frame of the same rows reuses
-it as it is; a row that joins is extended in, one that leaves is written back to its
-own caches and filtered out (``extend`` / ``filter``, as mlx-lm's batch generation
-does).
+Every stage of the frame step computes over all its rows at once, so their state must
+be laid out as one batch: the language model's Mamba states stacked, each attention
+layer's keys and values (language model: B rows; TTS: 2B, conditional then
+unconditional) with rows of different lengths left-padded to one write position and
+masked, the codec's convolution caches stacked, and the conformer's caches
+(:class:`~realtime.models.voicechat.perception.ConformerBatch`). A :class:`FrameBatch`
+holds that layout for its rows between frames, so a next frame of the same rows reuses
+it as it is.
 
-While a conversation is resident its own caches (``_language_cache``, ``_tts_cache``,
-``_codec_cache`` on mlx-vlm's session, the attention and convolution caches of its
-``_conformer_stream``) are stale: every path that reads them alone
-(a solo frame, an inserted tool-response step, flush, cancel) calls :func:`release`
-first, which writes its rows back exactly and drops them from the batch.
+Each part of it has one small protocol (:class:`Part`, as mlx-lm's batch caches have):
+it is built from the rows' own caches (``merge``), writes one row back to its own cache
+as that row's own steps would have left it (``extract``), keeps some rows
+(``filter``) and takes more after its own (``extend``). :meth:`FrameBatch.arrange`
+makes the batch hold a frame's rows with exactly those four.
 
-The layout is the one the per-step path builds (each row's entries in its own order,
-zeros on the left, the same mask), so each row's output stays bit for bit its solo
-run. A row that is not steady steps beside the batch, on its own caches, through the
-per-step path (written back first if it was resident): its timeline has not started
-(its first frame reads pad and speaks silence), its codec has not decoded yet (its
-cache holds no layers), or the TTS's sliding window would wrap (``RotatingKVCache``
-then reads its buffer in rotated order, which the left-padded layout does not keep:
-past 7,500 steps, 10 minutes, a conversation steps beside the batch).
+The batch's owner is its rows: each conversation's :class:`Seat` (one per session,
+:mod:`realtime.models.voicechat.row`) says which batch holds it, and no one else can
+reach the batch (a batch whose rows are gone is garbage). While a conversation is in a
+batch its own caches (``_language_cache``, ``_tts_cache``, ``_codec_cache`` on
+mlx-vlm's session, the caches of its ``_conformer_stream``) are stale: every path that
+reads them alone (a solo frame, an inserted tool-response step, flush, cancel) calls
+:meth:`Seat.release` first, which writes its rows back exactly and drops them.
 
-Memory: resident attention buffers hold every row at the longest row's length (plus
-growth room of :data:`GROWTH` positions), so while batched a young conversation pays
-for an old one's length in each attention layer; a row that leaves is written back at
-its own length and the batch trimmed to its new longest row.
+Every row of a batched frame is a row of its batch, whatever its age, so each stage
+runs once a frame. The layout is the one each row's own caches give it, entries in the
+same order, zeros masked where the row has none, so each row's output stays bit for
+bit its solo run (tests/test_voicechat_batch.py, tests/test_voicechat_step.py). A
+conversation's first frame joins with the states it has before anything ran: no
+attention entry, zero Mamba and codec states (:func:`_stack`: read as not started),
+the conformer's as :func:`~realtime.models.voicechat.perception.fresh` says; its TTS
+state joins on its second frame (``FrameBatch.voices``: a first frame has no TTS step).
+A row whose TTS window (a ``RotatingKVCache`` of 7,500 steps, 10 minutes) has wrapped
+keeps its window in the batch as its own cache keeps it (rotated, written in place at
+its own index), masked around: a long conversation stays batched.
+
+Memory: attention buffers hold every row at the longest row's length (plus growth room
+of :data:`GROWTH` positions), so while batched a young conversation pays for an old
+one's length in each attention layer; a row that leaves is written back at its own
+length and the batch trimmed to what its other rows use.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import attrs
 import mlx.core as mx
+import numpy as np
 from mlx_audio.codec.models.nemotron_voicechat import CausalConv1dCache
 from mlx_vlm.models.cache import ArraysCache, KVCache
 
-from realtime.models.voicechat.codes import PerModel
 from realtime.models.voicechat.perception import ConformerBatch, stackable
 
+if TYPE_CHECKING:
+    from realtime.models.voicechat.row import Seat
+
 GROWTH: Final = 256
-"""Positions a resident attention buffer grows by when full (mlx-vlm's cache step)."""
+"""Positions an attention buffer grows by when full (mlx-vlm's cache step)."""
+
+
+class Part(Protocol):
+    """One piece of a batch's state (an attention layer, a Mamba layer, the codec's
+    caches, the conformer's), rows in batch order; the model reads its ``view``."""
+
+    @property
+    def view(self) -> Any:
+        """The cache object the model's layer reads and advances."""
+        ...
+
+    def extract(self, j: int, own: Any) -> list[Any]:
+        """Write row ``j`` back to its own cache ``own``, as its own steps would have
+        left it; the arrays written (gathers: copies, no view of the batch's buffer)."""
+        ...
+
+    def filter(self, keep: Sequence[int]) -> None:
+        """Keep rows ``keep``, in that order."""
+        ...
+
+    def extend(self, other: Any) -> None:
+        """Append ``other``'s rows (a part of the same kind) after these."""
+        ...
 
 
 @attrs.define(slots=True, eq=False)
-class BatchedKV:
-    """One attention layer's keys and values for a batch's rows, stacked.
+class PaddedKV:
+    """One attention layer's keys and values for several rows, left-padded and masked.
 
     Rows are laid out as the batched model expects them: ``rows_each`` rows per
     conversation (the TTS: conditional, unconditional), all conversations' first rows,
-    then all their second ones. Each conversation's entries end at ``width`` (one
-    write position for all) and start ``width - lengths[j]`` in, zeros before them;
-    ``make_mask`` masks those (None when no row is padded). ``offset`` is each row's
-    own position (the TTS's RoPE).
+    then all their second ones. A conversation's entries are in the order its own
+    cache returns them: up to the window, in time order, ending at ``width`` (one write
+    position for all such rows); once a rotating window has wrapped, its ``window``
+    entries rotated as its own buffer holds them, from column ``starts[j]``, the next
+    written in place at ``cursors[j]`` into it. :meth:`make_mask` masks every other
+    column (None when no row has one). ``offset`` is each row's own position (the
+    TTS's RoPE).
     """
 
     keys: Any
     values: Any
-    lengths: list[int]
+    offsets: list[int]
+    """Each conversation's position (its own cache's ``offset``)."""
+    starts: list[int]
+    """The column of each conversation's first entry."""
+    cursors: list[int]
+    """Where each wrapped conversation writes next, into its window (0 otherwise)."""
     rows_each: int
-    max_size: int | None
-    width: int = attrs.field(init=False)
+    window: int | None
+    """A rotating cache's size (None: a plain cache, never wraps)."""
+    width: int
     _offset: Any = attrs.field(default=None, init=False)
 
-    def __attrs_post_init__(self) -> None:
-        self.width = max(self.lengths)
+    @property
+    def view(self) -> PaddedKV:
+        """The attention layer reads this object itself (``make_mask``,
+        ``update_and_fetch``, ``offset``)."""
+        return self
 
     @classmethod
-    def of(cls, caches: Sequence[Any], rows_each: int) -> BatchedKV:
-        """Stacked from each conversation's own cache of this layer (entries in order:
-        a plain cache, or a rotating one that has not wrapped)."""
-        lengths = [int(cache.offset) for cache in caches]
-        width = max(lengths)
-        room = _room(width)
-        parts_k: list[Any] = []
-        parts_v: list[Any] = []
-        for r in range(rows_each):
-            for cache, n in zip(caches, lengths, strict=True):
-                pad = [(0, 0), (0, 0), (width - n, room - width), (0, 0)]
-                parts_k.append(mx.pad(cache.keys[r : r + 1, :, :n, :], pad))
-                parts_v.append(mx.pad(cache.values[r : r + 1, :, :n, :], pad))
+    def merge(cls, caches: Sequence[Any], rows_each: int) -> PaddedKV:
+        """Stacked from each conversation's own cache of this layer."""
+        window = getattr(caches[0], "max_size", None)
+        if any(getattr(cache, "keep", 0) for cache in caches):
+            raise ValueError("a rotating cache that keeps its first entries cannot be batched")
+        kept = [_entries(cache, window) for cache in caches]
+        width = max(len_ for _, _, len_, _ in kept)
         return cls(
-            mx.concatenate(parts_k, axis=0),
-            mx.concatenate(parts_v, axis=0),
-            lengths,
+            _stacked([k for k, _, _, _ in kept], width, rows_each),
+            _stacked([v for _, v, _, _ in kept], width, rows_each),
+            [int(cache.offset) for cache in caches],
+            [width - n for _, _, n, _ in kept],
+            [cursor for _, _, _, cursor in kept],
             rows_each,
-            getattr(caches[0], "max_size", None),
+            window,
+            width,
         )
+
+    def _wrapped(self, j: int) -> bool:
+        return self.window is not None and self.offsets[j] >= self.window
+
+    def _end(self, j: int) -> int:
+        """The column after conversation ``j``'s last entry."""
+        return self.starts[j] + self._size if self._wrapped(j) else self.width
+
+    @property
+    def _size(self) -> int:
+        """The window's size (0: a plain cache)."""
+        return self.window or 0
 
     @property
     def offset(self) -> Any:
         if self._offset is None:
-            self._offset = mx.array(self.lengths * self.rows_each, dtype=mx.int32)
+            self._offset = mx.array(self.offsets * self.rows_each, dtype=mx.int32)
         return self._offset
-
-    def fits(self, j: int) -> bool:
-        """Conversation ``j``'s next position fits without a rotating cache wrapping."""
-        return self.max_size is None or self.lengths[j] + 1 <= self.max_size
 
     def make_mask(self, n: int, **_: Any) -> Any:
         if n != 1:
             raise ValueError("batched frames step one position at a time")
-        starts = [self.width - length for length in self.lengths]
-        if not any(starts):
+        count = len(self.offsets)
+        growing = not all(self._wrapped(j) for j in range(count))
+        after = self.width + growing
+        spans = [(self.starts[j], self._end(j) + (not self._wrapped(j))) for j in range(count)]
+        if all(span == (0, after) for span in spans):
             return None
-        positions = mx.arange(self.width + n)[None, :]
-        first = mx.array(starts * self.rows_each)
-        return (positions >= first[:, None])[:, None, None, :]
+        mask = np.zeros((count, after), dtype=np.bool_)
+        for j, (first, end) in enumerate(spans):
+            mask[j, first:end] = True
+        return mx.array(np.tile(mask, (self.rows_each, 1)))[:, None, None, :]
 
     def update_and_fetch(self, keys: Any, values: Any) -> tuple[Any, Any]:
-        n = keys.shape[2]
-        end = self.width + n
+        count = len(self.offsets)
+        wrapped = [self._wrapped(j) for j in range(count)]
+        end = self.width + (not all(wrapped))
+        if self.keys is None:  # no row has an entry yet: shaped by the first
+            self.keys = mx.zeros((*keys.shape[:2], _room(0), keys.shape[3]), keys.dtype)
+            self.values = mx.zeros((*values.shape[:2], _room(0), values.shape[3]), values.dtype)
+        if end > self.keys.shape[2]:
+            self._compact()
+            end = self.width + (not all(wrapped))
         if end > self.keys.shape[2]:
             grow = _room(end) - self.keys.shape[2]
             pad = [(0, 0), (0, 0), (0, grow), (0, 0)]
             self.keys = mx.pad(self.keys, pad)
             self.values = mx.pad(self.values, pad)
-        self.keys[..., self.width : end, :] = keys
-        self.values[..., self.width : end, :] = values
+        if not any(wrapped):
+            self.keys[..., self.width : end, :] = keys
+            self.values[..., self.width : end, :] = values
+        else:
+            self._write_each(keys, values, wrapped)
+        for j in range(count):
+            self.offsets[j] += 1
+            if not wrapped[j]:
+                continue
+            self.cursors[j] = self.cursors[j] % self._size + 1
         self.width = end
-        self.lengths = [length + n for length in self.lengths]
+        for j in range(count):  # a conversation whose window just filled
+            if self._wrapped(j) and not wrapped[j]:
+                self.starts[j], self.cursors[j] = end - self._size, self._size
         self._offset = None
         return self.keys[..., :end, :], self.values[..., :end, :]
 
+    def _compact(self) -> None:
+        """Every conversation's entries moved right-aligned on the longest's (a wrapped
+        window whole, in its order): the columns that wrapped windows left behind them
+        (a window stays where it was when it filled, while younger rows grow the
+        buffer) go. Run when the buffer would grow or rows join, and only when that frees
+        columns (never for a plain cache, whose rows all end at ``width``)."""
+        if self.keys is None:
+            return
+        count = len(self.offsets)
+        spans = [(self.starts[j], self._end(j)) for j in range(count)]
+        width = max(end - start for start, end in spans)
+        if width >= self.width:
+            return
+        room = _room(width)
+
+        def laid(array: Any) -> Any:
+            parts = []
+            for r in range(self.rows_each):
+                for j, (start, end) in enumerate(spans):
+                    row = array[j + r * count : j + r * count + 1, :, start:end, :]
+                    pad = [(0, 0), (0, 0), (width - (end - start), room - width), (0, 0)]
+                    parts.append(mx.pad(row, pad))
+            return mx.concatenate(parts, axis=0)
+
+        self.keys, self.values = laid(self.keys), laid(self.values)
+        self.starts = [width - (end - start) for start, end in spans]
+        self.width = width
+
+    def _write_each(self, keys: Any, values: Any, wrapped: list[bool]) -> None:
+        """Each row's new entry at its own column (one scatter): a wrapped window's in
+        place at its cursor (the next after its last, rotating), the others' at the
+        write position."""
+        columns = [
+            self.starts[j] + self.cursors[j] % self._size if wrapped[j] else self.width
+            for j in range(len(self.offsets))
+        ]
+        at = mx.array(np.array(columns * self.rows_each, dtype=np.int32).reshape(-1, 1, 1, 1))
+        self.keys = mx.put_along_axis(self.keys, mx.broadcast_to(at, keys.shape), keys, axis=2)
+        self.values = mx.put_along_axis(
+            self.values, mx.broadcast_to(at, values.shape), values, axis=2
+        )
+
     def _rows(self, members: Sequence[int]) -> Any:
-        count = len(self.lengths)
+        count = len(self.offsets)
         return mx.array([j + r * count for r in range(self.rows_each) for j in members])
 
-    def put(self, j: int, cache: Any) -> list[Any]:
-        """Write conversation ``j``'s entries back to its own ``cache`` (as its own
-        updates would have left them: entries in order, its offset); the new arrays."""
-        n = self.lengths[j]
-        start = self.width - n
+    def extract(self, j: int, own: Any) -> list[Any]:
+        if self.keys is None:  # no entry yet: its own cache is as empty
+            return []
+        start, end = self.starts[j], self._end(j)
         rows = self._rows([j])
-        cache.keys = mx.contiguous(self.keys[rows, :, start : self.width, :])
-        cache.values = mx.contiguous(self.values[rows, :, start : self.width, :])
-        cache.offset = n
-        if not isinstance(cache, KVCache):  # a rotating cache: its write index
-            cache._idx = n
-        return [cache.keys, cache.values]
+        own.keys = mx.contiguous(self.keys[rows, :, start:end, :])
+        own.values = mx.contiguous(self.values[rows, :, start:end, :])
+        own.offset = self.offsets[j]
+        if not isinstance(own, KVCache):  # a rotating cache: its write index
+            own._idx = self.cursors[j] if self._wrapped(j) else end - start
+        return [own.keys, own.values]
 
     def filter(self, keep: Sequence[int]) -> None:
-        """Keep conversations ``keep`` (in that order), trimmed to the longest of them."""
+        """Keep conversations ``keep`` (in that order), trimmed to the columns they use."""
+        if self.keys is None:  # no entry yet
+            self.offsets = [self.offsets[j] for j in keep]
+            self.cursors, self.starts = [0] * len(keep), [0] * len(keep)
+            return
         rows = self._rows(keep)
-        self.lengths = [self.lengths[j] for j in keep]
-        trim = self.width - max(self.lengths)
-        self.keys = self.keys[rows, :, trim:, :]
-        self.values = self.values[rows, :, trim:, :]
-        self.width -= trim
+        ends = [self._end(j) for j in keep]
+        self.offsets = [self.offsets[j] for j in keep]
+        self.cursors = [self.cursors[j] for j in keep]
+        self.starts = [self.starts[j] for j in keep]
+        first, last = min(self.starts), max(ends)
+        self.keys = self.keys[rows, :, first:, :]
+        self.values = self.values[rows, :, first:, :]
+        self.starts = [start - first for start in self.starts]
+        self.width = last - first
         self._offset = None
 
-    def extend(self, other: BatchedKV) -> None:
+    def _shape_by(self, keys: Any, values: Any) -> None:
+        """Give a part whose rows have no entry yet an empty buffer shaped as another's."""
+        if self.keys is not None or keys is None:
+            return
+        rows = self.rows_each * len(self.offsets)
+        self.keys = mx.zeros((rows, keys.shape[1], _room(self.width), keys.shape[3]), keys.dtype)
+        self.values = mx.zeros(
+            (rows, values.shape[1], _room(self.width), values.shape[3]), values.dtype
+        )
+
+    def extend(self, other: PaddedKV) -> None:
         """Append ``other``'s conversations after these."""
+        self._shape_by(other.keys, other.values)
+        other._shape_by(self.keys, self.values)
+        if self.keys is None:  # no row of either has an entry yet
+            self.offsets, self.cursors = self.offsets + other.offsets, self.cursors + other.cursors
+            self.starts = [0] * len(self.offsets)
+            return
+        self._compact()
         width = max(self.width, other.width)
         room = max(
             width + self.keys.shape[2] - self.width, width + other.keys.shape[2] - other.width
         )
-        count, added = len(self.lengths), len(other.lengths)
+        count, added = len(self.offsets), len(other.offsets)
 
-        def laid(batch: BatchedKV, array: Any) -> Any:
+        def laid(batch: PaddedKV, array: Any) -> Any:
             left = width - batch.width
             return mx.pad(array, [(0, 0), (0, 0), (left, room - left - array.shape[2]), (0, 0)])
 
@@ -180,9 +316,48 @@ class BatchedKV:
 
         self.keys = merged(laid(self, self.keys), laid(other, other.keys))
         self.values = merged(laid(self, self.values), laid(other, other.values))
-        self.lengths = self.lengths + other.lengths
+        self.starts = [s + width - self.width for s in self.starts] + [
+            s + width - other.width for s in other.starts
+        ]
+        self.offsets = self.offsets + other.offsets
+        self.cursors = self.cursors + other.cursors
         self.width = width
         self._offset = None
+
+
+def _stacked(entries: Sequence[Any], width: int, rows_each: int) -> Any:
+    """Conversations' ``entries`` (rows_each, heads, length, dim) as one buffer: each
+    right-aligned on ``width`` (zeros before it, room after it), conversations' first
+    rows, then their second ones; None when none has an entry (an empty row: None)."""
+    shaped = next((e for e in entries if e is not None), None)
+    if shaped is None:
+        return None
+    room = _room(width)
+    empty = mx.zeros((rows_each, shaped.shape[1], 0, shaped.shape[3]), shaped.dtype)
+    parts = []
+    for r in range(rows_each):
+        for e in entries:
+            e = empty if e is None else e
+            pad = [(0, 0), (0, 0), (width - e.shape[2], room - width), (0, 0)]
+            parts.append(mx.pad(e[r : r + 1], pad))
+    return mx.concatenate(parts, axis=0)
+
+
+def _entries(cache: Any, window: int | None) -> tuple[Any, Any, int, int]:
+    """A cache's entries as its next single-position step reads them (its keys, its
+    values, how many, and a wrapped window's cursor, else 0): a plain cache's or an
+    unwrapped window's in time order; a wrapped window's as its buffer holds them (a
+    buffer a longer update left past the window trimmed to its last ``window``, in
+    time order, as that step trims it)."""
+    n = int(cache.offset)
+    if cache.keys is None:
+        return None, None, 0, 0
+    if window is None or n < window:
+        return cache.keys[..., :n, :], cache.values[..., :n, :], n, 0
+    keys, values, cursor = cache.keys, cache.values, int(cache._idx)
+    if keys.shape[2] > window:
+        keys, values, cursor = keys[..., -window:, :], values[..., -window:, :], window
+    return keys, values, window, cursor
 
 
 def _room(width: int) -> int:
@@ -190,176 +365,256 @@ def _room(width: int) -> int:
     return (width // GROWTH + 1) * GROWTH
 
 
-def stacked_states(caches: Sequence[Any]) -> Any:
-    """One ArraysCache (a Mamba layer's conv and SSM states) with every row's (None
-    for a slot no row has started yet: the layer starts it, for rows equally far)."""
-    batch = ArraysCache(size=len(caches[0].cache))
-    for slot in range(len(caches[0].cache)):
-        states = [cache[slot] for cache in caches]
-        batch[slot] = None if states[0] is None else mx.concatenate(states, axis=0)
-    return batch
+def _stack(groups: Sequence[tuple[Any, int]]) -> Any:
+    """Groups of rows' arrays (array, rows) stacked on the first axis; a group with
+    none (its state not started yet) as zeros, which every state stacked here reads as
+    not started (mlx-vlm's Mamba layer starts its convolution state as zeros and adds
+    its SSM state's exact zero terms; mlx-audio's codec starts a cache as zeros); None
+    when no group has one."""
+    like = next((array for array, _ in groups if array is not None), None)
+    if like is None:
+        return None
+    return mx.concatenate(
+        [
+            mx.zeros((rows, *like.shape[1:]), like.dtype) if array is None else array
+            for array, rows in groups
+        ],
+        axis=0,
+    )
 
 
-def stacked_codec(caches: Sequence[Any]) -> Any:
-    """One codec cache with every row's entries (caches of one :func:`codec_layout`)."""
-    batch = CausalConv1dCache()
-    for name in caches[0].cache:
-        batch.cache[name] = mx.concatenate([cache.cache[name] for cache in caches], axis=0)
-    return batch
+class StackedStates:
+    """A Mamba layer's conv and SSM states for ``count`` rows, stacked in ``view`` (an
+    ``ArraysCache``; a slot no row has started yet is None: the layer starts it)."""
+
+    __slots__ = ("count", "view")
+
+    def __init__(self, view: Any, count: int) -> None:
+        self.view = view
+        self.count = count
+
+    @classmethod
+    def merge(cls, caches: Sequence[Any]) -> StackedStates:
+        view = ArraysCache(size=len(caches[0].cache))
+        for slot in range(len(caches[0].cache)):
+            view[slot] = _stack([(cache[slot], 1) for cache in caches])
+        return cls(view, len(caches))
+
+    def extract(self, j: int, own: Any) -> list[Any]:
+        row = mx.array([j])
+        written: list[Any] = []
+        for slot, state in enumerate(self.view.cache):
+            own[slot] = None if state is None else state[row]
+            written += [] if state is None else [own[slot]]
+        return written
+
+    def filter(self, keep: Sequence[int]) -> None:
+        rows = mx.array(list(keep))
+        self.view.cache = [None if state is None else state[rows] for state in self.view.cache]
+        self.count = len(keep)
+
+    def extend(self, other: StackedStates) -> None:
+        self.view.cache = [
+            _stack([(mine, self.count), (theirs, other.count)])
+            for mine, theirs in zip(self.view.cache, other.view.cache, strict=True)
+        ]
+        self.count += other.count
 
 
-def codec_layout(cache: Any) -> tuple[Any, ...]:
-    """Which layers a codec cache holds, with each entry's per-row shape (rows decode
-    as one batch exactly when theirs are equal)."""
-    return tuple(sorted((str(k), tuple(v.shape[1:])) for k, v in cache.cache.items()))
+class StackedCodec:
+    """The codec's streaming caches for ``count`` rows, stacked layer by layer in
+    ``view`` (a ``CausalConv1dCache``; a row whose codec has not decoded yet holds no
+    layer, and joins as zeros)."""
+
+    __slots__ = ("count", "view")
+
+    def __init__(self, view: Any, count: int) -> None:
+        self.view = view
+        self.count = count
+
+    @classmethod
+    def merge(cls, caches: Sequence[Any]) -> StackedCodec:
+        view = CausalConv1dCache()
+        for name in {name: None for cache in caches for name in cache.cache}:
+            view.cache[name] = _stack([(cache.cache.get(name), 1) for cache in caches])
+        return cls(view, len(caches))
+
+    def extract(self, j: int, own: Any) -> list[Any]:
+        row = mx.array([j])
+        own.cache = {name: value[row] for name, value in self.view.cache.items()}
+        return list(own.cache.values())
+
+    def filter(self, keep: Sequence[int]) -> None:
+        rows = mx.array(list(keep))
+        self.view.cache = {name: value[rows] for name, value in self.view.cache.items()}
+        self.count = len(keep)
+
+    def extend(self, other: StackedCodec) -> None:
+        mine, theirs = self.view.cache, other.view.cache
+        self.view.cache = {
+            name: _stack([(mine.get(name), self.count), (theirs.get(name), other.count)])
+            for name in {**mine, **theirs}
+        }
+        self.count += other.count
 
 
-class Resident:
-    """The rows of a model's last batched frame (mlx-vlm sessions, in batch order) with
-    their language-model, TTS and codec state stacked (empty: no batch), and their
-    conformer caches (``conformer``: stacked by the first frame whose chunks all take
-    the batched path, None while they are each row's own)."""
+def language_part(caches: Sequence[Any]) -> Part:
+    """One language-model layer's part: Mamba states stacked, attention padded."""
+    if isinstance(caches[0], ArraysCache):
+        return StackedStates.merge(caches)
+    return PaddedKV.merge(caches, 1)
 
-    __slots__ = ("codec", "conformer", "inners", "language", "thread", "tts")
+
+def owned(inner: Any) -> list[Any]:
+    """A conversation's own caches, in the order of :meth:`FrameBatch.parts`: the
+    language model's layers, then the codec's."""
+    return [*inner._language_cache, inner._codec_cache]
+
+
+class FrameBatch:
+    """The rows of a batched frame (their :class:`Seat` s, in batch order) with their
+    language-model and codec state stacked (empty: no row), the TTS state of those whose
+    timeline has started (``voices``, in the TTS's own order: a conversation's first
+    frame has no TTS step, so it joins the TTS on its second), and their conformer
+    caches (``conformer``: stacked by the first frame whose chunks all take the
+    batched path, None while they are each row's own)."""
+
+    __slots__ = ("codec", "conformer", "language", "seats", "tts", "voices")
 
     def __init__(self) -> None:
-        self.thread: int | None = None
-        """The thread that steps it (:func:`residents`)."""
-        self.inners: list[Any] = []
-        self.language: list[Any] = []
-        self.tts: list[BatchedKV] = []
-        self.codec: Any = None
+        self.seats: list[Seat] = []
+        self.language: list[Part] = []
+        self.codec: StackedCodec | None = None
+        self.voices: list[Seat] = []
+        self.tts: list[PaddedKV] = []
         self.conformer: ConformerBatch | None = None
 
-    def arrange(self, inners: Sequence[Any]) -> tuple[list[int], int]:
-        """Make the batch hold exactly the steady rows of ``inners`` (rows that left
-        written back and filtered out, rows that joined extended in). Returns the order
-        to step ``inners`` in (indices into it: the batch's rows first, in its order,
-        then the rest, which step on their own caches) and how many lead it (0: none
-        of ``inners`` is resident; a lone steady row is not a batch)."""
-        layout = None if self.codec is None else codec_layout(self.codec)
-        steady: list[Any] = []
-        for inner in inners:
-            held = [j for j, mine in enumerate(self.inners) if mine is inner]
-            if held:
-                if all(kv.fits(held[0]) for kv in self.tts):
-                    steady.append(inner)
-            elif self._steady(inner):
-                own = codec_layout(inner._codec_cache)
-                if layout is None:
-                    layout = own
-                if own == layout:
-                    steady.append(inner)
-        if len(steady) < 2:
-            self.release(inners)
-            return list(range(len(inners))), 0
-        wanted = {id(inner) for inner in steady}
-        self.release([inner for inner in self.inners if id(inner) not in wanted])
-        resident = {id(inner) for inner in self.inners}
-        joining = [inner for inner in steady if id(inner) not in resident]
+    def views(self, parts: Sequence[Part]) -> list[Any]:
+        """What the model reads of ``parts`` (one of this batch's lists)."""
+        return [part.view for part in parts]
+
+    @property
+    def codec_view(self) -> Any:
+        """What the codec reads (its stacked caches)."""
+        assert self.codec is not None
+        return self.codec.view
+
+    @property
+    def inners(self) -> list[Any]:
+        """The rows' mlx-vlm sessions, in batch order."""
+        return [seat.inner for seat in self.seats]
+
+    def parts(self) -> list[Part]:
+        """The parts over every row, in the order of :func:`owned`."""
+        return [*self.language, *([] if self.codec is None else [self.codec])]
+
+    def arrange(self, seats: Sequence[Seat]) -> list[int] | None:
+        """Make the batch hold exactly the rows of ``seats`` (rows that left written
+        back and filtered out, rows that joined extended in, rows whose timeline has
+        started in the TTS). Returns the order to step ``seats`` in (indices into it,
+        the batch's order), or None when they are not a batch (one row, which then
+        steps on its own caches)."""
+        for seat in seats:
+            if seat.batch is not None and seat.batch is not self:
+                seat.release()
+        self.release(self._leaving(seats))
+        joining = [seat for seat in seats if seat.batch is not self]
+        if len(self.seats) + len(joining) < 2:
+            self.release(self.seats)
+            return None
         if joining:
-            self._extend(joining)
-        position = {id(inner): i for i, inner in enumerate(inners)}
-        order = [position[id(inner)] for inner in self.inners]
-        return order + [i for i in range(len(inners)) if id(inners[i]) not in wanted], len(order)
+            self._join(joining)
+        self._voice()
+        position = {id(seat): i for i, seat in enumerate(seats)}
+        return [position[id(seat)] for seat in self.seats]
 
-    def _steady(self, inner: Any) -> bool:
-        """A row not resident can join: its timeline started, its codec decoded, its
-        attention caches in order with room for the next position."""
-        if inner._timeline_index == 0 or not inner._codec_cache.cache:
-            return False
-        language = inner._language_cache
-        if any(
-            any(state is None for state in layer.cache)
-            for layer in language
-            if isinstance(layer, ArraysCache)
-        ):
-            return False
-        attention = [c for c in language if not isinstance(c, ArraysCache)]
-        return all(
-            int(layer.offset) > 0
-            and (getattr(layer, "max_size", None) is None or layer.offset + 1 <= layer.max_size)
-            for layer in [*inner._tts_cache, *attention]
-        )
+    def _leaving(self, seats: Sequence[Seat]) -> list[Seat]:
+        stepping = {id(seat) for seat in seats}
+        return [seat for seat in self.seats if id(seat) not in stepping]
 
-    def _extend(self, joining: Sequence[Any]) -> None:
-        language: list[Any] = []
-        for layer in range(len(joining[0]._language_cache)):
-            caches = [inner._language_cache[layer] for inner in joining]
-            if isinstance(caches[0], ArraysCache):
-                language.append(stacked_states(caches))
-            else:
-                language.append(BatchedKV.of(caches, 1))
-        tts = [
-            BatchedKV.of([inner._tts_cache[layer] for inner in joining], 2)
-            for layer in range(len(joining[0]._tts_cache))
-        ]
-        codec = stacked_codec([inner._codec_cache for inner in joining])
-        streams = [inner._conformer_stream for inner in joining]
-        if self.conformer is not None:
-            if all(stackable(s) for s in streams):
-                self.conformer.extend(ConformerBatch.of(streams))
-            else:
-                self.release_conformer()
-        if not self.inners:
-            self.inners, self.language, self.tts, self.codec = list(joining), language, tts, codec
-            return
-        for i, (mine, theirs) in enumerate(zip(self.language, language, strict=True)):
-            if isinstance(mine, BatchedKV):
+    def _join(self, joining: Sequence[Seat]) -> None:
+        inners = [seat.inner for seat in joining]
+        owns = [owned(inner) for inner in inners]
+        language = [language_part([own[k] for own in owns]) for k in range(len(owns[0]) - 1)]
+        codec = StackedCodec.merge([own[-1] for own in owns])
+        self._join_conformer([inner._conformer_stream for inner in inners])
+        if self.codec is None:
+            self.language, self.codec = language, codec
+        else:
+            for mine, theirs in zip(self.parts(), [*language, codec], strict=True):
                 mine.extend(theirs)
-            else:
-                self.language[i] = stacked_states([mine, theirs])
-        for kv, added in zip(self.tts, tts, strict=True):
-            kv.extend(added)
-        self.codec = stacked_codec([self.codec, codec])
-        self.inners.extend(joining)
+        self.seats.extend(joining)
+        for seat in joining:
+            seat.batch = self
 
-    def release(self, inners: Sequence[Any]) -> None:
-        """Write ``inners``' rows (those resident) back to their own caches and drop
-        them from the batch (a batch left with one row is dropped whole)."""
-        leaving = [j for j, held in enumerate(self.inners) if any(held is i for i in inners)]
+    def _join_conformer(self, streams: Sequence[Any]) -> None:
+        if self.conformer is None:
+            return
+        if all(stackable(s) for s in streams):
+            self.conformer.extend(ConformerBatch.merge(streams, like=self.conformer))
+        else:
+            self.release_conformer()
+
+    def _voice(self) -> None:
+        """Rows whose timeline has started and whose TTS state is not held join the
+        TTS's parts."""
+        voiced = {id(seat) for seat in self.voices}
+        joining = [
+            seat for seat in self.seats if id(seat) not in voiced and seat.inner._timeline_index > 0
+        ]
+        if not joining:
+            return
+        owns = [seat.inner._tts_cache for seat in joining]
+        added = [PaddedKV.merge([own[k] for own in owns], 2) for k in range(len(owns[0]))]
+        if self.voices:
+            for mine, theirs in zip(self.tts, added, strict=True):
+                mine.extend(theirs)
+        else:
+            self.tts = added
+        self.voices.extend(joining)
+
+    def release(self, seats: Sequence[Seat]) -> None:
+        """Write ``seats``' rows (those held) back to their own caches and drop them
+        from the batch (a batch left with one row is dropped whole)."""
+        leaving = [j for j, held in enumerate(self.seats) if any(held is s for s in seats)]
         if not leaving:
             return
-        if len(self.inners) - len(leaving) < 2:
-            leaving = list(range(len(self.inners)))
-        written: list[Any] = []
-        for j in leaving:
-            inner = self.inners[j]
-            row = mx.array([j])  # a gather: a copy, not a view of the batch's buffer
-            for mine, own in zip(self.language, inner._language_cache, strict=True):
-                if isinstance(mine, BatchedKV):
-                    written += mine.put(j, own)
-                else:
-                    for slot in range(len(mine.cache)):
-                        own[slot] = mine[slot][row]
-                        written.append(own[slot])
-            for kv, own in zip(self.tts, inner._tts_cache, strict=True):
-                written += kv.put(j, own)
-            inner._codec_cache.cache = {
-                name: value[row] for name, value in self.codec.cache.items()
-            }
-            written += list(inner._codec_cache.cache.values())
-            if self.conformer is not None:
-                written += self.conformer.put(j, inner._conformer_stream)
+        if len(self.seats) - len(leaving) < 2:
+            leaving = list(range(len(self.seats)))
+        gone = [self.seats[j] for j in leaving]
+        written = [array for j in leaving for array in self._extract(j)]
         # Computed now, off the host: a written-back row holds no view of the batch.
         mx.async_eval(written)  # type: ignore[no-untyped-call]
-        if len(leaving) == len(self.inners):
+        for seat in gone:
+            seat.batch = None
+        if len(leaving) == len(self.seats):
             self.drop()
             return
-        keep = [j for j in range(len(self.inners)) if j not in leaving]
-        rows = mx.array(keep)
-        for mine in self.language:
-            if isinstance(mine, BatchedKV):
-                mine.filter(keep)
-            else:
-                for slot in range(len(mine.cache)):
-                    mine[slot] = mine[slot][rows]
-        for kv in self.tts:
-            kv.filter(keep)
-        self.codec.cache = {name: value[rows] for name, value in self.codec.cache.items()}
+        keep = [j for j in range(len(self.seats)) if j not in leaving]
+        for part in self.parts():
+            part.filter(keep)
         if self.conformer is not None:
             self.conformer.filter(keep)
-        self.inners = [self.inners[j] for j in keep]
+        self.seats = [self.seats[j] for j in keep]
+        voices = [v for v, seat in enumerate(self.voices) if all(seat is not g for g in gone)]
+        for kv in self.tts:
+            kv.filter(voices)
+        self.voices = [self.voices[v] for v in voices]
+
+    def _extract(self, j: int) -> list[Any]:
+        """Row ``j``'s state written back to its own caches; the arrays written."""
+        seat = self.seats[j]
+        inner = seat.inner
+        written: list[Any] = []
+        for part, own in zip(self.parts(), owned(inner), strict=True):
+            written += part.extract(j, own)
+        if self.conformer is not None:
+            written += self.conformer.extract(j, inner._conformer_stream)
+        voice = [v for v, held in enumerate(self.voices) if held is seat]
+        for v in voice:
+            for kv, own in zip(self.tts, inner._tts_cache, strict=True):
+                written += kv.extract(v, own)
+        return written
 
     def release_conformer(self) -> None:
         """Write every row's conformer caches back to its own streaming state (the rest
@@ -369,32 +624,15 @@ class Resident:
             return
         written: list[Any] = []
         for j, inner in enumerate(self.inners):
-            written += self.conformer.put(j, inner._conformer_stream)
+            written += self.conformer.extract(j, inner._conformer_stream)
         mx.async_eval(written)  # type: ignore[no-untyped-call]
         self.conformer = None
 
     def drop(self) -> None:
-        """Forget the batch (its rows' own caches are whatever was last written)."""
-        self.inners, self.language, self.tts, self.codec = [], [], [], None
+        """Forget the batch (its rows' own caches are whatever was last written; a
+        failed step's rows are failed with it)."""
+        for seat in self.seats:
+            seat.batch = None
+        self.seats, self.language, self.codec = [], [], None
+        self.voices, self.tts = [], []
         self.conformer = None
-
-
-_residents: Final = PerModel(lambda _model: Resident())
-
-
-def residents(model: Any) -> Resident:
-    """``model``'s resident batch. One engine thread steps a model; a batch another
-    thread left (an engine that stopped: tests start many on one loaded model) is
-    forgotten, not written back: MLX evaluates an array only on a thread with the
-    stream it was made on, and that engine's sessions are gone with it."""
-    resident = _residents(model)
-    thread = threading.get_ident()
-    if resident.thread != thread:
-        resident.drop()
-        resident.thread = thread
-    return resident
-
-
-def release(inner: Any) -> None:
-    """Before a path reads ``inner``'s own caches alone: its rows written back."""
-    residents(inner.model).release([inner])

@@ -196,6 +196,7 @@ class VoiceChatSession:
     def __init__(
         self, inner: Any, figures: ModelFigures, key: SessionKey, prompt_use: PromptUse
     ) -> None:
+        from realtime.models.voicechat.row import Seat
         from realtime.models.voicechat.step import check_state
 
         self.prompt_use = prompt_use
@@ -203,6 +204,8 @@ class VoiceChatSession:
         self._inner = inner
         self._figures = figures
         self._key = key
+        self._seat = Seat(inner)
+        """Its place in a frame batch (released before anything reads its caches alone)."""
         self._failed: str | None = None
         self._at_limit = False
         self._pending = np.zeros(0, dtype=np.float32)
@@ -264,7 +267,7 @@ class VoiceChatSession:
 
         from realtime.models.voicechat.row import StepRow
 
-        return StepRow(self._inner, self._key, mx.array(frame))
+        return StepRow(self._inner, self._key, mx.array(frame), self._seat)
 
     def push_audio(self, samples: Samples, sample_rate: int) -> list[ModelEvent]:
         if self._reference:
@@ -298,7 +301,6 @@ class VoiceChatSession:
         return _mark_turn_ends(self._inner, converted, self._figures.eos_token_id)
 
     def flush(self, pad_partial: bool) -> list[ModelEvent]:
-        from realtime.models.voicechat.batch import release
         from realtime.models.voicechat.keys import drawing_from
 
         if self._inner.closed:
@@ -319,7 +321,7 @@ class VoiceChatSession:
                     log.exception("VoiceChat flush failed")
                     self.failed(exc)
         self._pending = np.zeros(0, dtype=np.float32)
-        release(self._inner)
+        self._seat.release()
         self._inner._closed = True
         self._inner._codec_cache.clear()
         events.append(Done(frame_index=self.frame_index))
@@ -344,11 +346,9 @@ class VoiceChatSession:
         return [_convert(e, self._figures) for e in events]
 
     def cancel(self) -> list[ModelEvent]:
-        from realtime.models.voicechat.batch import release
-
         self._pending = np.zeros(0, dtype=np.float32)
         if not self._reference:
-            release(self._inner)
+            self._seat.release()
         return [_convert(e, self._figures) for e in self._inner.cancel()]
 
     def begin_tool_result(self, tool: ToolInput) -> VoiceChatToolResult:
@@ -421,7 +421,9 @@ class VoiceChatToolResult:
         session._check_open()
         forced = self._ids[self._next] if self._next < len(self._ids) else None
         try:
-            recorded = inserted_step(StepRow(session._inner, session._key, None), forced)
+            recorded = inserted_step(
+                StepRow(session._inner, session._key, None, session._seat), forced
+            )
         except Exception as exc:
             log.exception("feeding a tool result failed")
             raise session.failed(exc) from exc

@@ -16,7 +16,7 @@ zeros change none of the sums on MLX's CPU, whose reductions run in order
 run; a GPU's attention kernels split the keys into blocks, so padding may move the
 last bits there). A chunk the step does not cut runs as mlx-audio's own push.
 
-The resident batch's rows (:mod:`realtime.models.voicechat.batch`) keep that padded
+The frame batch's rows (:mod:`realtime.models.voicechat.batch`) keep that padded
 layout between frames (:class:`ConformerBatch`): their caches are stacked once, not
 per step, and written back to each row's streaming state when it leaves.
 """
@@ -41,10 +41,12 @@ T = TypeVar("T")
 
 
 class HoldsConformer(Protocol):
-    """What perception reads and sets of the resident batch
-    (:class:`realtime.models.voicechat.batch.Resident`, which imports this module)."""
+    """What perception reads and sets of the frame batch
+    (:class:`realtime.models.voicechat.batch.FrameBatch`, which imports this module)."""
 
-    inners: list[Any]
+    @property
+    def inners(self) -> list[Any]: ...
+
     conformer: ConformerBatch | None
 
     def release_conformer(self) -> None: ...
@@ -99,11 +101,12 @@ def perceive(
     model's audio input). The log-mel front end runs as one batch for the rows whose
     buffers are laid out alike (:mod:`realtime.models.voicechat.mel`); the conformer's
     subsampling once for each group of rows whose mel windows line up, its blocks once
-    for the rows whose caches exist (every conversation past its first frame; younger
-    than the attention's left context, 70 encoder frames, with its attention cache
-    padded and masked); a chunk this step does not cut runs as mlx-audio's push. The
-    rows of the ``resident`` batch lead ``rows`` and step on its stacked conformer
-    caches (:class:`ConformerBatch`) when this frame allows it."""
+    for the rows of a frame batch (``resident``: all of ``rows``, on its stacked
+    conformer caches, :class:`ConformerBatch`, when this frame allows it; a first frame
+    with an empty attention cache, a younger row than the attention's left context, 70
+    encoder frames, with its attention cache padded and masked), else once per group
+    of rows whose caches are alike; a chunk this step does not cut runs as mlx-audio's
+    push."""
 
     proj = rows[0].inner.model.stt_model.perception.proj
     mels = push_frames([row.inner._mel_stream for row in rows], [row.frame for row in rows])
@@ -159,25 +162,43 @@ def _resident_batch(
     """The resident rows' stacked conformer caches for this frame (stacked now if
     they were not and the rows' own caches allow it), or None when this frame's
     chunks do not all take the plain, batched path (the caches written back first)."""
-    plain = all(plan is not None for plan in plans) and len({p.blocks for p in plans if p}) == 1
+    shapes = {p.blocks for p in plans if p and not _fresh_plan(p)}
+    plain = all(plan is not None for plan in plans) and len(shapes) <= 1
     if resident.conformer is not None:
         if plain:
             return resident.conformer
         resident.release_conformer()
         return None
     streams = [inner._conformer_stream for inner in resident.inners]
-    if plain and all(stackable(s) for s in streams):
-        resident.conformer = ConformerBatch.of(streams)
+    if plain and shapes and all(stackable(s) for s in streams):
+        resident.conformer = ConformerBatch.merge(streams)
     return resident.conformer
+
+
+def _fresh_plan(plan: _ChunkPlan) -> bool:
+    """A plan of a :func:`fresh` stream (its caches' shapes all None)."""
+    attn, conv = plan.blocks
+    return all(shape is None for shape in (*attn, *conv))
 
 
 def stackable(stream: Any) -> bool:
     """A conformer state's caches can join a :class:`ConformerBatch`: every layer's
-    exists and its attention caches are equally long (as every push leaves them)."""
+    exists and its attention caches are equally long (as every push leaves them), or
+    none exists yet (:func:`fresh`)."""
     attn, conv = stream.attn_cache, stream.conv_cache
+    if fresh(stream):
+        return True
     if any(c is None for c in (*attn, *conv)):
         return False
     return len({c.shape[1] for c in attn}) == 1
+
+
+def fresh(stream: Any) -> bool:
+    """A conformer state before its first chunk: no cache yet. mlx-audio's streaming
+    block reads a missing attention cache as none (the window is the new frames) and a
+    missing convolution cache as zeros, so an empty attention cache and a zero
+    convolution cache are the same state, and such a row joins a batch as that."""
+    return all(c is None for c in (*stream.attn_cache, *stream.conv_cache))
 
 
 @attrs.define(slots=True, eq=False)
@@ -187,7 +208,8 @@ class ConformerBatch:
     longest (``lengths[j]`` real keys at the right, the layout :func:`_conformer_blocks`
     builds per step; the padding masked while lengths differ), and their convolution
     caches (rows, kernel - 1, features). Rows join with :meth:`extend`, leave with
-    :meth:`put` and :meth:`filter`."""
+    :meth:`extract` and :meth:`filter` (a frame batch's
+    :class:`~realtime.models.voicechat.batch.Part`)."""
 
     attn: list[Any]
     conv: list[Any]
@@ -197,14 +219,36 @@ class ConformerBatch:
     def width(self) -> int:
         return max(self.lengths)
 
+    @property
+    def view(self) -> ConformerBatch:
+        """What the conformer's step reads: this object (:meth:`step`)."""
+        return self
+
     @classmethod
-    def of(cls, streams: Sequence[Any]) -> ConformerBatch:
-        """Stacked from each :func:`stackable` stream's own caches."""
-        lengths = [s.attn_cache[0].shape[1] for s in streams]
+    def merge(cls, streams: Sequence[Any], like: ConformerBatch | None = None) -> ConformerBatch:
+        """Stacked from each :func:`stackable` stream's own caches (a fresh one's as
+        empty attention and zero convolution caches, shaped as another stream's or as
+        ``like``'s: :func:`shaped` says whether one can be)."""
+        lead = next((s for s in streams if not fresh(s)), None)
+        if lead is not None:
+            attn, conv = lead.attn_cache, lead.conv_cache
+        elif like is not None:
+            attn, conv = like.attn, like.conv
+        else:
+            raise ValueError("no conformer caches to shape a fresh stream's by")
+        lengths = [0 if fresh(s) else s.attn_cache[0].shape[1] for s in streams]
         layers = range(len(streams[0].attn_cache))
+
+        def own(s: Any, n: int) -> tuple[Any, Any]:
+            if not fresh(s):
+                return s.attn_cache[n], s.conv_cache[n]
+            keys = mx.zeros((1, 0, attn[n].shape[2]), attn[n].dtype)
+            return keys, mx.zeros((1, *conv[n].shape[1:]), conv[n].dtype)
+
+        caches = [[own(s, n) for s in streams] for n in layers]
         return cls(
-            [_left_padded([s.attn_cache[n] for s in streams], max(lengths)) for n in layers],
-            [stacked([s.conv_cache[n] for s in streams]) for n in layers],
+            [_left_padded([a for a, _ in caches[n]], max(lengths)) for n in layers],
+            [stacked([c for _, c in caches[n]]) for n in layers],
             lengths,
         )
 
@@ -238,7 +282,7 @@ class ConformerBatch:
     def arrays(self) -> list[Any]:
         return [*self.attn, *self.conv]
 
-    def put(self, j: int, stream: Any) -> list[Any]:
+    def extract(self, j: int, stream: Any) -> list[Any]:
         """Write row ``j``'s caches back to its own ``stream`` (as its own pushes would
         have left them); the new arrays."""
         row, start = mx.array([j]), self.width - self.lengths[j]

@@ -20,25 +20,28 @@ Rows are combined only where the result stays bit for bit what each row gets alo
   out alike (conversations of equal age, and every conversation fed whole frames from
   its third frame on): :mod:`realtime.models.voicechat.mel`;
 * the conformer (:mod:`realtime.models.voicechat.perception`) runs its blocks as one
-  batch for every row past its first frame: attention caches of young conversations
-  (under 70 encoder frames) left-padded to the longest and masked;
+  batch for every row: attention caches of young conversations (under 70 encoder
+  frames; none yet on a first frame) left-padded to the longest and masked;
 * the RNN-T runs one batch per round of symbols over the rows still emitting (each
   emits its own number), its predictor's LSTM layers called batch-first;
-* the language model runs as one batch over the resident batch's stacked state
-  (:mod:`realtime.models.voicechat.batch`: Mamba states stacked, each attention layer
-  a :class:`~realtime.models.voicechat.batch.BatchedKV`, left-padded to the longest,
-  masked); rows beside it (not steady: a first frame, past the TTS window) read their
-  own caches through :class:`_RowsKV`, which lays them out the same way for the step;
+* every row of a batched frame is a row of its frame batch
+  (:mod:`realtime.models.voicechat.batch`), whatever its age, so the language model,
+  the TTS and the codec each run once a frame: the language model over the batch's
+  Mamba states stacked and attention layers
+  (:class:`~realtime.models.voicechat.batch.PaddedKV`: left-padded to the longest,
+  masked), a conversation opening this frame included (its states zeros, which the
+  layers read as not started);
 * the TTS runs as one batch of 2B rows (classifier-free guidance: all conditional
-  rows, then all unconditional ones), its backbone over the resident batch's
-  (rows beside it: :class:`_RowsKV`) with per-row RoPE offsets, its character
+  rows, then all unconditional ones) over the rows whose timeline has started (a first
+  frame speaks the codec's silence), its backbone over the batch's (a wrapped sliding
+  window kept rotated, written in place) with per-row RoPE offsets, its character
   encoder over groups of rows whose tokens spell equally many characters (no
   padding), its random draws from each row's own key
   (:func:`realtime.models.voicechat.keys.drawing_rows`);
-* the codec decodes the resident batch's rows as one batch on their stacked caches, the
-  rows beside it per group whose streaming caches hold the same layers.
+* the codec decodes every row as one batch on the batch's stacked caches (a
+  conversation's first frame on zeros, which the codec reads as not started).
 
-The resident batch's cost in memory (every row at the longest row's length while
+The frame batch's cost in memory (every row at the longest row's length while
 batched) is in docs/architecture.md.
 """
 
@@ -52,7 +55,6 @@ import mlx.core as mx
 import numpy as np
 from mlx_audio.stt.models.nemotron_asr import tokenizer as rnnt_tokenizer
 from mlx_audio.stt.models.nemotron_asr.audio import log_mel_spectrogram
-from mlx_vlm.models.cache import KVCache
 
 from realtime.models.base import (
     AssistantTextDelta,
@@ -65,12 +67,7 @@ from realtime.models.base import (
     UserTranscriptDelta,
 )
 from realtime.models.voicechat.batch import (
-    Resident,
-    codec_layout,
-    release,
-    residents,
-    stacked_codec,
-    stacked_states,
+    FrameBatch,
 )
 from realtime.models.voicechat.codes import (
     PerModel,
@@ -127,134 +124,15 @@ def check_state(inner: Any) -> None:
         )
 
 
-class _RowsKV:
-    """Several rows' own attention caches seen as one batched cache for one layer.
-
-    ``update_and_fetch`` appends each row's new key and value to that row's cache and
-    returns all rows left-padded to the longest; ``make_mask`` masks the padding (None
-    when every row is equally long: then the batch is exactly the rows stacked).
-    ``parts`` are (cache, rows) pairs: a TTS cache holds a conversation's conditional
-    and unconditional rows together, and ``order`` lays the batch out as the model
-    expects it (all conditional rows, then all unconditional ones).
-    """
-
-    def __init__(self, caches: Sequence[Any], rows_each: int) -> None:
-        self._caches = caches
-        self._rows_each = rows_each
-
-        self.offset = mx.array(
-            [int(cache.offset) for _ in range(rows_each) for cache in caches], dtype=mx.int32
-        )
-
-    def _size_after(self, cache: Any, n: int) -> int:
-        limit = getattr(cache, "max_size", None)
-        size = int(cache.offset) + n
-        return size if limit is None else min(size, int(limit))
-
-    def make_mask(self, n: int, **_: Any) -> Any:
-
-        sizes = [self._size_after(cache, n) for cache in self._caches]
-        longest = max(sizes)
-        if n != 1:
-            raise ValueError("batched frames step one position at a time")
-        if all(size == longest for size in sizes):
-            return None
-        positions = mx.arange(longest)[None, :]
-        starts = mx.array([longest - size for _ in range(self._rows_each) for size in sizes])
-        return (positions >= starts[:, None])[:, None, None, :]
-
-    def update_and_fetch(self, keys: Any, values: Any) -> tuple[Any, Any]:
-
-        count = len(self._caches)
-        fetched_k: list[Any] = []
-        fetched_v: list[Any] = []
-        for index, cache in enumerate(self._caches):
-            rows = [index + r * count for r in range(self._rows_each)]
-            take = mx.array(rows) if self._rows_each > 1 else slice(index, index + 1)
-            k, v = cache.update_and_fetch(keys[take], values[take])
-            fetched_k.append(k)
-            fetched_v.append(v)
-        longest = max(k.shape[2] for k in fetched_k)
-
-        def padded(parts: list[Any]) -> Any:
-            out = []
-            for part in parts:
-                gap = longest - part.shape[2]
-                if gap:
-                    part = mx.pad(part, [(0, 0), (0, 0), (gap, 0), (0, 0)])
-                out.append(part)
-            # Lay the rows out as [row 0 of each cache..., row 1 of each cache...].
-            return mx.concatenate(
-                [part[r : r + 1] for r in range(self._rows_each) for part in out], axis=0
-            )
-
-        return padded(fetched_k), padded(fetched_v)
-
-
-def _split_arrays(batch: Any, caches: Sequence[Any]) -> None:
-    for slot in range(len(batch.cache)):
-        stacked = batch[slot]
-        if stacked is None:
-            continue
-        for row, cache in enumerate(caches):
-            cache[slot] = stacked[row : row + 1]
-
-
-def _language(rows: Sequence[StepRow], fused: Any, resident: Resident | None) -> tuple[Any, Any]:
-    """The language model over ``rows`` (the resident batch's state, else one batch
-    per group of rows whose recurrent states exist: a session's first step starts
-    them), each row's caches advanced; the text and function logits of the new
-    position, (rows, vocabulary) each."""
-
-    held = 0 if resident is None else len(resident.inners)
-    if held:
-        assert resident is not None
-        whole = held == len(rows)
-        output = rows[0].inner.model.stt_model(
-            fused if whole else fused[:held], cache=resident.language
-        )
-        logits = output.text_logits[:, -1], output.function_logits[:, -1]
-        if whole:
-            return logits
-        beside = _language(rows[held:], fused[held:], None)
-        return (
-            mx.concatenate([logits[0], beside[0]], axis=0),
-            mx.concatenate([logits[1], beside[1]], axis=0),
-        )
-    started = [row.inner._timeline_index > 0 for row in rows]
-    if all(started) or not any(started):
-        output = _language_batch(rows, fused)
-        return output.text_logits[:, -1], output.function_logits[:, -1]
-    text: list[Any] = [None] * len(rows)
-    function: list[Any] = [None] * len(rows)
-    for members in groups(range(len(rows)), lambda i: started[i]):
-        part = _language_batch([rows[i] for i in members], fused[mx.array(members)])
-        for position, i in enumerate(members):
-            text[i] = part.text_logits[position : position + 1, -1]
-            function[i] = part.function_logits[position : position + 1, -1]
-    return mx.concatenate(text, axis=0), mx.concatenate(function, axis=0)
-
-
-def _language_batch(rows: Sequence[StepRow], fused: Any) -> Any:
+def _language(rows: Sequence[StepRow], fused: Any, batch: FrameBatch | None) -> tuple[Any, Any]:
+    """The language model over ``rows`` (the frame batch's rows on its state, else one
+    row on its own caches), each row's caches advanced; the text and function logits
+    of the new position, (rows, vocabulary) each."""
 
     model = rows[0].inner.model.stt_model
-    if len(rows) == 1:
-        return model(fused, cache=rows[0].inner._language_cache)
-    per_row = [row.inner._language_cache for row in rows]
-    batch: list[Any] = []
-    stacked: list[tuple[Any, list[Any]]] = []
-    for layer in range(len(per_row[0])):
-        caches = [row_caches[layer] for row_caches in per_row]
-        if isinstance(caches[0], KVCache):
-            batch.append(_RowsKV(caches, 1))
-        else:
-            merged = stacked_states(caches)
-            batch.append(merged)
-            stacked.append((merged, caches))
-    output = model(fused, cache=batch)
-    for merged, caches in stacked:
-        _split_arrays(merged, caches)
-    return output
+    cache = rows[0].inner._language_cache if batch is None else batch.views(batch.language)
+    output = model(fused, cache=cache)
+    return output.text_logits[:, -1], output.function_logits[:, -1]
 
 
 def _subwords(tts: Any, ids: Any) -> Any:
@@ -288,7 +166,7 @@ def _tts(
     ids: list[int],
     previous: list[Any | None],
     silence: Any,
-    resident: Resident | None,
+    batch: FrameBatch | None,
 ) -> tuple[Any, Any]:
     """One EAR-TTS step for ``rows``: mlx-vlm's ``RVQEARTTSModel.step`` with guidance,
     its conditioning built per group of rows, its backbone over every row's own caches
@@ -299,61 +177,30 @@ def _tts(
     from realtime.models.voicechat.keys import drawing_rows
 
     tts = rows[0].inner.model.tts_model.tts_model
-    count = len(rows)
     sums = previous_sums(tts, [row.inner for row in rows], previous, silence)
     code_embed = tts.embed_code(sums)
     code_embed = mx.concatenate([code_embed, code_embed], axis=0)
     cond = _subwords(tts, ids)
     null = mx.broadcast_to(tts.null_emb, cond.shape)
     inputs = tts.gated_fusion_audio_text(code_embed, mx.concatenate([cond, null], axis=0))
-    if resident is not None:
-        cache: Any = resident.tts
-    elif count == 1:
-        cache = rows[0].inner._tts_cache
-    else:
-        per_row = [row.inner._tts_cache for row in rows]
-        cache = [_RowsKV([c[layer] for c in per_row], 2) for layer in range(len(per_row[0]))]
+    cache = rows[0].inner._tts_cache if batch is None else batch.tts
     hidden = tts.backbone(None, inputs_embeds=inputs, cache=cache)
     with drawing_rows([row.key for row in rows]):
         return generate_codes(tts, hidden)
 
 
-def _codec(rows: Sequence[StepRow], clean: Any, resident: Resident | None) -> list[Any]:
+def _codec(rows: Sequence[StepRow], clean: Any, batch: FrameBatch | None) -> list[Any]:
     """Each row's samples for its codes: the codec's streaming decode (``decode_step``:
     its quantizer's latents, here :func:`~realtime.models.voicechat.codes.codec_latents`,
-    then ``decode_latents``), over the resident batch's caches, else one batch per
-    group of rows whose caches hold the same layers (a conversation's first frame
-    starts its cache)."""
+    then ``decode_latents``), over the frame batch's stacked caches (else one row's
+    own)."""
 
     codec = rows[0].inner.model.tts_model.audio_codec
-    held = 0 if resident is None else len(resident.inners)
-    if held:
-        assert resident is not None
-        whole = held == len(rows)
-        codes = clean if whole else clean[:held]
-        out = codec.decode_latents(
-            codec_latents(codec.prvq, codes.transpose(0, 2, 1)), cache=resident.codec
-        )
-        decoded = [out[i, 0] for i in range(held)]
-        return decoded if whole else decoded + _codec(rows[held:], clean[held:], None)
-    samples: list[Any] = [None] * len(rows)
-
-    for members in groups(range(len(rows)), lambda i: codec_layout(rows[i].inner._codec_cache)):
-        codes = clean[mx.array(members)] if len(members) < len(rows) else clean
-        latents = codec_latents(codec.prvq, codes.transpose(0, 2, 1))
-        if len(members) == 1:
-            out = codec.decode_latents(latents, cache=rows[members[0]].inner._codec_cache)
-            samples[members[0]] = out[0, 0]
-            continue
-        caches = [rows[i].inner._codec_cache for i in members]
-        merged = stacked_codec(caches)
-        out = codec.decode_latents(latents, cache=merged)
-        for position, (i, cache) in enumerate(zip(members, caches, strict=True)):
-            samples[i] = out[position, 0]
-            cache.cache = {
-                name: value[position : position + 1] for name, value in merged.cache.items()
-            }
-    return samples
+    cache = rows[0].inner._codec_cache if batch is None else batch.codec_view
+    if cache is None:  # as mlx-audio's decode_step: a stream decodes on its own cache
+        raise ValueError("the codec's streaming decode requires a per-stream cache")
+    out = codec.decode_latents(codec_latents(codec.prvq, clean.transpose(0, 2, 1)), cache=cache)
+    return [out[i, 0] for i in range(len(rows))]
 
 
 def _predict(lstm: Any, inputs: Any, hidden: tuple[Any, Any] | None) -> tuple[Any, Any]:
@@ -561,17 +408,20 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
             raise ContextLimitReached(
                 f"stream exceeded the configured {inner.max_frames}-frame context"
             )
-    resident = residents(rows[0].inner.model)
-    order, held = resident.arrange([row.inner for row in rows])
-    if not held:
+    held = [row.seat.batch for row in rows if row.seat.batch is not None]
+    batch = held[0] if held else FrameBatch()
+    order = batch.arrange([row.seat for row in rows])
+    if order is None:
         return _step(rows, figures, None)
     try:
-        out = _step([rows[k] for k in order], figures, resident)
+        out = _step([rows[k] for k in order], figures, batch)
     except BaseException:
         # The batch holds only this step's rows; their states may be partly advanced
         # (the caller fails them all), so nothing is written back.
-        resident.drop()
+        batch.drop()
         raise
+    # A row made for this call only leaves with it.
+    batch.release([row.seat for row in rows if not row.seat.lasting])
     events: list[list[ModelEvent]] = [[] for _ in rows]
     for position, k in enumerate(order):
         events[k] = out[position]
@@ -579,20 +429,18 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
 
 
 def _step(
-    rows: Sequence[StepRow], figures: ModelFigures, resident: Resident | None
+    rows: Sequence[StepRow], figures: ModelFigures, batch: FrameBatch | None
 ) -> list[list[ModelEvent]]:
-    """:func:`step_frames` for ``rows``: the resident batch's rows first, in its order,
-    on its state (``resident``), the others on their own caches (all: None)."""
+    """:func:`step_frames` for ``rows``: the frame batch's rows first, in its order,
+    on its state (``batch``), the others on their own caches (all: None)."""
     first = rows[0].inner
     # Perception (batched where the rows' streaming states allow); the language
     # model's input for every row at once.
-    encoded, projected = perceive(rows, resident)
+    encoded, projected = perceive(rows, batch)
     fresh = [row.inner._timeline_index == 0 for row in rows]
     """A session opened with no system prompt has run no timeline step yet: its first
     frame reads pad on both channels and speaks the codec's silence (no TTS step)."""
-    text_logits, function_logits = _language(
-        rows, _language_input(rows, projected, fresh), resident
-    )
+    text_logits, function_logits = _language(rows, _language_input(rows, projected, fresh), batch)
     text_ids = mx.argmax(text_logits, axis=-1)
     function_ids = mx.argmax(function_logits, axis=-1)
     mx.async_eval(text_ids, function_ids)  # type: ignore[no-untyped-call]
@@ -600,11 +448,11 @@ def _step(
     # The text ids are read now (the TTS's character encoder spells them on the host);
     # the function ids only once the frame's final evaluation has run.
     texts = [int(t) for t in np.asarray(text_ids).reshape(-1)]
-    codes, spoken = _speak(rows, texts, fresh, resident)
+    codes, spoken = _speak(rows, texts, fresh, batch)
     clean = first.parent._replace_control_codes(codes)
-    samples = _codec(rows, clean, resident)
-    # The resident rows' attention and convolution caches are stacked (their own are stale).
-    conformer = None if resident is None else resident.conformer
+    samples = _codec(rows, clean, batch)
+    # The batch's rows' attention and convolution caches are stacked (their own are stale).
+    conformer = None if batch is None else batch.conformer
     state: list[Any] = [] if conformer is None else conformer.arrays()
     for position, row in enumerate(rows):
         own = _conformer_state(row.inner)
@@ -674,22 +522,23 @@ def _language_input(rows: Sequence[StepRow], projected: Sequence[Any], fresh: li
 
 
 def _speak(
-    rows: Sequence[StepRow], texts: list[int], fresh: list[bool], resident: Resident | None
+    rows: Sequence[StepRow], texts: list[int], fresh: list[bool], batch: FrameBatch | None
 ) -> tuple[Any, dict[int, Any]]:
     """Every row's codes for this frame, (rows, 1, codebooks): the TTS's for the rows
     that speak (all but fresh ones, whose first frame is the codec's silence; the
-    resident batch's rows, which lead, on its state, the others on their own caches),
+    frame batch's rows, which lead, on its state, the others on their own caches),
     and those rows' codes by row."""
 
     first = rows[0].inner
     config = first.config
     silence_tokens = first.model.tts_model.codec_silence_tokens
-    speaking = [i for i, new in enumerate(fresh) if not new]
-    held = 0 if resident is None else len(resident.inners)
+    if batch is None:
+        part = [i for i, new in enumerate(fresh) if not new]
+    else:  # the TTS's own order (every row whose timeline started)
+        position = {id(row.seat): i for i, row in enumerate(rows)}
+        part = [position[id(seat)] for seat in batch.voices]
     spoken: dict[int, Any] = {}
-    for part, state in ((speaking[:held], resident), (speaking[held:], None)):
-        if not part:
-            continue
+    if part:
         codes_now, sums = _tts(
             [rows[i] for i in part],
             [texts[i] for i in part],
@@ -698,12 +547,12 @@ def _speak(
                 for i in part
             ],
             silence_tokens,
-            state,
+            batch,
         )
         for n, i in enumerate(part):
             spoken[i] = codes_now[n : n + 1]
             remember(rows[i].inner, spoken[i], sums[n : n + 1])
-        if len(part) == len(rows):
+        if part == list(range(len(rows))):
             return codes_now, spoken
     silence = silence_tokens[None, None, :].astype(mx.int32)
     codes = mx.concatenate([spoken.get(i, silence) for i in range(len(rows))], axis=0)
@@ -805,7 +654,7 @@ def inserted_step(row: StepRow, forced_function: int | None) -> int:
     from realtime.models.voicechat.keys import drawing_from
 
     inner = row.inner
-    release(inner)
+    row.seat.release()
     model, config = inner.model, inner.config
     pad = config.pad_token_id
     started = inner._timeline_index > 0
