@@ -357,3 +357,50 @@ def test_engines_sharing_a_directory_start_at_once(tmp_path: Path, demo_path: Pa
     assert third.returncode == 0, third.stderr
     assert third.stdout.split() == ["24", "1", "0"]  # read, nothing built or written
     assert not list(directory.glob(".tmp-*"))
+
+
+async def test_the_engine_builds_ahead_when_idle_and_health_says_so(
+    demo_model: VoiceChatModel, tmp_path: Path
+) -> None:
+    """After ready the engine builds seed 0's chain to --max-system-prompt-tokens in
+    idle slices and writes it; /health shows it; a never-seen prompt then runs only
+    its language model's steps and opens as mlx-vlm's constructor does."""
+    import trio
+
+    from realtime.limits import Limits
+    from realtime.models.base import PromptUse
+    from realtime.server import engine_for
+    from realtime.warm import Keeping
+    from tests.helpers import ahttp, running_server
+
+    limits = Limits(max_system_prompt_tokens=96)
+    demo_model.set_prompt_cache_bytes(1 << 30)
+    keeping = Keeping(tmp_path / "states", build_ahead=True)
+    engine = engine_for(lambda: demo_model, limits, keeping=keeping)
+    engine.start()
+    try:
+        async with running_server(engine, limits=limits) as server:
+            with trio.fail_after(300):
+                while True:
+                    status, body = await ahttp("GET", server.http + "/health")
+                    cache = body["prompt_cache"]
+                    if cache["voice_chain_tokens"] == 96 and cache["disk_writes"] == 1:
+                        break
+                    await trio.sleep(0.1)
+            assert status == 200 and cache["building"] is False and cache["ahead_seconds"] > 0
+        opening = demo_model.begin_session(
+            system_prompt=LONG_PROMPT, seed=0, max_streaming_seconds=None
+        )
+        slices = 1
+        while (session := opening.advance()) is None:
+            slices += 1
+        tokens = demo_model.count_tokens(LONG_PROMPT)
+        assert tokens <= 96 and session.prompt_use == PromptUse(tokens=tokens, cached=0)
+        assert slices <= tokens // 4 + 3  # language-model steps only, four a slice
+        session.cancel()
+        assert demo_model.prompt_cache_figures().voice_chain_tokens == 96
+    finally:
+        engine.shutdown()
+        demo_model.keep_states(None, 0, ahead_seed=0, ahead_tokens=0)
+        demo_model.set_prompt_cache_bytes(1 << 30)
+    assert ours(demo_model, 0, LONG_PROMPT) == theirs(demo_model, 0, LONG_PROMPT)

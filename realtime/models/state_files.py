@@ -237,6 +237,7 @@ class StateFiles:
 def checkpoint_digest(files: Iterable[Path], memo_dir: Path) -> str:
     """A digest of these files' names and contents (a checkpoint's), each file's own
     digest remembered in ``memo_dir`` by its size, modification time and inode."""
+    memo_dir.mkdir(parents=True, exist_ok=True)
     memo_path = memo_dir / _MEMO
     try:
         memo = json.loads(memo_path.read_text("utf-8"))
