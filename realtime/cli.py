@@ -147,7 +147,8 @@ def _add_state_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="when the engine has nothing else to do, build seed 0's voice chain to "
         "--max-system-prompt-tokens so a never-seen prompt costs only its language "
-        f"model's steps (default: on; ${BUILD_AHEAD_ENV}=0 turns it off)",
+        "model's steps, and finish up to two prompt reads whose clients left so a retry "
+        f"hits (default: on; ${BUILD_AHEAD_ENV}=0 turns it off)",
     )
 
 

@@ -404,3 +404,34 @@ async def test_the_engine_builds_ahead_when_idle_and_health_says_so(
         demo_model.keep_states(None, 0, ahead_seed=0, ahead_tokens=0)
         demo_model.set_prompt_cache_bytes(1 << 30)
     assert ours(demo_model, 0, LONG_PROMPT) == theirs(demo_model, 0, LONG_PROMPT)
+
+
+def test_a_read_whose_client_left_is_finished_when_idle_so_a_retry_hits(
+    demo_model: VoiceChatModel,
+) -> None:
+    """Two openings of new prompts left half way are finished in idle slices (a third
+    is over the count and dropped at once); the retry of one is a hit, exact."""
+    from tests.test_prompt_cache import OTHER_PROMPT
+
+    demo_model.set_prompt_cache_bytes(1 << 30)
+    demo_model.keep_states(None, 0, ahead_seed=0, ahead_tokens=8)  # work ahead on
+    try:
+        for seed in (11, 12, 13):
+            opening = demo_model.begin_session(
+                system_prompt=LONG_PROMPT if seed != 12 else OTHER_PROMPT,
+                seed=seed,
+                max_streaming_seconds=None,
+            )
+            for _ in range(3):
+                assert opening.advance() is None
+            opening.abandon()
+        assert demo_model.prompt_cache_figures().orphans == 2
+        _build(demo_model)
+        figures = demo_model.prompt_cache_figures()
+        assert (figures.orphans, figures.orphans_finished, figures.orphans_dropped) == (0, 2, 0)
+        assert figures.ahead_seconds > 0
+        assert ours(demo_model, 11, LONG_PROMPT) == theirs(demo_model, 11, LONG_PROMPT)
+        assert demo_model.prompt_cache_figures().hits == 1
+    finally:
+        demo_model.keep_states(None, 0, ahead_seed=0, ahead_tokens=0)
+        demo_model.set_prompt_cache_bytes(1 << 30)

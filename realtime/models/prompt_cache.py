@@ -56,6 +56,11 @@ class CacheFigures:
     disk_ignored: int = 0
     """State files found but not trusted (corrupt, or another checkpoint's or
     version's): each logged once and never used."""
+    orphans: int = 0
+    """Reads whose clients left, being finished at idle priority (so a retry hits)."""
+    orphans_finished: int = 0
+    orphans_dropped: int = 0
+    """Of those, dropped: failed, or over their engine-time bound."""
 
 
 K = TypeVar("K", bound=Hashable)

@@ -346,6 +346,17 @@ def _prompt_cache(engine: Engine | None) -> Iterable[Metric]:
         value=figures.disk_writes,
     )
     yield CounterMetricFamily(
+        "realtime_prompt_cache_orphans_finished",
+        "Prompt reads whose clients left, finished at idle priority so a retry hits "
+        "(their engine time is in realtime_prompt_cache_ahead_seconds).",
+        value=figures.orphans_finished,
+    )
+    yield CounterMetricFamily(
+        "realtime_prompt_cache_orphans_dropped",
+        "Prompt reads whose clients left, dropped (failed, or over their engine-time bound).",
+        value=figures.orphans_dropped,
+    )
+    yield CounterMetricFamily(
         "realtime_prompt_cache_disk_ignored",
         "State files found but not trusted (corrupt, or another checkpoint's or version's).",
         value=figures.disk_ignored,

@@ -552,6 +552,12 @@ WRITE_EVERY: Final = 1024
 """A chain built ahead is written again after this many more steps (so a restart
 keeps most of a long build), and when it reaches its length."""
 
+MAX_ORPHANS: Final = 2
+"""Reads whose clients left that are finished at idle priority at once, at most."""
+
+ORPHAN_SECONDS: Final = 120.0
+"""Engine seconds one such read may take at idle priority before it is dropped."""
+
 MAX_UNWRITTEN: Final = 64
 """Entries waiting to be written at most; older ones are dropped from the queue."""
 
@@ -576,6 +582,11 @@ class PromptStates:
         self.ahead_seconds = 0.0
         """Engine time spent on work no opening waited for (building, writing)."""
         self._ahead_stopped = False
+        self._orphans: dict[Prefill, float] = {}
+        """Reads whose clients left, finished at idle priority, with the engine
+        seconds each has had since."""
+        self.orphans_finished = 0
+        self.orphans_dropped = 0
         self._unwritten: dict[PromptKey, tuple[int, ...] | None] = {}
         """Entries to write (a language part's prompt ids; ``None``: a chain)."""
 
@@ -683,13 +694,44 @@ class PromptStates:
         return prefill
 
     def leave(self, prefill: Prefill) -> None:
-        """An opening no longer waits on ``prefill``; the last one out drops it."""
+        """An opening no longer waits on ``prefill``; the last one out drops it, or,
+        when it is worth finishing (:meth:`_adopt`), leaves it to idle time, still
+        joinable, so the client's retry finds it read or under way."""
         prefill.users -= 1
+        if prefill.users <= 0 and self._adopt(prefill):
+            return
         finished = prefill.users <= 0 or prefill.done or prefill.error is not None
         if finished and self.pending.get((prefill.ids, prefill.seed)) is prefill:
             del self.pending[(prefill.ids, prefill.seed)]
         if prefill.users <= 0:
             prefill.abandon()
+
+    def _adopt(self, prefill: Prefill) -> bool:
+        """Keep a read whose last client left to finish at idle priority (with work
+        ahead of need on, ``ahead_tokens``): one that began, has not failed, is not
+        done, and fits the count (:data:`MAX_ORPHANS`)."""
+        if (
+            self.ahead_tokens <= 0  # no work ahead of need (--no-build-ahead)
+            or prefill.done
+            or prefill.error is not None
+            or prefill.chain is None
+            or self.store.max_bytes == 0
+            or len(self._orphans) >= MAX_ORPHANS
+            or self.pending.get((prefill.ids, prefill.seed)) is not prefill
+        ):
+            return False
+        self._orphans[prefill] = 0.0
+        return True
+
+    def _drop_orphan(self, prefill: Prefill, finished: bool) -> None:
+        del self._orphans[prefill]
+        if finished:
+            self.orphans_finished += 1
+        else:
+            self.orphans_dropped += 1
+        if self.pending.get((prefill.ids, prefill.seed)) is prefill:
+            del self.pending[(prefill.ids, prefill.seed)]
+        prefill.abandon()
 
     def figures(self) -> CacheFigures:
         """The store's figures with the chain built ahead and the files' counts."""
@@ -703,6 +745,9 @@ class PromptStates:
             disk_reads=0 if files is None else files.reads,
             disk_writes=0 if files is None else files.writes,
             disk_ignored=0 if files is None else files.ignored,
+            orphans=len(self._orphans),
+            orphans_finished=self.orphans_finished,
+            orphans_dropped=self.orphans_dropped,
         )
 
     # --- ahead of need -----------------------------------------------------------------
@@ -721,9 +766,11 @@ class PromptStates:
         return 0 if chain is None else chain.steps
 
     def ahead(self, runtime: Any, steps: int, quiet: bool) -> AheadSlice:
-        """One slice of work no opening waits for: up to ``steps`` steps of the chain
-        built ahead, else (``quiet``: no conversation is open, so a file's write delays
-        no frame) one state file written."""
+        """One slice of work no opening waits for, first of these that is left: (``quiet``:
+        no conversation is open, so nothing it takes delays a frame) one state file
+        written; a slice of a read whose clients left (:data:`STEPS_PER_SLICE` steps,
+        when ``steps`` holds them or ``quiet``); up to ``steps`` steps of the chain built
+        ahead."""
         import time
 
         began = time.perf_counter()
@@ -731,11 +778,37 @@ class PromptStates:
             if quiet and self._unwritten:
                 self._write_one()
                 return AheadSlice(0, True)
+            if (steps >= STEPS_PER_SLICE or quiet) and self._finish_orphan(began):
+                return AheadSlice(STEPS_PER_SLICE, True)
             if steps > 0 and self.building:
                 return AheadSlice(self._build(runtime, steps), True)
-            return AheadSlice(0, bool(self._unwritten) or self.building)
+            return AheadSlice(0, bool(self._unwritten) or self.building or bool(self._orphans))
         finally:
             self.ahead_seconds += time.perf_counter() - began
+
+    def _finish_orphan(self, began: float) -> bool:
+        """One slice of the oldest read whose clients left; whether one ran. A read
+        that a retry joined is its client's again; one past :data:`ORPHAN_SECONDS` of
+        engine time, or that fails, is dropped."""
+        import time
+
+        for prefill in list(self._orphans):
+            if prefill.users > 0:
+                del self._orphans[prefill]  # a retry joined it: its opening drives it
+                continue
+            try:
+                prefill.advance()
+            except Exception:
+                log.debug("finishing an abandoned prompt read failed", exc_info=True)
+                self._drop_orphan(prefill, finished=False)
+                return True
+            self._orphans[prefill] += time.perf_counter() - began
+            if prefill.done:
+                self._drop_orphan(prefill, finished=True)
+            elif self._orphans[prefill] > ORPHAN_SECONDS:
+                self._drop_orphan(prefill, finished=False)
+            return True
+        return False
 
     def _build(self, runtime: Any, steps: int) -> int:
         chain = self.chain(runtime, self.ahead_seed, self.ahead_tokens)
