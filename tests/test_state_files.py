@@ -435,3 +435,19 @@ def test_a_read_whose_client_left_is_finished_when_idle_so_a_retry_hits(
     finally:
         demo_model.keep_states(None, 0, ahead_seed=0, ahead_tokens=0)
         demo_model.set_prompt_cache_bytes(1 << 30)
+
+
+def test_the_flags_and_their_environment_settings(tmp_path: Path) -> None:
+    from realtime.cli import build_parser
+    from realtime.warm import Keeping, keeping_from
+
+    args = build_parser().parse_args(["serve", "--state-cache-dir", "", "--no-build-ahead"])
+    assert keeping_from(args.state_cache_dir, args.build_ahead, {}) == Keeping(None, False)
+    env = {"REALTIME_STATE_CACHE_DIR": str(tmp_path)}
+    assert keeping_from(None, None, env) == Keeping(tmp_path, True)
+    assert keeping_from(None, None, {"REALTIME_BUILD_AHEAD": "off"}).build_ahead is False
+    default = keeping_from(None, None, {})
+    assert default.build_ahead and default.directory is not None
+    bad = {**subprocess_env(tmp_path), "REALTIME_BUILD_AHEAD": "maybe"}
+    done = run_python("-m", "realtime", "serve", "--port", "0", env=bad)
+    assert done.returncode == 2 and "REALTIME_BUILD_AHEAD must be one of" in done.stderr
