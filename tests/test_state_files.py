@@ -201,14 +201,22 @@ def test_the_idle_builder_never_makes_a_frame_late(frame_cost: float, step_cost:
 
 
 def test_the_idle_rule() -> None:
-    rule = {"frame_seconds": 0.08, "most": 16}
-    assert idle_steps(streaming=False, frame_cost=0.0, step_cost=None, **rule) == 1
-    assert idle_steps(streaming=False, frame_cost=0.0, step_cost=0.01, **rule) == 4
-    assert idle_steps(streaming=False, frame_cost=0.0, step_cost=1.0, **rule) == 1
-    assert idle_steps(streaming=True, frame_cost=None, step_cost=0.01, **rule) == 0
-    assert idle_steps(streaming=True, frame_cost=0.02, step_cost=None, **rule) == 0
-    assert idle_steps(streaming=True, frame_cost=0.02, step_cost=0.01, **rule) == 3
-    assert idle_steps(streaming=True, frame_cost=0.09, step_cost=0.01, **rule) == 0
+    def rule(streaming: bool, frame_cost: float | None, step_cost: float | None) -> int:
+        return idle_steps(
+            streaming=streaming,
+            frame_cost=frame_cost,
+            step_cost=step_cost,
+            frame_seconds=0.08,
+            most=16,
+        )
+
+    assert rule(False, 0.0, None) == 1  # one step first, to measure it
+    assert rule(False, 0.0, 0.01) == 4  # half a frame time's worth
+    assert rule(False, 0.0, 1.0) == 1  # at least one
+    assert rule(True, None, 0.01) == 0  # frames not measured yet
+    assert rule(True, 0.02, None) == 0
+    assert rule(True, 0.02, 0.01) == 3  # half of the 60 ms frames leave
+    assert rule(True, 0.09, 0.01) == 0  # frames leave no room
 
 
 # --- on the demo model ----------------------------------------------------------------------
