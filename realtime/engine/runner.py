@@ -392,6 +392,7 @@ class Engine:
         self._hung = False
         self._ahead_left = True  # engine thread only
         """The model may have work no one waits for (:meth:`_work_ahead`)."""
+        self._ahead_broken = False  # engine thread only: it raised once, never again
         self._ahead_costs: deque[float] = deque(maxlen=16)  # engine thread only
         """Engine seconds per step of the recent idle slices."""
 
@@ -740,7 +741,9 @@ class Engine:
         that arrives meanwhile is due; whether one ran. A file is written only while no
         conversation is open. Not counted in admission: it yields to any command."""
         work_model = self._model
-        if not self._ahead_left or not isinstance(work_model, KeepsStates):
+        if self._ahead_broken or not self._ahead_left:
+            return False
+        if not isinstance(work_model, KeepsStates):
             return False
         streaming = bool(self._sessions)
         with self._state_lock:
@@ -761,8 +764,8 @@ class Engine:
             try:
                 work = work_model.ahead(steps, quiet)
             except Exception:
-                log.exception("work ahead of need failed; it stops until the next command")
-                self._ahead_left = False
+                log.exception("work ahead of need failed; the engine does no more of it")
+                self._ahead_broken = True
                 return False
         if work.steps:
             self._ahead_costs.append(timing.seconds / work.steps)

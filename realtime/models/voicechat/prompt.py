@@ -844,10 +844,14 @@ class PromptStates:
                 _write_language(files, ids, part)
             return
         chain = self._held_chain(key.seed)
-        if chain is not None and chain.steps > chain.stored_steps:
-            steps = chain.steps
-            if _write_chain(files, chain):
-                chain.stored_steps = steps
+        if chain is None or chain.steps <= chain.stored_steps:
+            return
+        if _stored_steps(files, chain.seed) >= chain.steps:
+            chain.stored_steps = chain.steps  # another process wrote a chain as long
+            return
+        steps = chain.steps
+        if _write_chain(files, chain):
+            chain.stored_steps = steps
 
     def _read_chain(self, runtime: Any, seed: int) -> VoiceChain | None:
         files = self.files
@@ -894,6 +898,23 @@ def _language_name(ids: tuple[int, ...]) -> str:
 
     digest = hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()
     return f"language/{len(ids)}-{digest}"
+
+
+def _stored_steps(files: StateFiles, seed: int) -> int:
+    """Steps of the seed's chain file as its header says (0: none, or not this key's)."""
+    import json
+
+    from realtime.models.state_files import KEY_FIELD, read_header
+    from realtime.models.voicechat.stored import META_FIELD
+
+    name = _chain_name(seed)
+    try:
+        metadata = read_header(files.path(name)).get("__metadata__")
+        if not isinstance(metadata, dict) or metadata.get(KEY_FIELD) != files.key(name):
+            return 0
+        return int(json.loads(metadata[META_FIELD])["steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 def _write_chain(files: StateFiles, chain: VoiceChain) -> bool:
