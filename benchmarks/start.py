@@ -263,7 +263,8 @@ def _phase(path: Path, directory: Path, phase: str, ahead: int, chars: int) -> d
         }
     from realtime.models.base import open_session
 
-    model.ahead(16, True)  # the first idle slice: the chain is read back
+    read_s = _timed(lambda: model.ahead(16, True))[0]  # the first idle slice reads the chain
+    ready_s = time.perf_counter() - began  # loaded, the chain read back
     prompt = never_seen_prompt(chars, int(time.time()))
     tokens = model.count_tokens(prompt)
     seconds, session = _timed(
@@ -275,6 +276,8 @@ def _phase(path: Path, directory: Path, phase: str, ahead: int, chars: int) -> d
     return {
         "chars": len(prompt),
         "tokens": tokens,
+        "load_and_read_s": ready_s,
+        "chain_read_s": read_s,
         "open_s": seconds,
         "frame_step_s": frame,
         "per_token_frames": seconds / tokens / frame,
