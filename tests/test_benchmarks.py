@@ -371,3 +371,24 @@ def test_start_states_rows_run(demo_cache_dir: Path, tmp_path: Path) -> None:
     assert [r["tokens"] for r in rows] == [0, 6]
     assert rows[1]["bytes"] > 0 and _positive(rows[1]["cold_s"]) and _positive(rows[1]["mlx_vlm_s"])
     assert rows[1]["voice_stored_s"] is None or _positive(rows[1]["voice_stored_s"])
+
+
+@pytest.mark.slow
+def test_start_second_start_row_runs(demo_cache_dir: Path, tmp_path: Path) -> None:
+    """``benchmarks.start --second-start``: a first start builds the chain ahead and
+    writes it, a second process reads it and opens a never-seen prompt."""
+    out = tmp_path / "second.json"
+    cmd = [sys.executable, "-m", "benchmarks.start", "--second-start", "--ahead", "12"]
+    done = subprocess.run(
+        [*cmd, "--chars", "8", "--json", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["build"]["voice_chain_tokens"] == 12 and result["build"]["files_bytes"] > 0
+    opened = result["open"]
+    assert opened["disk_reads"] == 1 and opened["tokens"] <= 12
+    assert _positive(opened["per_token_frames"])
