@@ -459,3 +459,31 @@ def test_the_flags_and_their_environment_settings(tmp_path: Path) -> None:
     bad = {**subprocess_env(tmp_path), "REALTIME_BUILD_AHEAD": "maybe"}
     done = run_python("-m", "realtime", "serve", "--port", "0", env=bad)
     assert done.returncode == 2 and "REALTIME_BUILD_AHEAD must be one of" in done.stderr
+
+
+def test_realtime_serve_builds_ahead_and_a_restart_reads_it(
+    demo_cache_dir: Path, tmp_path: Path
+) -> None:
+    """``realtime serve`` as launched (the demo checkpoint and its turns): the chain is
+    built after ready and written to --state-cache-dir; the next start reads it."""
+    import time
+
+    from tests.helpers import http, start_realtime_server
+
+    directory = tmp_path / "states"
+    args = ("--state-cache-dir", str(directory), "--max-system-prompt-tokens", "24")
+    env = {"REALTIME_BUILD_AHEAD": "1"}
+    for start in (1, 2):
+        with start_realtime_server(*args, env=env, log_dir=tmp_path) as server:
+            deadline = time.monotonic() + 240
+            while True:
+                _, body = http("GET", server.http + "/health")
+                cache = body["prompt_cache"]
+                built = cache["voice_chain_tokens"] == 24 and not cache["building"]
+                if built and (start == 2 or cache["disk_writes"] == 1):
+                    break
+                assert time.monotonic() < deadline, body
+                time.sleep(0.2)
+        if start == 2:
+            assert (cache["disk_reads"], cache["disk_writes"]) == (1, 0)
+    assert len(list(directory.glob("*.safetensors"))) == 1
