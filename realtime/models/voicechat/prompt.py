@@ -710,6 +710,8 @@ class PromptStates:
         """Keep a read whose last client left to finish at idle priority (with work
         ahead of need on, ``ahead_tokens``): one that began, has not failed, is not
         done, and fits the count (:data:`MAX_ORPHANS`)."""
+        if prefill in self._orphans:
+            return True  # adopted before, joined by a retry that left again
         if (
             self.ahead_tokens <= 0  # no work ahead of need (--no-build-ahead)
             or prefill.done
