@@ -6,6 +6,10 @@ its tokens plus BOS and EOS), on this server and on mlx-vlm's, alternating the
 two servers round by round, each prompt ``--repeats`` times per round; medians.
 Opening a session seeds, warms the TTS voice prompt, then prefills the prompt
 one full model step per token, so the slope is the per-token cost.
+
+``--states`` measures the prompt-state cache in this process; ``--second-start`` a
+first start that builds the voice chain ahead and writes it, then a second start (a
+new process on the same state directory) opening a never-seen ~4,000-character prompt.
 """
 
 from __future__ import annotations
@@ -223,6 +227,99 @@ def _other_prompt(path: Path, tokens: int) -> str | None:
     return None
 
 
+# --- across a restart (--second-start) -------------------------------------------------
+
+SECOND_START_CHARS: Final = 4000
+
+
+def never_seen_prompt(chars: int, salt: int) -> str:
+    """About ``chars`` characters of instructions no run has seen (``salt`` in it)."""
+    words: list[str] = [f"Assistant {salt}:"]
+    i = 0
+    while len(" ".join(words)) < chars:
+        words.append(WORDS[(i * 7 + salt) % len(WORDS)])
+        i += 1
+    return " ".join(words)[:chars]
+
+
+def _phase(path: Path, directory: Path, phase: str, ahead: int, chars: int) -> dict[str, Any]:
+    """One process's part: ``build`` (a first start: build seed 0's chain ahead to
+    ``ahead`` steps at idle and write it) or ``open`` (a second start: read what the
+    first left, then open a never-seen prompt of ``chars`` characters)."""
+    from realtime.models import load_model
+
+    began = time.perf_counter()
+    model: Any = load_model(path)
+    model.keep_states(directory, 1 << 40, ahead_seed=0, ahead_tokens=ahead)
+    if phase == "build":
+        while model.ahead(16, True).more:
+            pass
+        figures = model.prompt_cache_figures()
+        return {
+            "build_s": time.perf_counter() - began,
+            "voice_chain_tokens": figures.voice_chain_tokens,
+            "ahead_seconds": figures.ahead_seconds,
+            "files_bytes": sum(p.stat().st_size for p in directory.glob("*.safetensors")),
+        }
+    from realtime.models.base import open_session
+
+    read_s = _timed(lambda: model.ahead(16, True))[0]  # the first idle slice reads the chain
+    ready_s = time.perf_counter() - began  # loaded, the chain read back
+    prompt = never_seen_prompt(chars, int(time.time()))
+    tokens = model.count_tokens(prompt)
+    seconds, session = _timed(
+        lambda: open_session(model, system_prompt=prompt, seed=0, max_streaming_seconds=None)
+    )
+    session.cancel()
+    frame = _frame_step(model)
+    figures = model.prompt_cache_figures()
+    return {
+        "chars": len(prompt),
+        "tokens": tokens,
+        "load_and_read_s": ready_s,
+        "chain_read_s": read_s,
+        "open_s": seconds,
+        "frame_step_s": frame,
+        "per_token_frames": seconds / tokens / frame,
+        "voice_chain_tokens": figures.voice_chain_tokens,
+        "disk_reads": figures.disk_reads,
+    }
+
+
+def second_start(path: Path, ahead: int, chars: int) -> dict[str, Any]:
+    """A first start that builds ahead, then a second start (a new process on the same
+    state directory) opening a never-seen prompt; each in a process of its own."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="realtime-states-") as directory:
+        rows: dict[str, Any] = {}
+        for phase in ("build", "open"):
+            print(f"start --second-start: {phase}", file=sys.stderr, flush=True)
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.start",
+                    "--model",
+                    str(path),
+                    "--phase",
+                    phase,
+                    "--state-dir",
+                    directory,
+                    "--ahead",
+                    str(ahead),
+                    "--chars",
+                    str(chars),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            rows[phase] = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"ahead": ahead, **rows}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.start", description=__doc__)
     parser.add_argument("--model", type=Path, help="checkpoint folder (default: the demo one)")
@@ -243,6 +340,17 @@ def build_parser() -> argparse.ArgumentParser:
         "cache: cold, cached, warmed, voice part stored, mlx-vlm's constructor; default "
         "tokens 0,128,512,2048,4096)",
     )
+    parser.add_argument(
+        "--second-start",
+        action="store_true",
+        help="a first start that builds seed 0's voice chain ahead (to --ahead steps) and "
+        "writes it, then a second start (a new process) opening a never-seen prompt of "
+        "--chars characters: its cost a token in frame steps",
+    )
+    parser.add_argument("--ahead", type=int, default=4096, help="(default %(default)s)")
+    parser.add_argument("--chars", type=int, default=SECOND_START_CHARS)
+    parser.add_argument("--phase", choices=["build", "open"], help=argparse.SUPPRESS)
+    parser.add_argument("--state-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path)
     return parser
 
@@ -251,6 +359,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     path = model_path(args)
     started = time.perf_counter()
+    if args.phase is not None:
+        print(json.dumps(_phase(path, args.state_dir, args.phase, args.ahead, args.chars)))
+        return 0
+    if args.second_start:
+        result = second_start(path, args.ahead, args.chars)
+        result["model"] = str(path)
+        result["seconds"] = time.perf_counter() - started
+        print(json.dumps(result))
+        write_json(args.json, result)
+        return 0
     if args.states:
         tokens = STATE_TOKENS if args.tokens == DEFAULT_TOKENS else args.tokens
         result = states(path, tokens, not args.no_peer)

@@ -80,7 +80,7 @@ async def _exit_hung(state: ServerState, reason: str) -> None:
 def create_app_from_env() -> RealtimeApp:
     from realtime.models import ModelPathError
     from realtime.server import engine_for, model_loader
-    from realtime.warm import warm_prompts_from_env
+    from realtime.warm import keeping_from, warm_prompts_from_env
 
     try:
         level = os.environ.get("REALTIME_LOG_LEVEL", "info").lower()
@@ -98,7 +98,8 @@ def create_app_from_env() -> RealtimeApp:
             os.environ.get("REALTIME_MODEL") or None, None, model_option="REALTIME_MODEL"
         )
         warm = warm_prompts_from_env(os.environ, limits.max_message_bytes)
-        engine = engine_for(loader, limits, batch_frames=batch_frames, warm=warm)
+        keeping = keeping_from(None, None, os.environ)
+        engine = engine_for(loader, limits, batch_frames=batch_frames, warm=warm, keeping=keeping)
     except (UsageError, ModelPathError, ValueError) as exc:
         _fail(f"realtime: error: {exc}")
     origins = tuple(

@@ -20,6 +20,7 @@ from realtime import __version__
 from realtime.errors import UsageError
 from realtime.limits import (
     BATCH_FRAMES_ENV,
+    BUILD_AHEAD_ENV,
     Limits,
     Setting,
     batch_frames_from_env,
@@ -124,6 +125,31 @@ def _add_warm_option(parser: argparse.ArgumentParser) -> None:
         "file is a native session.system_prompt, a .json file an OpenAI session object "
         "(its instructions and tools); repeatable (default: "
         f"${WARM_PROMPT_ENV}, files separated by '{os.pathsep}')",
+    )
+
+
+def _add_state_options(parser: argparse.ArgumentParser) -> None:
+    """``--state-cache-dir DIR`` and ``--build-ahead`` / ``--no-build-ahead``
+    (:class:`realtime.warm.Keeping`)."""
+    from realtime.models.state_files import STATE_CACHE_DIR_ENV, default_state_dir
+
+    parser.add_argument(
+        "--state-cache-dir",
+        metavar="DIR",
+        default=os.environ.get(STATE_CACHE_DIR_ENV),
+        help="keep prompt states (prompts seen before, the voice chain built ahead) in "
+        "this directory across restarts, keyed by the checkpoint's contents and the MLX "
+        "build; '' keeps none on disk (default: "
+        f"${STATE_CACHE_DIR_ENV}, else {default_state_dir()})",
+    )
+    parser.add_argument(
+        "--build-ahead",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="when the engine has nothing else to do, build seed 0's voice chain to "
+        "--max-system-prompt-tokens so a never-seen prompt costs only its language "
+        "model's steps, and finish up to two prompt reads whose clients left so a retry "
+        f"hits (default: on; ${BUILD_AHEAD_ENV}=0 turns it off)",
     )
 
 
@@ -291,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_limit_options(serve)
     _add_batch_option(serve)
     _add_warm_option(serve)
+    _add_state_options(serve)
     _add_cpu_blas_option(serve)
     _add_compile_option(serve)
 

@@ -26,6 +26,10 @@ PROMPT_CACHE_BYTES: Final = 4 << 30
 (docs/performance.md, "Opening a conversation", has the estimate per token)."""
 
 
+STATE_CACHE_BYTES: Final = 4 << 30
+"""4 GiB of prompt-state files by default (``--state-cache-dir``)."""
+
+
 @attrs.frozen(slots=True)
 class Setting:
     """How a user sets one limit: a flag, an environment variable, a checked number."""
@@ -160,6 +164,15 @@ class Limits:
     )
     """The model's prompt-state cache (realtime.models.prompt_cache): a hit opens a
     conversation bit for bit as a cold open would, in one engine slice."""
+    state_cache_bytes: int = _limit(
+        int,
+        STATE_CACHE_BYTES,
+        "disk kept for prompt states in --state-cache-dir, so prompts seen before and the "
+        "voice chain built ahead survive a restart; least recently used first out; 0 "
+        "keeps none",
+        zero_allowed=True,
+    )
+    """The state files (realtime.models.state_files): read back bit for bit, or ignored."""
     max_step_seconds: float = _limit(
         float,
         30.0,
@@ -213,18 +226,28 @@ _SWITCH: Final = {
 }
 
 
-def batch_frames_from_env(environ: Mapping[str, str]) -> bool | None:
-    """``REALTIME_BATCH_FRAMES`` as a switch (``None``: unset or empty, the default
-    applies); ValueError with a one-line message naming the variable."""
-    raw = environ.get(BATCH_FRAMES_ENV, "").strip()
+BUILD_AHEAD_ENV: Final = "REALTIME_BUILD_AHEAD"
+"""``--build-ahead`` / ``--no-build-ahead`` as an environment setting (on unless set
+off; :class:`realtime.warm.Keeping`)."""
+
+
+def switch_from_env(environ: Mapping[str, str], name: str) -> bool | None:
+    """The environment variable ``name`` as a switch (``None``: unset or empty, the
+    default applies); ValueError with a one-line message naming the variable."""
+    raw = environ.get(name, "").strip()
     if not raw:
         return None
     try:
         return _SWITCH[raw.lower()]
     except KeyError:
         raise ValueError(
-            f"{BATCH_FRAMES_ENV} must be one of 1, 0, true, false, yes, no, on, off; got {raw!r}"
+            f"{name} must be one of 1, 0, true, false, yes, no, on, off; got {raw!r}"
         ) from None
+
+
+def batch_frames_from_env(environ: Mapping[str, str]) -> bool | None:
+    """``REALTIME_BATCH_FRAMES`` as a switch (:func:`switch_from_env`)."""
+    return switch_from_env(environ, BATCH_FRAMES_ENV)
 
 
 def batching(batch_frames: bool | None, max_sessions: int) -> bool:

@@ -35,7 +35,15 @@ from realtime.observe import Observer, Observers
 from realtime.telemetry.logs import SessionLog
 from realtime.telemetry.metrics import PrometheusObserver
 from realtime.telemetry.recording import Recording, share_of
-from realtime.warm import WarmPrompt, preparing, read_warm_prompts, warm_prompts_from_env
+from realtime.warm import (
+    NO_KEEPING,
+    Keeping,
+    WarmPrompt,
+    keeping_from,
+    preparing,
+    read_warm_prompts,
+    warm_prompts_from_env,
+)
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +162,7 @@ def engine_for(
     *,
     batch_frames: bool | None = None,
     warm: Sequence[WarmPrompt] = (),
+    keeping: Keeping = NO_KEEPING,
 ) -> Engine:
     """The engine the limits ask for: ``max_sessions`` slots, admission by load past one
     (``admission_margin``) only when more than one conversation may run, and batched
@@ -161,10 +170,11 @@ def engine_for(
     :func:`realtime.limits.batching`). With admission by load the engine measures its
     step before it reports ready (``Engine.warm_up``), so ``/ready`` and the first
     clients are answered by measurement. Its loader also bounds the model's prompt cache
-    and warms ``warm`` into it (:func:`realtime.warm.preparing`)."""
+    and warms ``warm`` into it, its states kept as ``keeping`` says
+    (:func:`realtime.warm.preparing`)."""
     margin = limits.admission_margin if limits.max_sessions > 1 else 0.0
     return Engine(
-        preparing(loader, limits, warm),
+        preparing(loader, limits, warm, keeping),
         observer=observer,
         capacity=limits.max_sessions,
         admission_margin=margin,
@@ -180,6 +190,7 @@ def start_engine(
     *,
     batch_frames: bool | None = None,
     warm: Sequence[WarmPrompt] = (),
+    keeping: Keeping = NO_KEEPING,
 ) -> Engine:
     """Load the model on a new engine thread (serving ``limits.max_sessions``
     conversations); the engine once it is ready.
@@ -191,7 +202,14 @@ def start_engine(
     on the loading thread (ml-explore/mlx#3126). SIGTERM has no handler before
     serving, so its default action ends a loading process as it always has.
     """
-    engine = engine_for(loader, limits or Limits(), observer, batch_frames=batch_frames, warm=warm)
+    engine = engine_for(
+        loader,
+        limits or Limits(),
+        observer,
+        batch_frames=batch_frames,
+        warm=warm,
+        keeping=keeping,
+    )
     started = time.perf_counter()
     try:
         model = engine.start()
@@ -421,6 +439,12 @@ def serve_command(args: argparse.Namespace, limits: Limits) -> int:
     # A bad path exits 2 here.
     loader = model_loader(args.model, args.quantize, demo_turns=args.demo_turns)
     warm = warm_prompts_from_args(getattr(args, "warm_prompt", None), limits.max_message_bytes)
+    try:
+        keeping = keeping_from(
+            getattr(args, "state_cache_dir", None), getattr(args, "build_ahead", None), os.environ
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     config = hypercorn_config(args.host, args.port, limits)
     try:
         bind_now(config)  # a port in use exits 2 here, before the model loads
@@ -438,6 +462,7 @@ def serve_command(args: argparse.Namespace, limits: Limits) -> int:
             limits,
             batch_frames=getattr(args, "batch_frames", None),
             warm=warm,
+            keeping=keeping,
         )
     except BaseException:
         _close_bound(config)

@@ -20,6 +20,7 @@ import os
 import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Final
 
 import attrs
@@ -27,7 +28,7 @@ import attrs
 from realtime import jsonbounds
 from realtime.limits import Limits
 from realtime.models.base import RealtimeModel, open_session
-from realtime.models.prompt_cache import CachesPrompts
+from realtime.models.prompt_cache import CachesPrompts, KeepsStates
 
 log = logging.getLogger("realtime.warm")
 
@@ -40,6 +41,22 @@ MAX_WARM_PROMPT_BYTES: Final = Limits().max_message_bytes
 
 
 @attrs.frozen(slots=True)
+class Keeping:
+    """Prompt states beyond the process (``--state-cache-dir``, ``--build-ahead``): the
+    directory their files are kept in (``None``: none on disk), and whether the default
+    seed's voice chain is built ahead of need, at idle priority, to
+    ``--max-system-prompt-tokens`` (:class:`~realtime.models.prompt_cache.KeepsStates`).
+    The default keeps nothing: the server's launchers ask for both."""
+
+    directory: Path | None = None
+    build_ahead: bool = False
+
+
+NO_KEEPING: Final = Keeping()
+"""Nothing on disk and nothing built ahead (tests and tools that load a model)."""
+
+
+@attrs.frozen(slots=True)
 class WarmPrompt:
     """One file to warm: a native prompt's text, an OpenAI Realtime session object, or a
     Live session configuration."""
@@ -48,6 +65,22 @@ class WarmPrompt:
     text: str | None = None
     session: Mapping[str, Any] | None = None
     live: Mapping[str, Any] | None = None
+
+
+def keeping_from(
+    directory: str | None, build_ahead: bool | None, environ: Mapping[str, str]
+) -> Keeping:
+    """What ``--state-cache-dir`` and ``--build-ahead`` ask for (``None``: unset, then
+    ``REALTIME_STATE_CACHE_DIR`` and ``REALTIME_BUILD_AHEAD`` decide; both default on);
+    ValueError for a bad switch."""
+    from realtime.limits import BUILD_AHEAD_ENV, switch_from_env
+    from realtime.models.state_files import STATE_CACHE_DIR_ENV, state_dir_from
+
+    if directory is None:
+        directory = environ.get(STATE_CACHE_DIR_ENV)
+    if build_ahead is None:
+        build_ahead = switch_from_env(environ, BUILD_AHEAD_ENV)
+    return Keeping(state_dir_from(directory), build_ahead is not False)
 
 
 def read_warm_prompt(
@@ -211,14 +244,30 @@ def _live_prompt(
     return text
 
 
-def prepare_model(model: RealtimeModel, limits: Limits, prompts: Sequence[WarmPrompt]) -> None:
-    """Bound the model's prompt cache and warm ``prompts`` into it (on the engine
-    thread, before the engine is ready). ValueError for a prompt the server would
-    refuse, or a model that keeps no prompt states."""
+def prepare_model(
+    model: RealtimeModel,
+    limits: Limits,
+    prompts: Sequence[WarmPrompt],
+    keeping: Keeping = NO_KEEPING,
+) -> None:
+    """Bound the model's prompt cache, keep its states as ``keeping`` says, and warm
+    ``prompts`` into it (on the engine thread, before the engine is ready). ValueError
+    for a prompt the server would refuse, or a model that keeps no prompt states."""
     if isinstance(model, CachesPrompts):
         model.set_prompt_cache_bytes(limits.prompt_cache_bytes)
     elif prompts:
         raise ValueError(f"{model.model_id} keeps no prompt states to warm")
+    if isinstance(model, KeepsStates):
+        ahead = limits.max_system_prompt_tokens if keeping.build_ahead else 0
+        model.keep_states(
+            keeping.directory, limits.state_cache_bytes, ahead_seed=WARM_SEED, ahead_tokens=ahead
+        )
+        if keeping.directory is not None and limits.state_cache_bytes > 0:
+            log.info(
+                "prompt states are kept in %s (at most %d bytes, --state-cache-dir)",
+                keeping.directory,
+                limits.state_cache_bytes,
+            )
     warmed = 0
     for prompt in prompts:
         text = system_prompt_of(prompt, model, limits)
@@ -246,22 +295,28 @@ def prepare_model(model: RealtimeModel, limits: Limits, prompts: Sequence[WarmPr
 
 
 def preparing(
-    loader: Callable[[], RealtimeModel], limits: Limits, prompts: Sequence[WarmPrompt] = ()
+    loader: Callable[[], RealtimeModel],
+    limits: Limits,
+    prompts: Sequence[WarmPrompt] = (),
+    keeping: Keeping = NO_KEEPING,
 ) -> Callable[[], RealtimeModel]:
     """``loader`` followed by :func:`prepare_model`: what the engine thread runs, so
     ``/ready`` answers 200 only once the prompts are warm."""
 
     def load() -> RealtimeModel:
         model = loader()
-        prepare_model(model, limits, prompts)
+        prepare_model(model, limits, prompts, keeping)
         return model
 
     return load
 
 
 __all__ = [
+    "NO_KEEPING",
     "WARM_PROMPT_ENV",
+    "Keeping",
     "WarmPrompt",
+    "keeping_from",
     "prepare_model",
     "preparing",
     "read_warm_prompts",

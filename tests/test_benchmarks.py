@@ -484,3 +484,24 @@ def test_capacity_table_and_plot(tmp_path: Path) -> None:
     saved.write_text("{}")
     assert capacity.main(["--replot", str(saved), "--plot", str(tmp_path / "no.png")]) == 2
     assert not (tmp_path / "no.png").exists()
+
+
+@pytest.mark.slow
+def test_start_second_start_row_runs(demo_cache_dir: Path, tmp_path: Path) -> None:
+    """``benchmarks.start --second-start``: a first start builds the chain ahead and
+    writes it, a second process reads it and opens a never-seen prompt."""
+    out = tmp_path / "second.json"
+    cmd = [sys.executable, "-m", "benchmarks.start", "--second-start", "--ahead", "12"]
+    done = subprocess.run(
+        [*cmd, "--chars", "8", "--json", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["build"]["voice_chain_tokens"] == 12 and result["build"]["files_bytes"] > 0
+    opened = result["open"]
+    assert opened["disk_reads"] == 1 and opened["tokens"] <= 12
+    assert _positive(opened["per_token_frames"])

@@ -13,6 +13,7 @@ import pytest
 from realtime.models.base import InferenceError, PromptUse, UsesPrompt, open_session
 from realtime.models.prompt_cache import CacheFigures, CachesPrompts, PromptCache
 from realtime.models.voicechat.model import VoiceChatModel, VoiceChatSession
+from realtime.models.voicechat.prompt import VoiceChain, VoiceKey
 from tests.models_fixtures import push_all
 from tests.test_sessions_isolation import LONG_PROMPT, audio_for, digest, digest_mlx_vlm
 
@@ -211,3 +212,39 @@ def test_a_longer_prompt_carries_on_from_a_shorter_ones_voice_part(
     whole timeline steps only past it, and still equals mlx-vlm's constructor."""
     opened(model, 6, "Be brief.")
     assert ours(model, 6, LONG_PROMPT) == theirs(model, 6, LONG_PROMPT)
+
+
+def test_a_chain_is_counted_as_it_grows_even_when_its_prefill_is_abandoned(
+    model: VoiceChatModel,
+) -> None:
+    """Issue 43, finding 4: a prefill left half way has extended its seed's chain; the
+    cache's bytes count what the chain holds, and the bound evicts it like any entry."""
+    opening = model.begin_session(system_prompt=LONG_PROMPT, seed=9, max_streaming_seconds=None)
+    for _ in range(4):
+        assert opening.advance() is None
+    opening.abandon()
+    chain = model._prompts._held_chain(9)
+    assert chain is not None and chain.steps > 0
+    figures = model.prompt_cache_figures()
+    assert figures.entries == 1 and figures.bytes == chain.nbytes > 0
+    model.set_prompt_cache_bytes(chain.nbytes)
+    opened(model, 9, "Be brief.")
+    assert model.prompt_cache_figures().bytes <= chain.nbytes
+
+
+def test_a_clients_longer_prompt_never_grows_pinned_memory(model: VoiceChatModel) -> None:
+    """Issue 43, finding 6: the warmed prompt's chain is pinned as far as it needs; a
+    longer prompt of the same seed extends a fork of it, stored unpinned, and opens
+    exactly as mlx-vlm's constructor does."""
+    from realtime.limits import Limits
+    from realtime.warm import WarmPrompt, prepare_model
+
+    prepare_model(model, Limits(prompt_cache_bytes=1 << 30), [WarmPrompt("w", text="Be brief.")])
+    pinned = model.prompt_cache_figures().pinned_bytes
+    assert pinned > 0
+    assert ours(model, 0, LONG_PROMPT) == theirs(model, 0, LONG_PROMPT)
+    figures = model.prompt_cache_figures()
+    assert figures.pinned_bytes == pinned and figures.bytes > pinned
+    warmed = model._prompts.store.peek(VoiceKey(0, True))
+    assert isinstance(warmed, VoiceChain) and warmed.steps == model.count_tokens("Be brief.")
+    assert ours(model, 0, "Be brief.") == theirs(model, 0, "Be brief.")  # still a hit

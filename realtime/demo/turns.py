@@ -29,13 +29,14 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Final, Protocol
 
 import attrs
 import numpy as np
 
 from realtime.models import base
-from realtime.models.prompt_cache import CacheFigures, CachesPrompts
+from realtime.models.prompt_cache import AheadSlice, CacheFigures, CachesPrompts, KeepsStates
 
 SILENT_DB: Final = -100.0
 """The energy of digital silence (and the lowest any frame is given)."""
@@ -826,6 +827,20 @@ class DemoTurnModel:
     def pin_prompt_cache(self) -> None:
         if isinstance(self.inner, CachesPrompts):
             self.inner.pin_prompt_cache()
+
+    def keep_states(
+        self, directory: Path | None, max_bytes: int, *, ahead_seed: int, ahead_tokens: int
+    ) -> None:
+        """The inner model's (:class:`KeepsStates`)."""
+        if isinstance(self.inner, KeepsStates):
+            self.inner.keep_states(
+                directory, max_bytes, ahead_seed=ahead_seed, ahead_tokens=ahead_tokens
+            )
+
+    def ahead(self, steps: int, quiet: bool) -> AheadSlice:
+        if isinstance(self.inner, KeepsStates):
+            return self.inner.ahead(steps, quiet)
+        return AheadSlice(0, False)
 
     def clear_cache(self) -> None:
         self.inner.clear_cache()

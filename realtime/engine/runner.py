@@ -27,6 +27,7 @@ import queue
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Final, Literal, TypeVar, overload
 
@@ -48,6 +49,7 @@ from realtime.models.base import (
     RowResult,
     Samples,
 )
+from realtime.models.prompt_cache import KeepsStates
 from realtime.observe import CommandKind, Observer
 
 log = logging.getLogger("realtime.engine.runner")
@@ -206,6 +208,11 @@ OPEN_SLICE_FRAMES: Final = 2
 one step per this many frame times, all conversations together
 (:meth:`Engine._yields`), so the sessions already streaming keep their deadlines while
 others open or take tool results."""
+
+AHEAD_STEPS: Final = 16
+"""Most steps of work no one waits for (a voice chain built ahead of need) in one idle
+slice (:meth:`Engine._work_ahead`; :func:`realtime.engine.scheduler.idle_steps` decides
+how many fit)."""
 
 WARM_UP_DISCARDED: Final = 2
 """Warm-up steps of each batch size run before the measured ones (a fresh session's
@@ -383,6 +390,11 @@ class Engine:
         self._last_beat: float | None = None
         """``time.monotonic()`` of the running command's start or last step (None: idle)."""
         self._hung = False
+        self._ahead_left = True  # engine thread only
+        """The model may have work no one waits for (:meth:`_work_ahead`)."""
+        self._ahead_broken = False  # engine thread only: it raised once, never again
+        self._ahead_costs: deque[float] = deque(maxlen=16)  # engine thread only
+        """Engine seconds per step of the recent idle slices."""
 
     # --- lifecycle ----------------------------------------------------------
 
@@ -658,6 +670,7 @@ class Engine:
                 else:
                     self._execute(entries[0])
                 entries = []
+                self._ahead_left = True  # a command may leave work for idle time
             self._die("shut down")
         except BaseException as exc:
             reason = f"engine thread died: {_describe(exc)}"
@@ -715,9 +728,52 @@ class Engine:
         if not entries:
             if self._halting:
                 return None
+            if self._work_ahead():
+                return []  # one idle slice ran: look at the queue again
             self._halting = self._wake.get() is _STOP or self._halting
             return []
         return entries
+
+    def _work_ahead(self) -> bool:
+        """With nothing queued, one slice of the model's work no one waits for (the
+        voice chain built ahead, state files written: :class:`KeepsStates`), as many
+        steps as :func:`~realtime.engine.scheduler.idle_steps` lets fit before a frame
+        that arrives meanwhile is due; whether one ran. A file is written only while no
+        conversation is open. Not counted in admission: it yields to any command."""
+        work_model = self._model
+        if self._ahead_broken or not self._ahead_left:
+            return False
+        if not isinstance(work_model, KeepsStates):
+            return False
+        streaming = bool(self._sessions)
+        with self._state_lock:
+            frame = admission.frame_cost(
+                len(self._sessions), self._step_times.costs(), batched=self.batch_frames
+            )
+        steps = scheduler.idle_steps(
+            streaming=streaming,
+            frame_cost=frame,
+            step_cost=max(self._ahead_costs) if self._ahead_costs else None,
+            frame_seconds=self._frame_seconds,
+            most=AHEAD_STEPS,
+        )
+        quiet = not self._sessions and not self._openings
+        if steps == 0 and not quiet:
+            return False
+        with self._beating(()) as timing:
+            try:
+                work = work_model.ahead(steps, quiet)
+            except Exception:
+                log.exception("work ahead of need failed; the engine does no more of it")
+                self._ahead_broken = True
+                return False
+        if work.steps:
+            self._ahead_costs.append(timing.seconds / work.steps)
+        self._ahead_left = work.more
+        if not work.more and self._ahead_costs:
+            self._clear_cache_if_alone()  # the buffers the build used
+            self._ahead_costs.clear()
+        return True
 
     def _abandon_left(self) -> None:
         """As the engine thread ends: every queued command fails with the engine's

@@ -70,6 +70,36 @@ def gather_until(
     return max(waits) if waits else None
 
 
+def idle_steps(
+    *,
+    streaming: bool,
+    frame_cost: float | None,
+    step_cost: float | None,
+    frame_seconds: float,
+    most: int,
+) -> int:
+    """How many steps of work no one waits for (a voice chain built ahead) one slice
+    may run, the engine having nothing queued: a frame that arrives as the slice starts
+    waits for it, then takes its own step, and must still end within a frame time.
+
+    With conversations ``streaming``, the slice takes at most half of what a frame
+    period leaves after their frame step (``frame_cost``, measured), so a frame that
+    finds it running is never late because of it; none until both the frame and the
+    step are measured (``step_cost``), and none when frames leave no room. With none
+    streaming, half a frame time's worth, at least one step (an opening waits one step
+    at most; a first slice of one step measures the step). At most ``most``."""
+    if most <= 0:
+        return 0
+    if not streaming:
+        if step_cost is None or step_cost <= 0:
+            return 1
+        return max(1, min(most, int(frame_seconds / 2 / step_cost)))
+    if frame_cost is None or step_cost is None or step_cost <= 0:
+        return 0
+    room = (frame_seconds - frame_cost) / 2
+    return max(0, min(most, int(room / step_cost)))
+
+
 @attrs.define(slots=True)
 class Scheduler(Generic[K, T]):
     """Per-conversation FIFO queues, served earliest deadline first."""

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
+from pathlib import Path
 from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 import attrs
@@ -40,6 +41,26 @@ class CacheFigures:
     pinned_bytes: int = 0
     """Of ``bytes``, what :meth:`PromptCache.pin` keeps whatever later openings need
     (the warmed prompts)."""
+    voice_chain_tokens: int = 0
+    """Steps of the voice chain built ahead of need (the default seed's), held now."""
+    building: bool = False
+    """That chain is still being built, at idle priority, towards
+    ``--max-system-prompt-tokens``."""
+    ahead_seconds: float = 0.0
+    """Engine time spent on work no opening waited for (building ahead, writing files)."""
+    disk_max_bytes: int = 0
+    """The state files' bound (``--state-cache-bytes``; 0: nothing on disk)."""
+    disk_reads: int = 0
+    """States read from their files and used."""
+    disk_writes: int = 0
+    disk_ignored: int = 0
+    """State files found but not trusted (corrupt, or another checkpoint's or
+    version's): each logged once and never used."""
+    orphans: int = 0
+    """Reads whose clients left, being finished at idle priority (so a retry hits)."""
+    orphans_finished: int = 0
+    orphans_dropped: int = 0
+    """Of those, dropped: failed, or over their engine-time bound."""
 
 
 K = TypeVar("K", bound=Hashable)
@@ -115,11 +136,26 @@ class PromptCache(Generic[K, V]):
             self._bytes += nbytes
             return True
 
-    def pin(self) -> None:
-        """Pin every entry held now (:class:`PromptCache`)."""
+    def pin(self, where: Callable[[K], bool] | None = None) -> None:
+        """Pin every entry held now (:class:`PromptCache`), or those whose key ``where``
+        accepts."""
         with self._lock:
-            for entry in self._entries.values():
-                entry.pinned = True
+            for key, entry in self._entries.items():
+                if where is None or where(key):
+                    entry.pinned = True
+
+    def peek(self, key: K) -> V | None:
+        """The entry for ``key`` without making it the most recently used."""
+        with self._lock:
+            entry = self._entries.get(key)
+            return None if entry is None else entry.value
+
+    def discard(self, key: K) -> None:
+        """Drop ``key``'s entry, pinned or not (its holder could not keep it counted)."""
+        with self._lock:
+            entry = self._entries.pop(key, None)
+            if entry is not None:
+                self._bytes -= entry.nbytes
 
     def held(self) -> list[K]:
         """The keys held, least recently used first."""
@@ -170,4 +206,33 @@ class CachesPrompts(Protocol):
         ...
 
 
-__all__ = ["CacheFigures", "CachesPrompts", "PromptCache"]
+@runtime_checkable
+class KeepsStates(Protocol):
+    """A model whose prompt states outlive it (files) and are built ahead of need (the
+    engine runs :meth:`ahead` when it has nothing else to do)."""
+
+    def keep_states(
+        self, directory: Path | None, max_bytes: int, *, ahead_seed: int, ahead_tokens: int
+    ) -> None:
+        """Keep prompt states in ``directory`` (``None``: not on disk), at most
+        ``max_bytes``, and build ``ahead_seed``'s voice chain to ``ahead_tokens`` steps
+        (0: none); called on the engine thread before any session opens."""
+        ...
+
+    def ahead(self, steps: int, quiet: bool) -> AheadSlice:
+        """One slice of work no opening waits for: at most ``steps`` model steps, or,
+        ``quiet`` (no conversation open), one state file written."""
+        ...
+
+
+@attrs.frozen(slots=True)
+class AheadSlice:
+    """What one slice of :meth:`KeepsStates.ahead` did."""
+
+    steps: int
+    """Model steps run (the engine's measure of what a step costs)."""
+    more: bool
+    """Whether work is left."""
+
+
+__all__ = ["AheadSlice", "CacheFigures", "CachesPrompts", "KeepsStates", "PromptCache"]

@@ -337,6 +337,43 @@ def _prompt_cache(engine: Engine | None) -> Iterable[Metric]:
         "Prompt states held (each prompt keeps a language part and a voice part).",
         value=figures.entries,
     )
+    yield GaugeMetricFamily(
+        "realtime_prompt_cache_voice_chain_tokens",
+        "Steps of the default seed's voice chain held (built ahead to "
+        "--max-system-prompt-tokens at idle priority).",
+        value=figures.voice_chain_tokens,
+    )
+    yield CounterMetricFamily(
+        "realtime_prompt_cache_ahead_seconds",
+        "Engine time spent on work no opening waited for (building ahead, writing files).",
+        value=figures.ahead_seconds,
+    )
+    yield CounterMetricFamily(
+        "realtime_prompt_cache_disk_reads",
+        "Prompt states read from --state-cache-dir and used.",
+        value=figures.disk_reads,
+    )
+    yield CounterMetricFamily(
+        "realtime_prompt_cache_disk_writes",
+        "Prompt states written to --state-cache-dir.",
+        value=figures.disk_writes,
+    )
+    yield CounterMetricFamily(
+        "realtime_prompt_cache_orphans_finished",
+        "Prompt reads whose clients left, finished at idle priority so a retry hits "
+        "(their engine time is in realtime_prompt_cache_ahead_seconds).",
+        value=figures.orphans_finished,
+    )
+    yield CounterMetricFamily(
+        "realtime_prompt_cache_orphans_dropped",
+        "Prompt reads whose clients left, dropped (failed, or over their engine-time bound).",
+        value=figures.orphans_dropped,
+    )
+    yield CounterMetricFamily(
+        "realtime_prompt_cache_disk_ignored",
+        "State files found but not trusted (corrupt, or another checkpoint's or version's).",
+        value=figures.disk_ignored,
+    )
 
 
 class _ScrapeTime(Collector):

@@ -14,7 +14,7 @@ replace), ``cache`` (the shared per-user copy).
 
 from __future__ import annotations
 
-from realtime.demo.checkpoint.cache import cache_root, ensure_demo_checkpoint
+from realtime.demo.checkpoint.cache import ensure_demo_checkpoint
 from realtime.demo.checkpoint.config import DEEP, FULL, MEDIUM, SIZES, SMALL, DemoSize, demo_name
 from realtime.demo.checkpoint.files import (
     BUILDER_VERSION,
@@ -24,6 +24,7 @@ from realtime.demo.checkpoint.files import (
     write_demo_checkpoint,
 )
 from realtime.demo.checkpoint.install import install_atomically
+from realtime.models.state_files import cache_root
 
 __all__ = [
     "BUILDER_VERSION",

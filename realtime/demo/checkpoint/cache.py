@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 from realtime.demo.checkpoint.config import SMALL, DemoSize, demo_name
@@ -13,18 +12,9 @@ from realtime.demo.checkpoint.files import (
     write_demo_checkpoint,
 )
 from realtime.demo.checkpoint.install import install_atomically
+from realtime.models.state_files import cache_root
 
 log = logging.getLogger(__name__)
-
-
-def cache_root() -> Path:
-    """``$REALTIME_CACHE_DIR`` if set, else the per-user cache folder."""
-    override = os.environ.get("REALTIME_CACHE_DIR")
-    if override:
-        return Path(override).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("realtime"))
 
 
 def ensure_demo_checkpoint(quantize: int | None = None, size: DemoSize = SMALL) -> Path:

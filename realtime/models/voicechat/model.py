@@ -54,13 +54,14 @@ from realtime.models.checkpoint import (
     model_id_for,
     one_line,
 )
-from realtime.models.prompt_cache import CacheFigures
+from realtime.models.prompt_cache import AheadSlice, CacheFigures
 from realtime.models.voicechat.cast import cast_once
 from realtime.models.voicechat.codes import compile_rounds
 from realtime.models.voicechat.fused import fuse, trace
 from realtime.models.voicechat.prompt import LanguagePart, Prefill, PromptStates, VoicePart
 
 if TYPE_CHECKING:
+    from realtime.models.state_files import StateFiles
     from realtime.models.voicechat.keys import SessionKey
 
 log = logging.getLogger("realtime.models.voicechat.model")
@@ -647,7 +648,7 @@ class VoiceChatOpening:
         text = config.default_system_prompt if self._system_prompt is None else self._system_prompt
         ids = tuple(prompt_ids(self._runtime, text))
         if ids:
-            self._parts = self._prompts.parts(ids, self._seed)
+            self._parts = self._prompts.parts(self._runtime, ids, self._seed)
             if self._parts is None:
                 self._prefill = self._prompts.join(self._runtime, ids, self._seed)
                 self._wait_for_prefill()
@@ -694,9 +695,14 @@ class VoiceChatOpening:
 class VoiceChatModel:
     """A loaded VoiceChat checkpoint (the RealtimeModel the engine serves)."""
 
-    def __init__(self, runtime: Any, path: Path, figures: ModelFigures | None = None) -> None:
+    def __init__(
+        self, runtime: Any, path: Path, figures: ModelFigures | None = None, *, cast: bool = True
+    ) -> None:
         self._runtime = runtime  # mlx-vlm VoiceChatSession: model + tokenizer
         self._prompts = PromptStates(PROMPT_CACHE_BYTES)
+        self._cast = cast
+        """The load cast weights and fused modules (part of the state files' key)."""
+        self._files: StateFiles | None = None
         self._path = path
         self._model_id = model_id_for(path)
         self._figures = figures_of(runtime.model.config) if figures is None else figures
@@ -760,17 +766,66 @@ class VoiceChatModel:
 
     def prompt_cache_figures(self) -> CacheFigures:
         """The prompt cache's bound, contents and counts (``/health``, ``/metrics``)."""
-        return self._prompts.store.figures()
+        return self._prompts.figures()
 
     def set_prompt_cache_bytes(self, max_bytes: int) -> None:
-        """A new bound for the prompt cache (``--prompt-cache-bytes``), emptying it;
-        called on the engine thread before any session opens."""
-        self._prompts = PromptStates(max_bytes)
+        """A new bound for the prompt cache (``--prompt-cache-bytes``), emptying it
+        (its files and the chain built ahead stay as set); called on the engine thread
+        before any session opens."""
+        previous = self._prompts
+        self._prompts = PromptStates(max_bytes, self._files)
+        self._prompts.ahead_seed = previous.ahead_seed
+        self._prompts.ahead_tokens = previous.ahead_tokens
 
     def pin_prompt_cache(self) -> None:
         """Keep the warmed prompts' states whatever later openings need
-        (:meth:`realtime.models.prompt_cache.PromptCache.pin`)."""
-        self._prompts.store.pin()
+        (:meth:`realtime.models.voicechat.prompt.PromptStates.pin`)."""
+        self._prompts.pin()
+
+    def keep_states(
+        self, directory: Path | None, max_bytes: int, *, ahead_seed: int, ahead_tokens: int
+    ) -> None:
+        """:class:`~realtime.models.prompt_cache.KeepsStates`: the state files (keyed by
+        :meth:`state_identity`) and the chain built ahead; empties the cache."""
+        from realtime.models.state_files import StateFiles
+
+        self._files = None
+        if directory is not None and max_bytes > 0:
+            try:
+                self._files = StateFiles(directory, max_bytes, self.state_identity(directory))
+            except OSError as exc:
+                log.warning("prompt states are not kept on disk: %s: %s", directory, exc)
+        self.set_prompt_cache_bytes(self._prompts.store.max_bytes)
+        self._prompts.ahead_seed = ahead_seed
+        self._prompts.ahead_tokens = ahead_tokens
+
+    def state_identity(self, directory: Path) -> dict[str, object]:
+        """Everything a prompt state's bits depend on besides its prompt and seed: the
+        checkpoint's contents, MLX's and mlx-vlm's versions, the device and backend,
+        the CBLAS, the load-time casts and fused modules."""
+        from importlib.metadata import version
+
+        from realtime import cpu_blas
+        from realtime.models.state_files import checkpoint_digest
+
+        folder = Path(self.path)
+        files = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")]
+        return {
+            "checkpoint": checkpoint_digest(files, directory),
+            "mlx": version("mlx"),
+            "mlx_vlm": version("mlx-vlm"),
+            "device": str(mx.default_device()),
+            "metal": bool(mx.metal.is_available()),
+            "cuda": bool(getattr(getattr(mx, "cuda", None), "is_available", lambda: False)()),
+            "cpu_blas": cpu_blas.active().describe(),
+            "cast": self._cast,
+            "fused": self._cast,
+        }
+
+    def ahead(self, steps: int, quiet: bool) -> AheadSlice:
+        """:class:`~realtime.models.prompt_cache.KeepsStates`
+        (:meth:`~realtime.models.voicechat.prompt.PromptStates.ahead`)."""
+        return self._prompts.ahead(self._runtime, steps, quiet)
 
     def step(self, frames: Sequence[Frame]) -> list[RowResult]:
         """The sessions' frames as one batched frame step (:func:`run_rows`); sessions
@@ -895,7 +950,7 @@ def load_voicechat(
         log.debug("%d norms and rotary embeddings compiled for frame steps", fuse(model))
     runtime = model.create_session(processor)
     log.info("loaded %s in %.1f s", info.model_id, time.perf_counter() - started)
-    return VoiceChatModel(runtime, info.path, figures)
+    return VoiceChatModel(runtime, info.path, figures, cast=cast_weights)
 
 
 __all__ = [

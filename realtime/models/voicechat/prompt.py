@@ -48,9 +48,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
-from realtime.models.prompt_cache import PromptCache
+from realtime.models.prompt_cache import AheadSlice, CacheFigures, PromptCache
 
 if TYPE_CHECKING:
+    from realtime.models.state_files import StateFiles
     from realtime.models.voicechat.keys import SessionKey
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,10 @@ class LanguageKey:
 @attrs.frozen(slots=True)
 class VoiceKey:
     seed: int
+    warmed: bool = False
+    """Stored while the prompts were warmed (pinned once they are): such a chain is
+    never extended in place afterwards, a longer one is a fork of it
+    (:meth:`VoiceChain.fork`) stored beside it, unpinned."""
 
 
 PromptKey = LanguageKey | VoiceKey
@@ -217,7 +222,103 @@ class VoiceChain:
         self._keys = [key._key]
         self._layouts: dict[tuple[int, int], Any] = {}
         self._bytes = nbytes(self._start) + nbytes(self._codes) + nbytes(self._keys)
+        self.stored_steps = 0
+        """Steps of it in the state files (:class:`PromptStates`)."""
         inner.cancel()
+
+    @classmethod
+    def restored(cls, runtime: Any, seed: int, arrays: dict[str, Any], meta: Any) -> VoiceChain:
+        """A chain as :meth:`to_arrays` stored it (read from a state file): the same
+        records, so the same voice parts and the same further steps, bit for bit."""
+        import mlx.core as mx
+
+        from realtime.models.voicechat.keys import SessionKey
+
+        steps, layers = int(meta["steps"]), int(meta["layers"])
+        tts = runtime.model.tts_model.tts_model
+        blank = tts.make_cache()
+        pad = int(runtime.model.config.pad_token_id)
+        if meta["seed"] != seed or steps < 1 or layers != len(blank) or meta["pad"] != pad:
+            raise ValueError("the stored chain is not this seed's or this model's")
+        chain = cls.__new__(cls)
+        chain.seed, chain.steps, chain.failed = seed, steps, False
+        chain._tts, chain._pad = tts, pad
+        chain._warm = int(meta["warm"])
+        chain._start = [
+            (arrays[f"start.{i}.keys"], arrays[f"start.{i}.values"]) for i in range(layers)
+        ]
+        if any(k.shape[2] != chain._warm for k, _ in chain._start):
+            raise ValueError("the stored warm-up entries do not match their count")
+        chain._written = []
+        for i in range(layers):
+            if steps == 1:
+                chain._written.append(([], []))
+                continue
+            keys, values = arrays[f"steps.{i}.keys"], arrays[f"steps.{i}.values"]
+            if keys.shape[2] != steps - 1 or values.shape[2] != steps - 1:
+                raise ValueError("the stored steps do not match their count")
+            chain._written.append(([keys], [values]))
+        codes, draws = arrays["codes"], arrays["keys"]
+        if codes.shape[0] != steps + 1 or draws.shape[0] != steps + 1:
+            raise ValueError("the stored codes do not match their count")
+        chain._codes = [codes[i] for i in range(steps + 1)]
+        chain._keys = [draws[i] for i in range(steps + 1)]
+        mx.eval(*chain._codes, *chain._keys)
+        chain._kinds = [_kind(blank, index) for index in range(layers)]
+        chain._cache = None
+        chain._layouts = {}
+        chain._key = SessionKey(seed)
+        chain._key._key = chain._keys[-1]
+        chain._bytes = sum(int(a.nbytes) for a in arrays.values())
+        chain.stored_steps = steps
+        return chain
+
+    def to_arrays(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """What a state file holds of it: the warm-up entries, each layer's recorded
+        entries concatenated (one per step after the first), every code and key."""
+        import mlx.core as mx
+
+        if self.failed or self.steps < 1:
+            raise ValueError("only a chain of at least one step is stored")
+        arrays: dict[str, Any] = {}
+        for i, (keys, values) in enumerate(self._start):
+            arrays[f"start.{i}.keys"], arrays[f"start.{i}.values"] = keys, values
+        for i, (keys, values) in enumerate(self._written):
+            if self.steps > 1:
+                for name, chunks in (("keys", keys), ("values", values)):
+                    run = mx.concatenate(chunks, axis=2) if len(chunks) > 1 else chunks[0]
+                    arrays[f"steps.{i}.{name}"] = run[:, :, : self.steps - 1]
+        arrays["codes"] = mx.stack(self._codes[: self.steps + 1])
+        arrays["keys"] = mx.stack(self._keys[: self.steps + 1])
+        meta = {
+            "seed": self.seed,
+            "steps": self.steps,
+            "layers": len(self._start),
+            "warm": self._warm,
+            "pad": self._pad,
+        }
+        return arrays, meta
+
+    def fork(self) -> VoiceChain:
+        """A chain of its own that starts where this one is (sharing the recorded
+        arrays, which nothing changes): extending it leaves this one as it is."""
+        from realtime.models.voicechat.keys import SessionKey
+
+        if self.failed or self.steps < 1:
+            raise ValueError("only a chain of at least one step is forked")
+        other = type(self).__new__(type(self))
+        other.seed, other.steps, other.failed = self.seed, self.steps, False
+        other._tts, other._pad, other._warm = self._tts, self._pad, self._warm
+        other._start, other._kinds = self._start, self._kinds
+        other._written = [(list(keys), list(values)) for keys, values in self._written]
+        other._codes, other._keys = list(self._codes), list(self._keys)
+        other._cache = None
+        other._layouts = {}
+        other._key = SessionKey(self.seed)
+        other._key._key = self._keys[-1]
+        other._bytes = self._bytes
+        other.stored_steps = self.stored_steps
+        return other
 
     @property
     def nbytes(self) -> int:
@@ -312,10 +413,22 @@ class VoiceChain:
         keys, values = self._written[index]
         gathered = []
         for first, rest in ((start_keys, keys), (start_values, values)):
-            run = mx.concatenate([mx.zeros_like(first[..., :1, :]), first, *rest[:entries]], axis=2)
+            covering = _covering(rest, entries)
+            run = mx.concatenate([mx.zeros_like(first[..., :1, :]), first, *covering], axis=2)
             gathered.append(mx.take(run, positions, axis=2))
         layer.keys, layer.values = gathered
         return layer
+
+
+def _covering(chunks: list[Any], entries: int) -> list[Any]:
+    """The first of ``chunks`` (recorded entries along axis 2: one a step, or many read
+    from a file) that hold at least ``entries`` entries (the gather takes only those)."""
+    held = 0
+    for count, chunk in enumerate(chunks):
+        if held >= entries:
+            return chunks[:count]
+        held += int(chunk.shape[2])
+    return chunks
 
 
 def _kind(cache: list[Any], index: int) -> int:
@@ -340,8 +453,9 @@ def _recording(update: Callable[[Any, Any], Any], written: tuple[list[Any], list
 class Prefill:
     """One prompt's prefill for one seed, shared by every opening of that prompt and seed
     under way (each opening's slice advances it): its language model's steps on a cache
-    of its own, and its seed's :class:`VoiceChain` extended as far as it needs. When it
-    ends both are stored and every opening starts from copies of them."""
+    of its own, and its seed's :class:`VoiceChain` extended as far as it needs (counted
+    in the cache's bytes as it grows, :meth:`PromptStates.keep`). When it ends both are
+    stored and every opening starts from copies of them."""
 
     def __init__(self, runtime: Any, ids: tuple[int, ...], seed: int, states: PromptStates) -> None:
         self.ids = ids
@@ -377,7 +491,10 @@ class Prefill:
             if self.chain is None:
                 self.chain = self._begin()
             else:
+                before = self.chain.steps
                 self.chain.extend(len(self.ids))
+                if self.chain.steps != before:
+                    self._states.keep(self.chain)
                 self._language_steps()
             if self._next == len(self.ids) and self.chain.steps >= len(self.ids):
                 self._finish()
@@ -392,7 +509,7 @@ class Prefill:
         stt = self._runtime.model.stt_model
         self._cache = stt.make_cache()
         self._embeds = stt.embed_tokens(mx.array([list(self.ids)], dtype=mx.int32))
-        return self._states.chain(self._runtime, self.seed)
+        return self._states.chain(self._runtime, self.seed, len(self.ids))
 
     def _language_steps(self) -> None:
         """Up to :data:`STEPS_PER_SLICE` of the language model's prefill steps as one
@@ -415,45 +532,155 @@ class Prefill:
     def _finish(self) -> None:
         assert self.chain is not None
         self.language = LanguagePart(self._cache)
-        self._states.store.put(LanguageKey(self.ids), self.language, nbytes(self.language))
+        self._states.keep_language(self.ids, self.language)
         self.chain.settle()
-        self._states.store.put(VoiceKey(self.seed), self.chain, self.chain.nbytes)
+        self._states.keep(self.chain)
         self.abandon()
 
     def abandon(self) -> None:
-        """Drop its embeddings and unfinished cache (done, failed, or unwanted)."""
+        """Drop its embeddings and unfinished cache (done, failed, or unwanted); its
+        chain keeps what it ran, without its running cache, counted again."""
         self._embeds = None
         self._cache = None
+        chain = self.chain
+        if chain is not None and not chain.failed and chain.steps > 0 and not self.done:
+            chain.settle()
+            self._states.keep(chain)
+
+
+WRITE_EVERY: Final = 1024
+"""A chain built ahead is written again after this many more steps (so a restart
+keeps most of a long build), and when it reaches its length."""
+
+MAX_ORPHANS: Final = 2
+"""Reads whose clients left that are finished at idle priority at once, at most."""
+
+ORPHAN_SECONDS: Final = 120.0
+"""Engine seconds one such read may take at idle priority before it is dropped."""
+
+MAX_UNWRITTEN: Final = 64
+"""Entries waiting to be written at most; older ones are dropped from the queue."""
 
 
 class PromptStates:
-    """A VoiceChat model's prompt parts (one byte-bounded LRU for both kinds) and the
-    prefills under way, by prompt and seed."""
+    """A VoiceChat model's prompt parts (one byte-bounded LRU for both kinds), the
+    prefills under way by prompt and seed, and, with ``files``, the same parts on disk
+    (:mod:`realtime.models.state_files`): a part missing in memory is read from its
+    file (and kept in memory again), and each new part is written at idle priority
+    (:meth:`ahead`, with the voice chain built ahead of need)."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, files: StateFiles | None = None) -> None:
         self.store: PromptCache[PromptKey, LanguagePart | VoiceChain] = PromptCache(max_bytes)
         self.pending: dict[tuple[tuple[int, ...], int], Prefill] = {}
+        self.files = files
+        self.sealed = False
+        """The warmed prompts are pinned (:meth:`pin`): chains are stored unpinned
+        from now on, and a warmed chain is never extended in place."""
+        self.ahead_seed = 0
+        self.ahead_tokens = 0
+        """The chain built ahead of need: this seed's, to this many steps (0: none)."""
+        self.ahead_seconds = 0.0
+        """Engine time spent on work no opening waited for (building, writing)."""
+        self._ahead_stopped = False
+        self._orphans: dict[Prefill, float] = {}
+        """Reads whose clients left, finished at idle priority, with the engine
+        seconds each has had since."""
+        self.orphans_finished = 0
+        self.orphans_dropped = 0
+        self._unwritten: dict[PromptKey, tuple[int, ...] | None] = {}
+        """Entries to write (a language part's prompt ids; ``None``: a chain)."""
 
-    def chain(self, runtime: Any, seed: int) -> VoiceChain:
-        """The seed's stored chain, or a new one (stored when a prefill ends)."""
-        chain = self.store.get(VoiceKey(seed))
-        if isinstance(chain, VoiceChain) and not chain.failed:
-            return chain
-        return VoiceChain(runtime, seed)
+    # --- lookups ---------------------------------------------------------------------
 
-    def parts(self, ids: tuple[int, ...], seed: int) -> tuple[LanguagePart, VoicePart] | None:
+    def _held_chain(self, seed: int) -> VoiceChain | None:
+        """The longest usable chain of ``seed`` in memory (an unpinned one on a tie)."""
+        best: VoiceChain | None = None
+        for warmed in (False, True):
+            chain = self.store.peek(VoiceKey(seed, warmed))
+            if not isinstance(chain, VoiceChain) or chain.failed:
+                continue
+            if best is None or chain.steps > best.steps:
+                best = chain
+        return best
+
+    def _touch_chain(self, runtime: Any, seed: int) -> VoiceChain | None:
+        """:meth:`_held_chain`, from the files when memory holds none (kept in memory
+        again, never pinned), now the most recently used."""
+        chain = self._held_chain(seed)
+        if chain is None:
+            chain = self._read_chain(runtime, seed)
+            if chain is not None:
+                self.keep(chain, warmed=False)
+        if chain is not None:
+            for warmed in (False, True):
+                if self.store.peek(VoiceKey(seed, warmed)) is chain:
+                    self.store.get(VoiceKey(seed, warmed))
+        return chain
+
+    def chain(self, runtime: Any, seed: int, steps: int) -> VoiceChain:
+        """The seed's chain to extend to ``steps``: the stored one (forked when it is a
+        warmed chain that is too short), or a new one."""
+        chain = self._touch_chain(runtime, seed)
+        if chain is None:
+            return VoiceChain(runtime, seed)
+        if chain.steps < steps and self._warmed(chain):
+            return chain.fork()
+        return chain
+
+    def _warmed(self, chain: VoiceChain) -> bool:
+        return self.sealed and self.store.peek(VoiceKey(chain.seed, True)) is chain
+
+    def parts(
+        self, runtime: Any, ids: tuple[int, ...], seed: int
+    ) -> tuple[LanguagePart, VoicePart] | None:
         """This prompt's stored language part and its voice part rebuilt from the seed's
-        stored chain (a hit), else ``None``."""
+        stored chain (a hit; either may be read from its file), else ``None``."""
         language = self.store.get(LanguageKey(ids))
-        chain = self.store.get(VoiceKey(seed))
-        if (
-            isinstance(language, LanguagePart)
-            and isinstance(chain, VoiceChain)
-            and not chain.failed
-            and chain.steps >= len(ids)
-        ):
+        if not isinstance(language, LanguagePart):
+            language = self._read_language(runtime, ids)
+            if language is None:
+                return None
+            self.store.put(LanguageKey(ids), language, nbytes(language))
+        chain = self._touch_chain(runtime, seed)
+        if chain is not None and chain.steps >= len(ids):
             return language, chain.voice(len(ids))
         return None
+
+    # --- keeping -----------------------------------------------------------------------
+
+    def keep(self, chain: VoiceChain, warmed: bool | None = None) -> bool:
+        """Store ``chain`` (or count what it holds now, when it is stored): under its
+        seed, as warmed (pinned by :meth:`pin`) only while prompts are warmed (or as
+        ``warmed`` says: a chain read from a file is never pinned); a chain that no
+        longer fits is dropped from the store (its users keep it). Whether it is held."""
+        if self._warmed(chain):
+            return True  # pinned as warmed: never grown in place (see chain)
+        if warmed is None:
+            held = self.store.peek(VoiceKey(chain.seed, False)) is chain
+            warmed = not self.sealed and not held
+        key = VoiceKey(chain.seed, warmed)
+        if self.store.put(key, chain, chain.nbytes):
+            if self.files is not None and chain.steps > chain.stored_steps:
+                self._queue(VoiceKey(chain.seed), None)
+            return True
+        if self.store.peek(key) is chain:
+            self.store.discard(key)
+        return False
+
+    def keep_language(self, ids: tuple[int, ...], part: LanguagePart) -> None:
+        if self.store.put(LanguageKey(ids), part, nbytes(part)) and self.files is not None:
+            self._queue(LanguageKey(ids), ids)
+
+    def _queue(self, key: PromptKey, ids: tuple[int, ...] | None) -> None:
+        self._unwritten.pop(key, None)
+        self._unwritten[key] = ids
+        while len(self._unwritten) > MAX_UNWRITTEN:
+            del self._unwritten[next(iter(self._unwritten))]
+
+    def pin(self) -> None:
+        """Pin what is held (the warmed prompts) and seal the warmed chains."""
+        self.store.pin(lambda key: not (isinstance(key, VoiceKey) and not key.warmed))
+        self.sealed = True
 
     def join(self, runtime: Any, ids: tuple[int, ...], seed: int) -> Prefill:
         """The prefill of this prompt and seed under way, or a new one; counted."""
@@ -467,13 +694,248 @@ class PromptStates:
         return prefill
 
     def leave(self, prefill: Prefill) -> None:
-        """An opening no longer waits on ``prefill``; the last one out drops it."""
+        """An opening no longer waits on ``prefill``; the last one out drops it, or,
+        when it is worth finishing (:meth:`_adopt`), leaves it to idle time, still
+        joinable, so the client's retry finds it read or under way."""
         prefill.users -= 1
+        if prefill.users <= 0 and self._adopt(prefill):
+            return
         finished = prefill.users <= 0 or prefill.done or prefill.error is not None
         if finished and self.pending.get((prefill.ids, prefill.seed)) is prefill:
             del self.pending[(prefill.ids, prefill.seed)]
         if prefill.users <= 0:
             prefill.abandon()
+
+    def _adopt(self, prefill: Prefill) -> bool:
+        """Keep a read whose last client left to finish at idle priority (with work
+        ahead of need on, ``ahead_tokens``): one that began, has not failed, is not
+        done, and fits the count (:data:`MAX_ORPHANS`)."""
+        if prefill in self._orphans:
+            return True  # adopted before, joined by a retry that left again
+        if (
+            self.ahead_tokens <= 0  # no work ahead of need (--no-build-ahead)
+            or prefill.done
+            or prefill.error is not None
+            or prefill.chain is None
+            or self.store.max_bytes == 0
+            or len(self._orphans) >= MAX_ORPHANS
+            or self.pending.get((prefill.ids, prefill.seed)) is not prefill
+        ):
+            return False
+        self._orphans[prefill] = 0.0
+        return True
+
+    def _drop_orphan(self, prefill: Prefill, finished: bool) -> None:
+        del self._orphans[prefill]
+        if finished:
+            self.orphans_finished += 1
+        else:
+            self.orphans_dropped += 1
+        if self.pending.get((prefill.ids, prefill.seed)) is prefill:
+            del self.pending[(prefill.ids, prefill.seed)]
+        prefill.abandon()
+
+    def figures(self) -> CacheFigures:
+        """The store's figures with the chain built ahead and the files' counts."""
+        files = self.files
+        return attrs.evolve(
+            self.store.figures(),
+            voice_chain_tokens=self.voice_chain_tokens(),
+            building=self.building,
+            ahead_seconds=self.ahead_seconds,
+            disk_max_bytes=0 if files is None else files.max_bytes,
+            disk_reads=0 if files is None else files.reads,
+            disk_writes=0 if files is None else files.writes,
+            disk_ignored=0 if files is None else files.ignored,
+            orphans=len(self._orphans),
+            orphans_finished=self.orphans_finished,
+            orphans_dropped=self.orphans_dropped,
+        )
+
+    # --- ahead of need -----------------------------------------------------------------
+
+    @property
+    def building(self) -> bool:
+        """The chain built ahead has not reached its length yet."""
+        if self.ahead_tokens <= 0 or self._ahead_stopped:
+            return False
+        chain = self._held_chain(self.ahead_seed)
+        return chain is None or chain.steps < self.ahead_tokens
+
+    def voice_chain_tokens(self) -> int:
+        """Steps of the longest chain held for the seed built ahead."""
+        chain = self._held_chain(self.ahead_seed)
+        return 0 if chain is None else chain.steps
+
+    def ahead(self, runtime: Any, steps: int, quiet: bool) -> AheadSlice:
+        """One slice of work no opening waits for, first of these that is left: (``quiet``:
+        no conversation is open, so nothing it takes delays a frame) one state file
+        written; a slice of a read whose clients left (:data:`STEPS_PER_SLICE` steps,
+        when ``steps`` holds them or ``quiet``); up to ``steps`` steps of the chain built
+        ahead."""
+        import time
+
+        began = time.perf_counter()
+        try:
+            if quiet and self._unwritten:
+                self._write_one()
+                return AheadSlice(0, True)
+            if (steps >= STEPS_PER_SLICE or quiet) and self._finish_orphan(began):
+                return AheadSlice(STEPS_PER_SLICE, True)
+            if steps > 0 and self.building:
+                return AheadSlice(self._build(runtime, steps), True)
+            return AheadSlice(0, bool(self._unwritten) or self.building or bool(self._orphans))
+        finally:
+            self.ahead_seconds += time.perf_counter() - began
+
+    def _finish_orphan(self, began: float) -> bool:
+        """One slice of the oldest read whose clients left; whether one ran. A read
+        that a retry joined is its client's again; one past :data:`ORPHAN_SECONDS` of
+        engine time, or that fails, is dropped."""
+        import time
+
+        for prefill in list(self._orphans):
+            if prefill.users > 0:
+                del self._orphans[prefill]  # a retry joined it: its opening drives it
+                continue
+            try:
+                prefill.advance()
+            except Exception:
+                log.debug("finishing an abandoned prompt read failed", exc_info=True)
+                self._drop_orphan(prefill, finished=False)
+                return True
+            self._orphans[prefill] += time.perf_counter() - began
+            if prefill.done:
+                self._drop_orphan(prefill, finished=True)
+            elif self._orphans[prefill] > ORPHAN_SECONDS:
+                self._drop_orphan(prefill, finished=False)
+            return True
+        return False
+
+    def _build(self, runtime: Any, steps: int) -> int:
+        chain = self.chain(runtime, self.ahead_seed, self.ahead_tokens)
+        before = chain.steps
+        chain.extend(self.ahead_tokens, most=steps)
+        if not self.keep(chain):
+            self._ahead_stopped = True
+            log.warning(
+                "the voice chain built ahead (seed %d) does not fit --prompt-cache-bytes "
+                "at %d steps; stopped building it",
+                self.ahead_seed,
+                chain.steps,
+            )
+        elif chain.steps >= self.ahead_tokens and chain.steps > before:
+            chain.settle()
+            self.keep(chain)
+            log.info("voice chain of seed %d built ahead to %d steps", self.ahead_seed, chain.steps)
+        if chain.steps < self.ahead_tokens and chain.steps - chain.stored_steps < WRITE_EVERY:
+            self._unwritten.pop(VoiceKey(chain.seed), None)  # not yet: written by the thousand
+        return chain.steps - before
+
+    # --- files -------------------------------------------------------------------------
+
+    def _write_one(self) -> None:
+        key, ids = next(iter(self._unwritten.items()))
+        del self._unwritten[key]
+        files = self.files
+        if files is None:
+            return
+        if isinstance(key, LanguageKey):
+            part = self.store.peek(key)
+            if isinstance(part, LanguagePart) and ids is not None:
+                _write_language(files, ids, part)
+            return
+        chain = self._held_chain(key.seed)
+        if chain is None or chain.steps <= chain.stored_steps:
+            return
+        if _stored_steps(files, chain.seed) >= chain.steps:
+            chain.stored_steps = chain.steps  # another process wrote a chain as long
+            return
+        steps = chain.steps
+        if _write_chain(files, chain):
+            chain.stored_steps = steps
+
+    def _read_chain(self, runtime: Any, seed: int) -> VoiceChain | None:
+        files = self.files
+        if files is None:
+            return None
+
+        def load(path: Any) -> tuple[VoiceChain, Any]:
+            from realtime.models.voicechat import stored
+
+            arrays, meta, header = stored.load(path)
+            return VoiceChain.restored(runtime, seed, arrays, meta), header
+
+        chain = files.read(_chain_name(seed), load)
+        if chain is not None:
+            log.info(
+                "voice chain of seed %d read from the state files: %d steps", seed, chain.steps
+            )
+        return chain
+
+    def _read_language(self, runtime: Any, ids: tuple[int, ...]) -> LanguagePart | None:
+        files = self.files
+        if files is None:
+            return None
+
+        def load(path: Any) -> tuple[LanguagePart, Any]:
+            from realtime.models.voicechat import stored
+
+            arrays, meta, header = stored.load(path)
+            if tuple(meta["ids"]) != ids:
+                raise ValueError("it holds another prompt")
+            blank = runtime.model.stt_model.make_cache()
+            cache = stored.layers_from_arrays(blank, arrays, meta["layers"])
+            return LanguagePart(cache), header
+
+        return files.read(_language_name(ids), load)
+
+
+def _chain_name(seed: int) -> str:
+    return f"voice-chain/seed-{seed}"
+
+
+def _language_name(ids: tuple[int, ...]) -> str:
+    import hashlib
+
+    digest = hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()
+    return f"language/{len(ids)}-{digest}"
+
+
+def _stored_steps(files: StateFiles, seed: int) -> int:
+    """Steps of the seed's chain file as its header says (0: none, or not this key's)."""
+    import json
+
+    from realtime.models.state_files import KEY_FIELD, read_header
+    from realtime.models.voicechat.stored import META_FIELD
+
+    name = _chain_name(seed)
+    try:
+        metadata = read_header(files.path(name)).get("__metadata__")
+        if not isinstance(metadata, dict) or metadata.get(KEY_FIELD) != files.key(name):
+            return 0
+        return int(json.loads(metadata[META_FIELD])["steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def _write_chain(files: StateFiles, chain: VoiceChain) -> bool:
+    from realtime.models.voicechat import stored
+
+    arrays, meta = chain.to_arrays()
+    return files.write(
+        _chain_name(chain.seed), lambda path, header: stored.save(path, arrays, header, meta)
+    )
+
+
+def _write_language(files: StateFiles, ids: tuple[int, ...], part: LanguagePart) -> bool:
+    from realtime.models.voicechat import stored
+
+    arrays, layers = stored.layers_to_arrays(list(part.cache))
+    meta = {"ids": list(ids), "layers": layers}
+    return files.write(
+        _language_name(ids), lambda path, header: stored.save(path, arrays, header, meta)
+    )
 
 
 __all__ = [
