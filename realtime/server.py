@@ -35,6 +35,7 @@ from realtime.observe import Observer, Observers
 from realtime.telemetry.logs import SessionLog
 from realtime.telemetry.metrics import PrometheusObserver
 from realtime.telemetry.recording import Recording
+from realtime.tenants import Tenants, tenants_from
 from realtime.warm import WarmPrompt, preparing, read_warm_prompts, warm_prompts_from_env
 
 log = logging.getLogger("realtime")
@@ -282,6 +283,14 @@ async def run_server(
                 await _stop_when_hung(state, stop)
 
         nursery.start_soon(watch_hung)
+        reloader = trio.CancelScope()
+        if state.tenants is not None and state.tenants.source is not None:
+
+            async def watch_reloads(task_status: trio.TaskStatus[None]) -> None:
+                with reloader:
+                    await reload_keys_on_sighup(state.tenants, task_status=task_status)
+
+            await nursery.start(watch_reloads)  # SIGHUP is ours before the port answers
         binds = await nursery.start(
             lambda task_status: serve(
                 cast("Framework", app),  # a plain ASGI callable; Hypercorn's types are narrower
@@ -293,6 +302,29 @@ async def run_server(
         task_status.started(binds)
         await stop.wait()
         watcher.cancel()  # it watches while the engine lives, which outlasts serving
+        reloader.cancel()
+
+
+async def reload_keys_on_sighup(
+    tenants: Tenants | None, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Read the keys file again on every SIGHUP: the new keys are in force for the next
+    request; open connections stay as they are. A bad file is one log line and the
+    keys in force are kept."""
+    if tenants is None:
+        task_status.started()
+        return
+    with trio.open_signal_receiver(signal.SIGHUP) as signals:
+        task_status.started()
+        async for _ in signals:
+            try:
+                loaded = tenants.reload()
+            except ValueError as exc:
+                log.error("SIGHUP: keeping the keys in force: %s", exc)
+                continue
+            log.info(
+                "SIGHUP: API keys of %d tenant(s) reloaded from %s", len(loaded), tenants.source
+            )
 
 
 async def close_connections(state: ServerState) -> None:
@@ -409,7 +441,24 @@ def warm_prompts_from_args(paths: Sequence[str] | None) -> tuple[WarmPrompt, ...
         raise UsageError(str(exc)) from None
 
 
+def tenants_from_args(args: argparse.Namespace) -> Tenants | None:
+    """``--api-keys-file`` (read now: a bad file exits 2) or ``--api-key``; None: no key."""
+    tenants = tenants_from(
+        getattr(args, "api_keys_file", None),
+        getattr(args, "api_key", None),
+        share_prompt_cache=bool(getattr(args, "share_prompt_cache", False)),
+    )
+    if tenants is not None and tenants.source is not None:
+        log.info(
+            "API keys of %d tenant(s) from %s (SIGHUP reloads it)",
+            len(tenants.names),
+            tenants.source,
+        )
+    return tenants
+
+
 def serve_command(args: argparse.Namespace, limits: Limits) -> int:
+    tenants = tenants_from_args(args)  # a bad keys file exits 2 here
     # A bad path exits 2 here.
     loader = model_loader(args.model, args.quantize, demo_turns=args.demo_turns)
     warm = warm_prompts_from_args(getattr(args, "warm_prompt", None))
@@ -437,7 +486,7 @@ def serve_command(args: argparse.Namespace, limits: Limits) -> int:
     state = ServerState(
         engine=engine,
         limits=limits,
-        api_key=args.api_key,
+        tenants=tenants,
         allowed_origins=tuple(args.allowed_origin),
         bind_hosts=(args.host,),
         allowed_hosts=tuple(args.allowed_host),

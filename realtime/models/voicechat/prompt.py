@@ -64,11 +64,21 @@ the waits."""
 @attrs.frozen(slots=True)
 class LanguageKey:
     ids: tuple[int, ...]
+    scope: str | None = None
+    """Whose entry it is (a tenant's name); None: the shared scope (warmed prompts)."""
 
 
 @attrs.frozen(slots=True)
 class VoiceKey:
     seed: int
+    scope: str | None = None
+
+
+def scopes(scope: str | None) -> tuple[str | None, ...]:
+    """Where an opening in ``scope`` may find stored parts: its own scope, then the
+    shared one; never another tenant's, so no tenant learns from its openings' speed
+    which prompts another one used."""
+    return (scope, None) if scope is not None else (None,)
 
 
 PromptKey = LanguageKey | VoiceKey
@@ -343,9 +353,17 @@ class Prefill:
     of its own, and its seed's :class:`VoiceChain` extended as far as it needs. When it
     ends both are stored and every opening starts from copies of them."""
 
-    def __init__(self, runtime: Any, ids: tuple[int, ...], seed: int, states: PromptStates) -> None:
+    def __init__(
+        self,
+        runtime: Any,
+        ids: tuple[int, ...],
+        seed: int,
+        states: PromptStates,
+        scope: str | None = None,
+    ) -> None:
         self.ids = ids
         self.seed = seed
+        self.scope = scope
         self.users = 0
         self.language: LanguagePart | None = None
         self.chain: VoiceChain | None = None
@@ -392,7 +410,7 @@ class Prefill:
         stt = self._runtime.model.stt_model
         self._cache = stt.make_cache()
         self._embeds = stt.embed_tokens(mx.array([list(self.ids)], dtype=mx.int32))
-        return self._states.chain(self._runtime, self.seed)
+        return self._states.chain(self._runtime, self.seed, self.scope)
 
     def _language_steps(self) -> None:
         """Up to :data:`STEPS_PER_SLICE` of the language model's prefill steps as one
@@ -415,9 +433,10 @@ class Prefill:
     def _finish(self) -> None:
         assert self.chain is not None
         self.language = LanguagePart(self._cache)
-        self._states.store.put(LanguageKey(self.ids), self.language, nbytes(self.language))
+        store = self._states.store
+        store.put(LanguageKey(self.ids, self.scope), self.language, nbytes(self.language))
         self.chain.settle()
-        self._states.store.put(VoiceKey(self.seed), self.chain, self.chain.nbytes)
+        store.put(VoiceKey(self.seed, self.scope), self.chain, self.chain.nbytes)
         self.abandon()
 
     def abandon(self) -> None:
@@ -432,36 +451,48 @@ class PromptStates:
 
     def __init__(self, max_bytes: int) -> None:
         self.store: PromptCache[PromptKey, LanguagePart | VoiceChain] = PromptCache(max_bytes)
-        self.pending: dict[tuple[tuple[int, ...], int], Prefill] = {}
+        self.pending: dict[tuple[tuple[int, ...], int, str | None], Prefill] = {}
 
-    def chain(self, runtime: Any, seed: int) -> VoiceChain:
-        """The seed's stored chain, or a new one (stored when a prefill ends)."""
-        chain = self.store.get(VoiceKey(seed))
+    def chain(self, runtime: Any, seed: int, scope: str | None = None) -> VoiceChain:
+        """The seed's stored chain in ``scope`` (only there: a prefill extends it), or a
+        new one (stored when a prefill ends)."""
+        chain = self.store.get(VoiceKey(seed, scope))
         if isinstance(chain, VoiceChain) and not chain.failed:
             return chain
         return VoiceChain(runtime, seed)
 
-    def parts(self, ids: tuple[int, ...], seed: int) -> tuple[LanguagePart, VoicePart] | None:
+    def parts(
+        self, ids: tuple[int, ...], seed: int, scope: str | None = None
+    ) -> tuple[LanguagePart, VoicePart] | None:
         """This prompt's stored language part and its voice part rebuilt from the seed's
-        stored chain (a hit), else ``None``."""
-        language = self.store.get(LanguageKey(ids))
-        chain = self.store.get(VoiceKey(seed))
-        if (
-            isinstance(language, LanguagePart)
-            and isinstance(chain, VoiceChain)
-            and not chain.failed
-            and chain.steps >= len(ids)
-        ):
-            return language, chain.voice(len(ids))
+        stored chain (a hit), else ``None``; each from ``scope`` or the shared scope
+        (:func:`scopes`)."""
+        language = next(
+            (
+                part
+                for where in scopes(scope)
+                if isinstance(part := self.store.get(LanguageKey(ids, where)), LanguagePart)
+            ),
+            None,
+        )
+        if language is None:
+            return None
+        for where in scopes(scope):
+            chain = self.store.get(VoiceKey(seed, where))
+            if isinstance(chain, VoiceChain) and not chain.failed and chain.steps >= len(ids):
+                return language, chain.voice(len(ids))
         return None
 
-    def join(self, runtime: Any, ids: tuple[int, ...], seed: int) -> Prefill:
-        """The prefill of this prompt and seed under way, or a new one; counted."""
-        prefill = self.pending.get((ids, seed))
+    def join(
+        self, runtime: Any, ids: tuple[int, ...], seed: int, scope: str | None = None
+    ) -> Prefill:
+        """The prefill of this prompt and seed under way in ``scope``, or a new one;
+        counted."""
+        prefill = self.pending.get((ids, seed, scope))
         shared = prefill is not None and prefill.error is None and not prefill.done
         if prefill is None or not shared:
-            prefill = Prefill(runtime, ids, seed, self)
-            self.pending[(ids, seed)] = prefill
+            prefill = Prefill(runtime, ids, seed, self, scope)
+            self.pending[(ids, seed, scope)] = prefill
         self.store.count(hit=False, shared=shared)
         prefill.users += 1
         return prefill
@@ -470,8 +501,9 @@ class PromptStates:
         """An opening no longer waits on ``prefill``; the last one out drops it."""
         prefill.users -= 1
         finished = prefill.users <= 0 or prefill.done or prefill.error is not None
-        if finished and self.pending.get((prefill.ids, prefill.seed)) is prefill:
-            del self.pending[(prefill.ids, prefill.seed)]
+        key = (prefill.ids, prefill.seed, prefill.scope)
+        if finished and self.pending.get(key) is prefill:
+            del self.pending[key]
         if prefill.users <= 0:
             prefill.abandon()
 
