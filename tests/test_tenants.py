@@ -18,9 +18,12 @@ from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_
 from realtime.engine.runner import Engine
 from realtime.errors import UsageError
 from realtime.limits import Limits
+from realtime.models.voicechat.model import VoiceChatModel
+from realtime.server import engine_for
 from realtime.session.close_codes import CLOSE_TRY_AGAIN
 from realtime.tenants import DEFAULT_TENANT, Tenant, Tenants, parse_keys, tenants_from
 from realtime.testing.fake import FakeModel
+from realtime.warm import WarmPrompt
 from tests.helpers import ahttp, running_engine, running_server, start_realtime_server
 from tests.models_fixtures import run_realtime
 
@@ -326,3 +329,64 @@ async def _wait_for(server: Any, text: str, timeout: float = 30.0) -> None:
     while text not in server.output():
         assert time.monotonic() < deadline, server.output()[-2000:]
         await trio.sleep(0.05)
+
+
+# --- the prompt cache's scope (the demo checkpoint) ----------------------------------
+
+A_PROMPT = "You answer for acme only. Keep it short."
+WARMED = "You are a helpful voice assistant. Answer briefly."
+
+
+async def _open_native(http_url: str, key: str, prompt: str) -> None:
+    """One native conversation that opens ``prompt`` (seed 0) and leaves."""
+    url = ws_url(http_url, "/v1/realtime")
+    async with open_websocket_url(url, extra_headers=bearer(key)) as ws:
+        assert json.loads(await ws.get_message())["type"] == "session.created"
+        session = {"seed": 0, "system_prompt": prompt}
+        await ws.send_message(json.dumps({"type": "session.update", "session": session}))
+        with trio.fail_after(120):
+            event = json.loads(await ws.get_message())
+        assert event["type"] == "session.updated", event
+
+
+async def _cache(http_url: str, engine: Engine) -> tuple[int, int]:
+    """(hits, misses) from ``/health`` as an authenticated caller, once the engine is free."""
+    with trio.fail_after(10):
+        while engine.is_reserved():
+            await trio.sleep(0.01)
+    status, body = await ahttp("GET", http_url + "/health", headers=auth("acme-key-1"))
+    assert status == 200, body
+    return body["prompt_cache"]["hits"], body["prompt_cache"]["misses"]
+
+
+@pytest.mark.parametrize("share", [False, True])
+async def test_a_tenants_prompt_is_no_hit_for_another_tenant(
+    demo_model: VoiceChatModel, share: bool
+) -> None:
+    """acme opens a prompt cold, then again from the cache; globex's open of the same
+    prompt is cold (a miss, so its speed says nothing about acme's prompts) unless the
+    operator opted in to sharing (--share-prompt-cache). The warmed prompt is a hit for
+    both. ``/health`` shows the cache only with a key."""
+    engine = engine_for(lambda: demo_model, Limits(), warm=(WarmPrompt("operator", text=WARMED),))
+    engine.start()
+    try:
+        async with running_server(engine, tenants=tenants(share)) as server:
+            hits, misses = await _cache(server.http, engine)  # the warming was a miss
+            steps = [
+                ("acme-key-1", A_PROMPT, (0, 1)),
+                ("globex-key-2", A_PROMPT, (1, 0) if share else (0, 1)),
+                ("acme-key-1", A_PROMPT, (1, 0)),
+                ("globex-key-2", A_PROMPT, (1, 0)),
+                ("acme-key-1", WARMED, (1, 0)),
+                ("globex-key-2", WARMED, (1, 0)),
+            ]
+            for key, prompt, (hit, miss) in steps:
+                await _open_native(server.http, key, prompt)
+                now = await _cache(server.http, engine)
+                assert now == (hits + hit, misses + miss), (key, prompt == WARMED)
+                hits, misses = now
+            for headers in ({}, {"Authorization": "Bearer wrong"}):
+                status, body = await ahttp("GET", server.http + "/health", headers=headers)
+                assert status == 401 and "prompt_cache" not in body
+    finally:
+        engine.shutdown()
