@@ -231,6 +231,10 @@ async def run_server(
     nothing, so Hypercorn's shielded write to it never ends) has its TCP connection
     aborted, which ends that write; so the whole shutdown is bounded whatever the
     clients do.
+
+    SIGHUP reloads the keys file (:func:`reload_keys_on_sighup`); it is watched from
+    before the port answers, wherever signals are this server's (no
+    ``shutdown_trigger``, or a keys file to reload).
     """
     if drain_timeout is None:
         drain_timeout = state.limits.drain_timeout
@@ -284,12 +288,13 @@ async def run_server(
 
         nursery.start_soon(watch_hung)
         reloader = trio.CancelScope()
-        if state.tenants is not None and state.tenants.source is not None:
 
-            async def watch_reloads(task_status: trio.TaskStatus[None]) -> None:
-                with reloader:
-                    await reload_keys_on_sighup(state.tenants, task_status=task_status)
+        async def watch_reloads(task_status: trio.TaskStatus[None]) -> None:
+            with reloader:
+                await reload_keys_on_sighup(state.tenants, task_status=task_status)
 
+        keys_file = state.tenants is not None and state.tenants.source is not None
+        if shutdown_trigger is None or keys_file:  # signals are the main thread's
             await nursery.start(watch_reloads)  # SIGHUP is ours before the port answers
         binds = await nursery.start(
             lambda task_status: serve(
@@ -310,13 +315,14 @@ async def reload_keys_on_sighup(
 ) -> None:
     """Read the keys file again on every SIGHUP: the new keys are in force for the next
     request; open connections stay as they are. A bad file is one log line and the
-    keys in force are kept."""
-    if tenants is None:
-        task_status.started()
-        return
+    keys in force are kept. Without a keys file SIGHUP is logged and ignored (its
+    default action would end the server: ``systemctl reload`` must not)."""
     with trio.open_signal_receiver(signal.SIGHUP) as signals:
         task_status.started()
         async for _ in signals:
+            if tenants is None or tenants.source is None:
+                log.warning("SIGHUP: no --api-keys-file to reload; ignored")
+                continue
             try:
                 loaded = tenants.reload()
             except ValueError as exc:

@@ -24,7 +24,7 @@ from realtime.session.close_codes import CLOSE_TRY_AGAIN
 from realtime.tenants import DEFAULT_TENANT, Tenant, Tenants, parse_keys, tenants_from
 from realtime.testing.fake import FakeModel
 from realtime.warm import WarmPrompt
-from tests.helpers import ahttp, running_engine, running_server, start_realtime_server
+from tests.helpers import ahttp, http, running_engine, running_server, start_realtime_server
 from tests.models_fixtures import run_realtime
 
 KEYS = """\
@@ -296,6 +296,16 @@ def test_sighup_reloads_the_keys_without_dropping_connections(
     assert "SIGHUP: API keys of 1 tenant(s) reloaded" in log
     assert "SIGHUP: keeping the keys in force: the keys file" in log and "line 1" in log
     assert "Traceback" not in log
+
+
+@pytest.mark.slow
+def test_sighup_without_a_keys_file_is_ignored(demo_cache_dir: Path, tmp_path: Path) -> None:
+    """``systemctl reload`` of a server with no keys file must not end it."""
+    with start_realtime_server(log_dir=tmp_path) as server:
+        server.proc.send_signal(signal.SIGHUP)
+        trio.run(_wait_for, server, "no --api-keys-file to reload; ignored")
+        assert http("GET", server.http + "/health")[0] == 200
+        assert server.proc.poll() is None
 
 
 async def _reload_while_connected(server: Any, keys: Path) -> None:
