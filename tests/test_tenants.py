@@ -4,6 +4,7 @@ endpoint; the keys file's rules as pure functions."""
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import signal
@@ -39,6 +40,11 @@ PREFIXES = {
     "/openai/v1/realtime": "openai-insecure-api-key.",
     "/openai/v1/live/sessions": "openai-insecure-api-key.",
 }
+
+
+SILENCE = base64.b64encode(bytes(4800)).decode()
+"""100 ms of PCM16 at 24 kHz: the OpenAI endpoint opens the model with the first audio."""
+LIVE = {"model": "gpt-live-1"}
 
 
 def tenants(share: bool = False) -> Tenants:
@@ -186,7 +192,7 @@ async def test_a_tenant_limit_refuses_with_server_busy_and_1013(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """acme may hold one conversation: its second gets the endpoint's ``server_busy``
-    naming the tenant's limit and close 1013, on the native and OpenAI endpoints, while
+    naming the tenant's limit and close 1013, on every WebSocket endpoint, while
     globex still gets in; the metrics and the session log name the tenant."""
     caplog.set_level(logging.INFO, logger="realtime.session")
     with running_engine(FakeModel(), capacity=4) as engine:
@@ -194,7 +200,7 @@ async def test_a_tenant_limit_refuses_with_server_busy_and_1013(
             url = ws_url(s.http, "/v1/realtime")
             async with open_websocket_url(url, extra_headers=bearer("acme-key-1")) as held:
                 assert json.loads(await held.get_message())["type"] == "session.created"
-                for path in ("/v1/realtime", "/openai/v1/realtime"):
+                for path in ENDPOINTS:
                     second = ws_url(s.http, path)
                     async with open_websocket_url(second, extra_headers=bearer("acme-key-1")) as ws:
                         error = json.loads(await ws.get_message())
@@ -225,9 +231,9 @@ async def test_a_tenant_limit_refuses_with_server_busy_and_1013(
                     await trio.sleep(0.01)
             _, raw = await ahttp("GET", s.http + "/metrics", headers=auth("acme-key-1"))
     metrics = raw.decode()
-    refused = 'realtime_tenant_connections_refused_total{reason="tenant_limit",tenant="acme"} 2.0'
+    refused = 'realtime_tenant_connections_refused_total{reason="tenant_limit",tenant="acme"} 3.0'
     assert refused in metrics
-    assert 'realtime_connections_refused_total{reason="tenant_limit"} 2.0' in metrics
+    assert 'realtime_connections_refused_total{reason="tenant_limit"} 3.0' in metrics
     assert 'realtime_tenant_sessions_total{outcome="closed",tenant="acme"} 2.0' in metrics
     assert 'realtime_tenant_sessions_total{outcome="closed",tenant="globex"} 1.0' in metrics
     assert 'realtime_tenant_active_sessions{tenant="acme"} 0.0' in metrics
@@ -236,13 +242,13 @@ async def test_a_tenant_limit_refuses_with_server_busy_and_1013(
     refusals = [r for r in caplog.records if r.getMessage() == "connection refused"]
     assert [vars(r)["realtime"] for r in refusals] == [
         {"reason": "tenant_limit", "tenant": "acme"}
-    ] * 2
+    ] * 3
 
 
 @pytest.mark.parametrize("share", [False, True])
 async def test_each_tenant_opens_in_its_own_prompt_scope(share: bool) -> None:
-    """The tenant's name reaches the model's opening as its prompt-cache scope (the
-    shared scope, None, with --share-prompt-cache or without keys)."""
+    """The tenant's name reaches the model's opening as its prompt-cache scope on every
+    endpoint (the shared scope, None, with --share-prompt-cache or without keys)."""
     model = FakeModel()
     with running_engine(model) as engine:
         async with running_server(engine, tenants=tenants(share)) as server:
@@ -256,13 +262,27 @@ async def test_each_tenant_opens_in_its_own_prompt_scope(share: bool) -> None:
                 with trio.fail_after(5):
                     while engine.is_reserved():
                         await trio.sleep(0.01)
+            for path, message in (
+                ("/openai/v1/realtime", {"type": "input_audio_buffer.append", "audio": SILENCE}),
+                ("/openai/v1/live/sessions", {"type": "session.start", "session": LIVE}),
+            ):
+                opened = len(model.prompt_scopes)
+                url = ws_url(server.http, path)
+                async with open_websocket_url(url, extra_headers=bearer("globex-key-2")) as ws:
+                    await ws.send_message(json.dumps(message))
+                    with trio.fail_after(10):
+                        while len(model.prompt_scopes) == opened:
+                            await trio.sleep(0.01)
+                with trio.fail_after(5):
+                    while engine.is_reserved():
+                        await trio.sleep(0.01)
         async with running_server(engine) as server:
             async with open_websocket_url(ws_url(server.http, "/v1/realtime")) as ws:
                 await ws.get_message()
                 update = {"type": "session.update", "session": {"system_prompt": "Hi."}}
                 await ws.send_message(json.dumps(update))
                 assert json.loads(await ws.get_message())["type"] == "session.updated"
-    expected = [None, None] if share else ["acme", "globex"]
+    expected = [None] * 4 if share else ["acme", "globex", "globex", "globex"]
     assert model.prompt_scopes == [*expected, None]
 
 

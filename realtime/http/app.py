@@ -47,6 +47,8 @@ SUBPROTOCOL: Final = "realtime"
 KEY_SUBPROTOCOL_PREFIX: Final = "realtime-key."
 OPENAI_PATH: Final = endpoints.OPENAI_PATH
 OPENAI_KEY_SUBPROTOCOL_PREFIX: Final = "openai-insecure-api-key."
+MAX_KEY_SUBPROTOCOLS: Final = 4
+"""Key subprotocols of one upgrade that are tried (a browser offers one)."""
 LIVE_PATH: Final = endpoints.LIVE_PATH
 LIVE_UNSERVED: Final = (
     "this server serves the Live API over its primary WebSocket only "
@@ -189,6 +191,7 @@ def key_holder(
         return None
     bearer = _bearer_token(authorization)
     offered = [proto[len(prefix) :] for proto in subprotocols if proto.startswith(prefix)]
+    del offered[MAX_KEY_SUBPROTOCOLS:]  # each costs a digest per tenant
     return state.tenants.find(([bearer] if bearer is not None else []) + offered)
 
 
