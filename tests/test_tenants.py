@@ -26,7 +26,7 @@ from realtime.tenants import DEFAULT_TENANT, Tenant, Tenants, parse_keys, tenant
 from realtime.testing.fake import FakeModel
 from realtime.warm import WarmPrompt
 from tests.helpers import ahttp, http, running_engine, running_server, start_realtime_server
-from tests.models_fixtures import run_realtime
+from tests.models_fixtures import push_all, run_realtime
 
 KEYS = """\
 # tenant  key            options
@@ -420,3 +420,41 @@ async def test_a_tenants_prompt_is_no_hit_for_another_tenant(
                 assert status == 401 and "prompt_cache" not in body
     finally:
         engine.shutdown()
+
+
+def test_openings_in_two_scopes_never_share_and_each_equals_a_cold_open(
+    demo_model: VoiceChatModel,
+) -> None:
+    """Two tenants opening one new prompt and seed at once run a prefill each (joining
+    the other's would open sooner: the oracle again); a repeat in one scope is a hit;
+    every one of them is, bit for bit, mlx-vlm's constructor's session."""
+    from realtime.models.base import open_now
+    from tests.test_prompt_cache import theirs
+    from tests.test_sessions_isolation import LONG_PROMPT, audio_for, digest
+
+    demo_model.set_prompt_cache_bytes(1 << 30)
+    try:
+        expected = theirs(demo_model, 4, LONG_PROMPT)
+        openings = [
+            demo_model.begin_session(
+                system_prompt=LONG_PROMPT, seed=4, max_streaming_seconds=None, prompt_scope=name
+            )
+            for name in ("acme", "globex")
+        ]
+        sessions: dict[int, Any] = {}
+        while len(sessions) < 2:
+            for i, opening in enumerate(openings):
+                if i not in sessions and (session := opening.advance()) is not None:
+                    sessions[i] = session
+        figures = demo_model.prompt_cache_figures()
+        assert (figures.misses, figures.shared, figures.hits) == (2, 0, 0)
+        again = open_now(
+            demo_model.begin_session(
+                system_prompt=LONG_PROMPT, seed=4, max_streaming_seconds=None, prompt_scope="acme"
+            )
+        )
+        assert demo_model.prompt_cache_figures().hits == 1
+        for session in (*sessions.values(), again):
+            assert digest(push_all(session, audio_for(4, 6))) == expected
+    finally:
+        demo_model.set_prompt_cache_bytes(1 << 30)
