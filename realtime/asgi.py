@@ -3,7 +3,9 @@
 Configured from the environment (the CLI's flags have the same names):
 ``REALTIME_MODEL`` (checkpoint folder or Hugging Face repo id; unset: the demo
 checkpoint),
-``REALTIME_API_KEY``, ``REALTIME_ALLOWED_ORIGINS`` and ``REALTIME_ALLOWED_HOSTS``
+``REALTIME_API_KEY`` or ``REALTIME_API_KEYS_FILE`` (read once at start: SIGHUP
+reloads it under ``realtime serve`` only), ``REALTIME_SHARE_PROMPT_CACHE`` (``1``),
+``REALTIME_ALLOWED_ORIGINS`` and ``REALTIME_ALLOWED_HOSTS``
 (comma-separated) and one
 ``REALTIME_<FIELD>`` per field of :class:`realtime.limits.Limits`, e.g.
 ``REALTIME_IDLE_TIMEOUT`` for ``--idle-timeout``, and ``REALTIME_BATCH_FRAMES``
@@ -33,6 +35,7 @@ from realtime.errors import UsageError
 from realtime.http.app import RealtimeApp, ServerState, create_app
 from realtime.limits import batch_frames_from_env, limits_from_env
 from realtime.telemetry.logs import setup_logging
+from realtime.tenants import share_from_env, tenants_from
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +102,11 @@ def create_app_from_env() -> RealtimeApp:
         )
         warm = warm_prompts_from_env(os.environ, limits.max_message_bytes)
         keeping = keeping_from(None, None, os.environ)
+        tenants = tenants_from(
+            os.environ.get("REALTIME_API_KEYS_FILE") or None,
+            os.environ.get("REALTIME_API_KEY") or None,
+            share_prompt_cache=share_from_env(os.environ),
+        )
         engine = engine_for(loader, limits, batch_frames=batch_frames, warm=warm, keeping=keeping)
     except (UsageError, ModelPathError, ValueError) as exc:
         _fail(f"realtime: error: {exc}")
@@ -108,7 +116,7 @@ def create_app_from_env() -> RealtimeApp:
     state = ServerState(
         engine=engine,
         limits=limits,
-        api_key=os.environ.get("REALTIME_API_KEY") or None,
+        tenants=tenants,
         allowed_origins=origins,
         allowed_hosts=tuple(
             h.strip() for h in os.environ.get("REALTIME_ALLOWED_HOSTS", "").split(",") if h.strip()

@@ -28,6 +28,7 @@ from realtime.limits import (
     limits_from,
 )
 from realtime.models.checkpoint import ModelLoadError, ModelPathError
+from realtime.tenants import share_from_env
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +270,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--api-key",
         default=os.environ.get("REALTIME_API_KEY") or None,
-        help="require 'Authorization: Bearer KEY' on every route (default: $REALTIME_API_KEY)",
+        help="require 'Authorization: Bearer KEY' on every route (default: $REALTIME_API_KEY); "
+        "its tenant is named 'default'",
+    )
+    serve.add_argument(
+        "--api-keys-file",
+        metavar="PATH",
+        default=os.environ.get("REALTIME_API_KEYS_FILE") or None,
+        help="several keys, one tenant a line: 'NAME KEY [max_sessions=N]' ('#' comments); "
+        "reloaded on SIGHUP; instead of --api-key (default: $REALTIME_API_KEYS_FILE)",
+    )
+    serve.add_argument(
+        "--share-prompt-cache",
+        action="store_true",
+        default=share_from_env(os.environ),
+        help="let every tenant's openings hit every other tenant's cached prompts (by "
+        "default a tenant's prompts are cached for it alone; warmed prompts are shared)",
     )
     serve.add_argument(
         "--allowed-origin",

@@ -27,10 +27,11 @@ RefusalReason = Literal[
     "engine_unavailable",
     "connection_limit",
     "http_version",
+    "tenant_limit",
 ]
 """Why a connection got no session: a busy slot (1013), a refused upgrade (401/403/503;
 505 for a WebSocket over HTTP/2), too many open connections (503 before any request
-is read)."""
+is read), its tenant's own ``max_sessions`` held already (1013)."""
 
 HTTPRefusalReason = Literal["unauthorized", "forbidden_host"]
 """Why a plain HTTP request was refused (401, 403)."""
@@ -85,6 +86,8 @@ class SessionReport:
     """Conversations on the engine, this one included, when it started."""
     frame_seconds: float = 0.08
     """One model frame (``ModelFigures.frame_seconds``; VoiceChat's 80 ms)."""
+    tenant: str | None = None
+    """Whose key opened it (:mod:`realtime.tenants`); None where no key is asked for."""
 
     @property
     def audio_seconds(self) -> float:
@@ -119,8 +122,9 @@ class Observer:
 
     # --- trio side ------------------------------------------------------------------
 
-    def connection_refused(self, reason: RefusalReason) -> None:
-        """A client got no session (busy slot or refused upgrade)."""
+    def connection_refused(self, reason: RefusalReason, tenant: str | None = None) -> None:
+        """A client got no session (busy slot or refused upgrade); ``tenant``: whose key
+        it carried, where that was known (a refusal after the upgrade)."""
 
     def http_refused(self, reason: HTTPRefusalReason) -> None:
         """A plain HTTP request was refused (missing key, a Host that is not ours)."""
@@ -128,8 +132,9 @@ class Observer:
     def connection_error(self, where: ErrorPlace) -> None:
         """An exception ended one connection (logged once; the server goes on)."""
 
-    def session_started(self, session_id: str) -> None:
-        """A connection holds the slot and was sent ``session.created``."""
+    def session_started(self, session_id: str, tenant: str | None = None) -> None:
+        """A connection holds the slot and was sent ``session.created`` (``tenant``:
+        whose key opened it, None where no key is asked for)."""
 
     def session_opened(self, seconds: float) -> None:
         """``session.update`` ran on the engine (warm-up and prompt prefill)."""

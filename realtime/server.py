@@ -35,6 +35,7 @@ from realtime.observe import Observer, Observers
 from realtime.telemetry.logs import SessionLog
 from realtime.telemetry.metrics import PrometheusObserver
 from realtime.telemetry.recording import Recording, share_of
+from realtime.tenants import Tenants, tenants_from
 from realtime.warm import (
     NO_KEEPING,
     Keeping,
@@ -248,6 +249,10 @@ async def run_server(
     nothing, so Hypercorn's shielded write to it never ends) has its TCP connection
     aborted, which ends that write; so the whole shutdown is bounded whatever the
     clients do.
+
+    SIGHUP reloads the keys file (:func:`reload_keys_on_sighup`); it is watched from
+    before the port answers, wherever signals are this server's (no
+    ``shutdown_trigger``, or a keys file to reload).
     """
     if drain_timeout is None:
         drain_timeout = state.limits.drain_timeout
@@ -300,6 +305,15 @@ async def run_server(
                 await _stop_when_hung(state, stop)
 
         nursery.start_soon(watch_hung)
+        reloader = trio.CancelScope()
+
+        async def watch_reloads(task_status: trio.TaskStatus[None]) -> None:
+            with reloader:
+                await reload_keys_on_sighup(state.tenants, task_status=task_status)
+
+        keys_file = state.tenants is not None and state.tenants.source is not None
+        if shutdown_trigger is None or keys_file:  # signals are the main thread's
+            await nursery.start(watch_reloads)  # SIGHUP is ours before the port answers
         binds = await nursery.start(
             lambda task_status: serve(
                 cast("Framework", app),  # a plain ASGI callable; Hypercorn's types are narrower
@@ -311,6 +325,30 @@ async def run_server(
         task_status.started(binds)
         await stop.wait()
         watcher.cancel()  # it watches while the engine lives, which outlasts serving
+        reloader.cancel()
+
+
+async def reload_keys_on_sighup(
+    tenants: Tenants | None, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Read the keys file again on every SIGHUP: the new keys are in force for the next
+    request; open connections stay as they are. A bad file is one log line and the
+    keys in force are kept. Without a keys file SIGHUP is logged and ignored (its
+    default action would end the server: ``systemctl reload`` must not)."""
+    with trio.open_signal_receiver(signal.SIGHUP) as signals:
+        task_status.started()
+        async for _ in signals:
+            if tenants is None or tenants.source is None:
+                log.warning("SIGHUP: no --api-keys-file to reload; ignored")
+                continue
+            try:
+                loaded = tenants.reload()
+            except ValueError as exc:
+                log.error("SIGHUP: keeping the keys in force: %s", exc)
+                continue
+            log.info(
+                "SIGHUP: API keys of %d tenant(s) reloaded from %s", len(loaded), tenants.source
+            )
 
 
 async def close_connections(state: ServerState) -> None:
@@ -435,7 +473,24 @@ def warm_prompts_from_args(paths: Sequence[str] | None, max_bytes: int) -> tuple
         raise UsageError(str(exc)) from None
 
 
+def tenants_from_args(args: argparse.Namespace) -> Tenants | None:
+    """``--api-keys-file`` (read now: a bad file exits 2) or ``--api-key``; None: no key."""
+    tenants = tenants_from(
+        getattr(args, "api_keys_file", None),
+        getattr(args, "api_key", None),
+        share_prompt_cache=bool(getattr(args, "share_prompt_cache", False)),
+    )
+    if tenants is not None and tenants.source is not None:
+        log.info(
+            "API keys of %d tenant(s) from %s (SIGHUP reloads it)",
+            len(tenants.names),
+            tenants.source,
+        )
+    return tenants
+
+
 def serve_command(args: argparse.Namespace, limits: Limits) -> int:
+    tenants = tenants_from_args(args)  # a bad keys file exits 2 here
     # A bad path exits 2 here.
     loader = model_loader(args.model, args.quantize, demo_turns=args.demo_turns)
     warm = warm_prompts_from_args(getattr(args, "warm_prompt", None), limits.max_message_bytes)
@@ -470,7 +525,7 @@ def serve_command(args: argparse.Namespace, limits: Limits) -> int:
     state = ServerState(
         engine=engine,
         limits=limits,
-        api_key=args.api_key,
+        tenants=tenants,
         allowed_origins=tuple(args.allowed_origin),
         bind_hosts=(args.host,),
         allowed_hosts=tuple(args.allowed_host),

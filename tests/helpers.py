@@ -29,6 +29,7 @@ from realtime.limits import Limits
 from realtime.models.base import RealtimeModel
 from realtime.observe import Observer
 from realtime.server import hypercorn_config, run_server
+from realtime.tenants import Tenants
 from realtime.testing.servers import ServerProcess as ServerProcess
 from realtime.testing.servers import start_server_process
 
@@ -69,11 +70,17 @@ async def running_server(
     limits: Limits | None = None,
     api_key: str | None = None,
     allowed_origins: Sequence[str] = (),
+    tenants: Tenants | None = None,
 ) -> AsyncIterator[Server]:
-    """The real app on Hypercorn on 127.0.0.1 (free port), in this trio run."""
+    """The real app on Hypercorn on 127.0.0.1 (free port), in this trio run
+    (``tenants``: several keys, as ``--api-keys-file`` gives them)."""
     limits = limits or Limits()
     state = ServerState(
-        engine=engine, limits=limits, api_key=api_key, allowed_origins=tuple(allowed_origins)
+        engine=engine,
+        limits=limits,
+        api_key=api_key,
+        allowed_origins=tuple(allowed_origins),
+        tenants=tenants,
     )
     stop = trio.Event()
     async with trio.open_nursery() as nursery:

@@ -336,7 +336,12 @@ class _Network:
         self.next_fails = False
 
     def begin_session(
-        self, *, system_prompt: str | None, seed: int, max_streaming_seconds: float | None
+        self,
+        *,
+        system_prompt: str | None,
+        seed: int,
+        max_streaming_seconds: float | None,
+        prompt_scope: str | None = None,
     ) -> _Opening:
         fail, self.next_fails = self.next_fails, False
         return _Opening(_Session(fail))

@@ -76,10 +76,18 @@ class SlicedModel(FakeModel):
     slices = 0
 
     def begin_session(  # type: ignore[override]
-        self, *, system_prompt: str | None, seed: int, max_streaming_seconds: float | None
+        self,
+        *,
+        system_prompt: str | None,
+        seed: int,
+        max_streaming_seconds: float | None,
+        prompt_scope: str | None = None,
     ) -> Opening:
         inner = super().begin_session(
-            system_prompt=system_prompt, seed=seed, max_streaming_seconds=max_streaming_seconds
+            system_prompt=system_prompt,
+            seed=seed,
+            max_streaming_seconds=max_streaming_seconds,
+            prompt_scope=prompt_scope,
         )
         return CountingOpening(inner, self)
 

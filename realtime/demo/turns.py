@@ -770,10 +770,18 @@ class DemoTurnModel:
         return self.inner.figures
 
     def begin_session(
-        self, *, system_prompt: str | None, seed: int, max_streaming_seconds: float | None
+        self,
+        *,
+        system_prompt: str | None,
+        seed: int,
+        max_streaming_seconds: float | None,
+        prompt_scope: str | None = None,
     ) -> DemoTurnOpening:
         opening = self.inner.begin_session(
-            system_prompt=system_prompt, seed=seed, max_streaming_seconds=max_streaming_seconds
+            system_prompt=system_prompt,
+            seed=seed,
+            max_streaming_seconds=max_streaming_seconds,
+            prompt_scope=prompt_scope,
         )
         return DemoTurnOpening(opening, self, declared_tool(system_prompt))
 

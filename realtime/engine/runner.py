@@ -100,6 +100,9 @@ class Open:
     max_streaming_seconds: float | None
     stop: threading.Event | None = None
     """Set when the connection is gone: a queued open is skipped."""
+    prompt_scope: str | None = attrs.field(default=None, kw_only=True)
+    """Whose prompt cache the prefill is looked up in and stored to (the tenant's
+    name; None: the shared scope, where warmed prompts are)."""
 
 
 @attrs.frozen(slots=True, eq=False)
@@ -1235,6 +1238,7 @@ class Engine:
                     system_prompt=command.system_prompt,
                     seed=command.seed,
                     max_streaming_seconds=command.max_streaming_seconds,
+                    prompt_scope=command.prompt_scope,
                 )
             except model.SessionInitializationError as exc:
                 raise EngineError("open_failed", str(exc), during="open") from exc

@@ -6,7 +6,6 @@ refused client gets a plain HTTP 401/403 and never a session.
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import json
 import logging
@@ -35,6 +34,7 @@ from realtime.telemetry.logs import SessionLog
 from realtime.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from realtime.telemetry.metrics import PrometheusObserver
 from realtime.telemetry.recording import Recording
+from realtime.tenants import Tenant, Tenants
 
 log = logging.getLogger("realtime.http.app")
 
@@ -47,6 +47,8 @@ SUBPROTOCOL: Final = "realtime"
 KEY_SUBPROTOCOL_PREFIX: Final = "realtime-key."
 OPENAI_PATH: Final = endpoints.OPENAI_PATH
 OPENAI_KEY_SUBPROTOCOL_PREFIX: Final = "openai-insecure-api-key."
+MAX_KEY_SUBPROTOCOLS: Final = 4
+"""Key subprotocols of one upgrade that are tried (a browser offers one)."""
 LIVE_PATH: Final = endpoints.LIVE_PATH
 LIVE_UNSERVED: Final = (
     "this server serves the Live API over its primary WebSocket only "
@@ -68,6 +70,10 @@ class ServerState:
     engine: Engine
     limits: Limits = attrs.field(factory=Limits)
     api_key: str | None = None
+    """``--api-key``: the one-tenant case of ``tenants`` (named ``default``)."""
+    tenants: Tenants | None = None
+    """The keys in force (``--api-keys-file``, or the one ``api_key``); None: no key
+    is asked for, every client is the same (unnamed) tenant."""
     allowed_origins: tuple[str, ...] = ()
     bind_hosts: tuple[str, ...] = ()
     """The addresses the server listens on (``--host``); empty: the address each
@@ -101,6 +107,8 @@ class ServerState:
         return sum(transport.abort() for transport in list(self.transports))
 
     def __attrs_post_init__(self) -> None:
+        if self.tenants is None and self.api_key is not None:
+            self.tenants = Tenants.single(self.api_key)
         self.tcp = ConnectionTable.for_process(
             send_timeout=self.limits.send_timeout,
             shutdown_timeout=self.limits.shutdown_timeout,
@@ -162,22 +170,29 @@ def _error(status: int, code: str, message: str) -> Response:
     return response
 
 
-def _bearer_ok(header: str | None, key: str) -> bool:
+def _bearer_token(header: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer TOKEN`` header, or None."""
     if not header:
-        return False
+        return None
     scheme, _, token = header.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+    return token.strip() if scheme.lower() == "bearer" else None
 
 
-def _subprotocol_key_ok(
-    offered: Sequence[str], key: str, prefix: str = KEY_SUBPROTOCOL_PREFIX
-) -> bool:
-    ok = False
-    for proto in offered:
-        if proto.startswith(prefix):
-            candidate = proto[len(prefix) :]
-            ok |= hmac.compare_digest(candidate.encode(), key.encode())
-    return ok
+def key_holder(
+    state: ServerState,
+    authorization: str | None,
+    subprotocols: Sequence[str] = (),
+    prefix: str = KEY_SUBPROTOCOL_PREFIX,
+) -> Tenant | None:
+    """Whose key a request carries (its Bearer header, or a WebSocket subprotocol
+    ``PREFIX<key>``), or None; every key is compared in constant time
+    (:meth:`realtime.tenants.Tenants.find`)."""
+    if state.tenants is None:
+        return None
+    bearer = _bearer_token(authorization)
+    offered = [proto[len(prefix) :] for proto in subprotocols if proto.startswith(prefix)]
+    del offered[MAX_KEY_SUBPROTOCOLS:]  # each costs a digest per tenant
+    return state.tenants.find(([bearer] if bearer is not None else []) + offered)
 
 
 DEFAULT_PORTS: Final = {"http": 80, "https": 443, "ws": 80, "wss": 443}
@@ -299,9 +314,11 @@ def upgrade_refusal(
     scheme: str = "http",
     server: Sequence[Any] | None = None,
     http_version: str = "1.1",
+    tenant: Tenant | None = None,
 ) -> tuple[int, str, str] | None:
     """Why a WebSocket upgrade is refused (HTTP status, code, message), or None.
-    ``key_prefix``: the subprotocol a browser carries the API key in; ``scheme``
+    ``key_prefix``: the subprotocol a browser carries the API key in; ``tenant``: whose
+    key the request carries (:func:`key_holder`), None for none; ``scheme``
     (``http``/``https``), ``server`` (the local address) and ``http_version``: from
     the ASGI scope.
 
@@ -319,10 +336,7 @@ def upgrade_refusal(
     refused = host_refusal(state, headers.get("host"), server)
     if refused is not None:
         return refused
-    if state.api_key is not None and not (
-        _bearer_ok(headers.get("authorization"), state.api_key)
-        or _subprotocol_key_ok(subprotocols, state.api_key, key_prefix)
-    ):
+    if state.tenants is not None and tenant is None:
         return (
             401,
             "unauthorized",
@@ -410,20 +424,24 @@ class RealtimeApp:
             for key, value in scope.get("headers", [])
         }
         offered = list(scope.get("subprotocols", []))
+        prefix = OPENAI_KEY_SUBPROTOCOL_PREFIX if openai else KEY_SUBPROTOCOL_PREFIX
+        tenant = key_holder(self.state, headers.get("authorization"), offered, prefix)
         refusal = upgrade_refusal(
             self.state,
             headers,
             offered,
-            key_prefix=OPENAI_KEY_SUBPROTOCOL_PREFIX if openai else KEY_SUBPROTOCOL_PREFIX,
+            key_prefix=prefix,
             scheme=request_scheme(scope, headers),
             server=scope.get("server"),
             http_version=str(scope.get("http_version", "1.1")),
+            tenant=tenant,
         )
         if refusal is not None:
             self.state.observer.connection_refused(_REFUSAL_REASONS.get(refusal[1], "unauthorized"))
             await _refuse_upgrade(scope, send, *refusal)
             return
         state = self.state
+        seat = state.tenants.seat(tenant) if state.tenants is not None and tenant else None
         transport = ASGITransport(receive, send, scope, state.tcp)
         try:
             # Before the upgrade: a connection needs descriptors of its own (the
@@ -435,6 +453,7 @@ class RealtimeApp:
                 shutdown=state.shutdown,
                 observer=state.observer,
                 recording=state.recording,
+                tenant=seat,
             )
         except OSError as exc:
             state.observer.connection_refused("connection_limit")
@@ -555,9 +574,9 @@ def create_http_app(state: ServerState) -> QuartTrio:
 
     @app.before_request
     async def check_key() -> Response | None:
-        if state.api_key is None or public(request.path):
+        if state.tenants is None or public(request.path):
             return None
-        if _bearer_ok(request.headers.get("Authorization"), state.api_key):
+        if key_holder(state, request.headers.get("Authorization")) is not None:
             return None
         refuse_http("unauthorized", "missing or wrong API key")
         return _error(
@@ -580,7 +599,11 @@ def create_http_app(state: ServerState) -> QuartTrio:
             "cpu_blas": cpu_blas.active().name,
             "version": __version__,
         }
-        if isinstance(model, CachesPrompts):
+        # What the cache holds and how often it hit tells one client about the others'
+        # prompts: only a caller with a key sees it where keys are asked for.
+        if isinstance(model, CachesPrompts) and (
+            state.tenants is None or key_holder(state, request.headers.get("Authorization"))
+        ):
             body["prompt_cache"] = attrs.asdict(model.prompt_cache_figures())
         if not alive:
             body["reason"] = engine.dead_reason

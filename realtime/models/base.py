@@ -450,10 +450,18 @@ class RealtimeModel(Protocol):
         ...
 
     def begin_session(
-        self, *, system_prompt: str | None, seed: int, max_streaming_seconds: float | None
+        self,
+        *,
+        system_prompt: str | None,
+        seed: int,
+        max_streaming_seconds: float | None,
+        prompt_scope: str | None = None,
     ) -> Opening:
         """Check the options and start opening a session (no model work yet): seed,
         voice warm-up and ``system_prompt`` prefill run in the opening's slices.
+        ``prompt_scope``: a model that keeps prompt states looks them up and stores
+        them under it only, besides the shared scope's (None: the shared one, where
+        warmed prompts are), so one tenant's prompts never open faster for another.
         SessionInitializationError for bad options."""
         ...
 

@@ -28,6 +28,7 @@ from realtime.observe import Observer, SessionReport
 from realtime.session.close_codes import CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_TRY_AGAIN
 from realtime.session.rules import Refusal, Rules, WatchesWrites
 from realtime.telemetry.recording import Recorder, Recording
+from realtime.tenants import Seat
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,9 @@ class Serving(TypedDict, total=False):
     observer: Observer | None
     recording: Recording | None
     """``--record``: where call recordings go."""
+    tenant: Seat | None
+    """Whose key the client carried: its share of conversations, its label, its
+    prompt-cache scope (None: no key is asked for)."""
 
 
 def busy_message(engine: Engine, why: AdmissionRefusal) -> str:
@@ -130,6 +134,9 @@ class Lifetime:
     ) -> None:
         shutdown, observer = serving.get("shutdown"), serving.get("observer")
         recording = serving.get("recording")
+        self.tenant = serving.get("tenant")
+        self.prompt_scope = self.tenant.prompt_scope if self.tenant is not None else None
+        """The prompt-cache scope this session's openings use (None: the shared one)."""
         self.transport = transport
         self.engine = engine
         self.limits = limits
@@ -196,6 +203,7 @@ class Lifetime:
             close_code=self.close_code,
             close_reason=reason,
             frame_seconds=self.engine.model.figures.frame_seconds,
+            tenant=self.tenant.name if self.tenant is not None else None,
         )
 
     def task_name(self, role: str) -> str:
@@ -211,24 +219,38 @@ class Lifetime:
         try:
             await self._serve(start_tasks)
         finally:
+            if self.tenant is not None:
+                self.tenant.give_back()
             self.waker.close()
 
     async def _serve(self, start_tasks: Callable[[trio.Nursery], None]) -> None:
+        tenant = self.tenant.name if self.tenant is not None else None
         if not self.engine.alive:
-            self.observer.connection_refused("engine_unavailable")
+            self.observer.connection_refused("engine_unavailable", tenant)
             message = f"the model engine has stopped: {self.engine.dead_reason}"
             await self._refuse("engine_unavailable", message, CLOSE_INTERNAL)
             return
+        # The tenant's own share first: a tenant at its limit is told so, whatever the
+        # server's slots are doing (its seat goes back when ``run`` ends).
+        over = self.tenant.take() if self.tenant is not None else None
+        if over is not None:
+            self.observer.connection_refused("tenant_limit", tenant)
+            log.info("refused a connection (1013): %s", over)
+            await self._refuse("server_busy", over, CLOSE_TRY_AGAIN)
+            return
         if not await self._reserve():
             why = self.engine.refusal() or "busy"
-            self.observer.connection_refused(why)
+            self.observer.connection_refused(why, tenant)
             message = busy_message(self.engine, why)
             log.info("refused a connection (1013): %s", message)
             await self._refuse("server_busy", message, CLOSE_TRY_AGAIN)
             return
         self.sessions_at_start = self.engine.reserved
-        self.observer.session_started(self.session_id)
-        log.info("session %s opened", self.session_id)
+        self.observer.session_started(self.session_id, tenant)
+        if tenant is None:
+            log.info("session %s opened", self.session_id)
+        else:
+            log.info("session %s opened (tenant %s)", self.session_id, tenant)
         going_away = False
         try:
             greeting = self.rules.created_event()

@@ -420,7 +420,12 @@ class Connection:
         if isinstance(work, OpenModel):
             started = time.perf_counter()
             command = OpenCommand(
-                sid, work.system_prompt, work.seed, work.max_streaming_seconds, self.lifetime.stop
+                sid,
+                work.system_prompt,
+                work.seed,
+                work.max_streaming_seconds,
+                self.lifetime.stop,
+                prompt_scope=self.lifetime.prompt_scope,
             )
             try:
                 await self.engine.run(command)

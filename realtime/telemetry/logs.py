@@ -242,10 +242,13 @@ class SessionLog(Observer):
             "close_code": report.close_code,
             "close_reason": report.close_reason,
         }
+        if report.tenant is not None:
+            fields["tenant"] = report.tenant
         session_log.info("session ended", extra={EXTRA: fields})
 
-    def connection_refused(self, reason: RefusalReason) -> None:
-        session_log.info("connection refused", extra={EXTRA: {"reason": reason}})
+    def connection_refused(self, reason: RefusalReason, tenant: str | None = None) -> None:
+        fields = {"reason": reason} if tenant is None else {"reason": reason, "tenant": tenant}
+        session_log.info("connection refused", extra={EXTRA: fields})
 
 
 def _ms(seconds: float | None) -> float | None:

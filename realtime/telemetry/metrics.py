@@ -124,6 +124,28 @@ class PrometheusObserver(Observer):
             "Sessions holding one of the engine's slots now (at most realtime_sessions_capacity).",
             registry=r,
         )
+        # The same figures by tenant, where keys are asked for (the series above stay
+        # the server's totals): a series appears with a tenant's first session.
+        self.tenant_sessions = Counter(
+            "realtime_tenant_sessions",
+            "Sessions that ended, by tenant (whose API key opened it) and how they ended.",
+            ["tenant", "outcome"],
+            registry=r,
+        )
+        self.tenant_active_sessions = Gauge(
+            "realtime_tenant_active_sessions",
+            "Sessions holding a slot now, by tenant (at most its max_sessions).",
+            ["tenant"],
+            registry=r,
+        )
+        self.tenant_refusals = Counter(
+            "realtime_tenant_connections_refused",
+            "WebSocket connections with a valid key that got no session, by tenant and "
+            "why (tenant_limit: the tenant's own max_sessions; busy, overloaded: the "
+            "server's).",
+            ["tenant", "reason"],
+            registry=r,
+        )
         self.frames_late = Counter(
             "realtime_engine_frames_late",
             "Frame steps that finished after their deadline (one frame time after the "
@@ -248,8 +270,10 @@ class PrometheusObserver(Observer):
         if kind == "push":
             self.model_step.observe(seconds)
 
-    def connection_refused(self, reason: RefusalReason) -> None:
+    def connection_refused(self, reason: RefusalReason, tenant: str | None = None) -> None:
         self.refusals.labels(reason).inc()
+        if tenant is not None:
+            self.tenant_refusals.labels(tenant, reason).inc()
 
     def http_refused(self, reason: HTTPRefusalReason) -> None:
         self.http_refusals.labels(reason).inc()
@@ -257,8 +281,10 @@ class PrometheusObserver(Observer):
     def connection_error(self, where: ErrorPlace) -> None:
         self.connection_errors.labels(where).inc()
 
-    def session_started(self, session_id: str) -> None:
+    def session_started(self, session_id: str, tenant: str | None = None) -> None:
         self.active_sessions.inc()
+        if tenant is not None:
+            self.tenant_active_sessions.labels(tenant).inc()
 
     def session_opened(self, seconds: float) -> None:
         self.session_open.observe(seconds)
@@ -266,6 +292,9 @@ class PrometheusObserver(Observer):
     def session_ended(self, report: SessionReport) -> None:
         self.active_sessions.dec()
         self.sessions.labels(report.outcome).inc()
+        if report.tenant is not None:
+            self.tenant_active_sessions.labels(report.tenant).dec()
+            self.tenant_sessions.labels(report.tenant, report.outcome).inc()
         if report.outcome == "stalled_client":
             self.stalled_drops.inc()
         # Nothing is pending or queued once the session is gone.

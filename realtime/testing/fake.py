@@ -349,6 +349,8 @@ class FakeModel:
         """``hold_seeds``: one permit per frame that started to wait on ``gate``."""
         self.batches: list[int] = []
         """The rows of every :meth:`step` call, in order."""
+        self.prompt_scopes: list[str | None] = []
+        """The prompt-cache scope of every opening, in order (the tenant's name)."""
 
     @property
     def model_id(self) -> str:
@@ -371,9 +373,16 @@ class FakeModel:
             return [arg for n, arg, _ in self.calls if n == name]
 
     def begin_session(
-        self, *, system_prompt: str | None, seed: int, max_streaming_seconds: float | None
+        self,
+        *,
+        system_prompt: str | None,
+        seed: int,
+        max_streaming_seconds: float | None,
+        prompt_scope: str | None = None,
     ) -> FakeOpening:
         self.record("open", (system_prompt, seed, max_streaming_seconds))
+        with self.lock:
+            self.prompt_scopes.append(prompt_scope)
         options = self.options
         slices = [0.01] * math.ceil(round(options.open_delay / 0.01, 6))
         if options.prefill_token_delay > 0 and system_prompt:
@@ -574,7 +583,12 @@ class NullModel:
         return self._figures
 
     def begin_session(
-        self, *, system_prompt: str | None, seed: int, max_streaming_seconds: float | None
+        self,
+        *,
+        system_prompt: str | None,
+        seed: int,
+        max_streaming_seconds: float | None,
+        prompt_scope: str | None = None,
     ) -> FakeOpening:
         return FakeOpening([], lambda: NullSession(self))
 

@@ -618,6 +618,8 @@ class VoiceChatOpening:
     _seed: int = attrs.field(kw_only=True)
     _max_streaming_seconds: float | None = attrs.field(kw_only=True)
     _profile: bool = attrs.field(default=False, kw_only=True)
+    _scope: str | None = attrs.field(default=None, kw_only=True)
+    """The prompt-cache scope (:meth:`VoiceChatModel.begin_session`)."""
     _prefill: Prefill | None = attrs.field(default=None, init=False)
     _parts: tuple[LanguagePart, VoicePart] | None = attrs.field(default=None, init=False)
     _use: PromptUse | None = attrs.field(default=None, init=False)
@@ -648,9 +650,9 @@ class VoiceChatOpening:
         text = config.default_system_prompt if self._system_prompt is None else self._system_prompt
         ids = tuple(prompt_ids(self._runtime, text))
         if ids:
-            self._parts = self._prompts.parts(self._runtime, ids, self._seed)
+            self._parts = self._prompts.parts(self._runtime, ids, self._seed, self._scope)
             if self._parts is None:
-                self._prefill = self._prompts.join(self._runtime, ids, self._seed)
+                self._prefill = self._prompts.join(self._runtime, ids, self._seed, self._scope)
                 self._wait_for_prefill()
             else:
                 self._prompts.store.count(hit=True)
@@ -732,6 +734,7 @@ class VoiceChatModel:
         system_prompt: str | None,
         seed: int,
         max_streaming_seconds: float | None,
+        prompt_scope: str | None = None,
         profile: bool = False,
     ) -> VoiceChatOpening:
         """Check the options; the opening seeds, warms the TTS voice prompt and prefills
@@ -755,6 +758,7 @@ class VoiceChatModel:
             seed=value,
             max_streaming_seconds=max_streaming_seconds,
             profile=profile,
+            scope=prompt_scope,
         )
 
     def compile_step(self, batch_sizes: Sequence[int]) -> None:

@@ -65,6 +65,9 @@ the waits."""
 @attrs.frozen(slots=True)
 class LanguageKey:
     ids: tuple[int, ...]
+    scope: str | None = None
+    """Whose entry it is (a tenant's name); None: the shared scope (warmed prompts, and
+    every prompt when the server has no tenants)."""
 
 
 @attrs.frozen(slots=True)
@@ -74,6 +77,14 @@ class VoiceKey:
     """Stored while the prompts were warmed (pinned once they are): such a chain is
     never extended in place afterwards, a longer one is a fork of it
     (:meth:`VoiceChain.fork`) stored beside it, unpinned."""
+    scope: str | None = None
+
+
+def scopes(scope: str | None) -> tuple[str | None, ...]:
+    """Where an opening in ``scope`` may find stored parts: its own scope, then the
+    shared one; never another tenant's, so no tenant learns from its openings' speed
+    which prompts another one used."""
+    return (scope, None) if scope is not None else (None,)
 
 
 PromptKey = LanguageKey | VoiceKey
@@ -199,11 +210,13 @@ class VoiceChain:
     and key, so a prefill of ``n`` steps is rebuilt from the warm-up's entries plus the
     first ``n - 1`` steps' (the timeline's first step has no TTS step)."""
 
-    def __init__(self, runtime: Any, seed: int) -> None:
+    def __init__(self, runtime: Any, seed: int, scope: str | None = None) -> None:
         import mlx.core as mx
 
         inner, key = construct(runtime, seed, None, False)
         self.seed = seed
+        self.scope = scope
+        """Whose chain it is (:class:`VoiceKey`): only its scope's prefills extend it."""
         self.steps = 0
         """Prefill steps run (the longest prompt it can rebuild)."""
         self.failed = False
@@ -227,7 +240,14 @@ class VoiceChain:
         inner.cancel()
 
     @classmethod
-    def restored(cls, runtime: Any, seed: int, arrays: dict[str, Any], meta: Any) -> VoiceChain:
+    def restored(
+        cls,
+        runtime: Any,
+        seed: int,
+        arrays: dict[str, Any],
+        meta: Any,
+        scope: str | None = None,
+    ) -> VoiceChain:
         """A chain as :meth:`to_arrays` stored it (read from a state file): the same
         records, so the same voice parts and the same further steps, bit for bit."""
         import mlx.core as mx
@@ -242,6 +262,7 @@ class VoiceChain:
             raise ValueError("the stored chain is not this seed's or this model's")
         chain = cls.__new__(cls)
         chain.seed, chain.steps, chain.failed = seed, steps, False
+        chain.scope = scope
         chain._tts, chain._pad = tts, pad
         chain._warm = int(meta["warm"])
         chain._start = [
@@ -308,6 +329,7 @@ class VoiceChain:
             raise ValueError("only a chain of at least one step is forked")
         other = type(self).__new__(type(self))
         other.seed, other.steps, other.failed = self.seed, self.steps, False
+        other.scope = self.scope
         other._tts, other._pad, other._warm = self._tts, self._pad, self._warm
         other._start, other._kinds = self._start, self._kinds
         other._written = [(list(keys), list(values)) for keys, values in self._written]
@@ -457,9 +479,17 @@ class Prefill:
     in the cache's bytes as it grows, :meth:`PromptStates.keep`). When it ends both are
     stored and every opening starts from copies of them."""
 
-    def __init__(self, runtime: Any, ids: tuple[int, ...], seed: int, states: PromptStates) -> None:
+    def __init__(
+        self,
+        runtime: Any,
+        ids: tuple[int, ...],
+        seed: int,
+        states: PromptStates,
+        scope: str | None = None,
+    ) -> None:
         self.ids = ids
         self.seed = seed
+        self.scope = scope
         self.users = 0
         self.language: LanguagePart | None = None
         self.chain: VoiceChain | None = None
@@ -509,7 +539,7 @@ class Prefill:
         stt = self._runtime.model.stt_model
         self._cache = stt.make_cache()
         self._embeds = stt.embed_tokens(mx.array([list(self.ids)], dtype=mx.int32))
-        return self._states.chain(self._runtime, self.seed, len(self.ids))
+        return self._states.chain(self._runtime, self.seed, len(self.ids), self.scope)
 
     def _language_steps(self) -> None:
         """Up to :data:`STEPS_PER_SLICE` of the language model's prefill steps as one
@@ -532,7 +562,7 @@ class Prefill:
     def _finish(self) -> None:
         assert self.chain is not None
         self.language = LanguagePart(self._cache)
-        self._states.keep_language(self.ids, self.language)
+        self._states.keep_language(self.ids, self.language, self.scope)
         self.chain.settle()
         self._states.keep(self.chain)
         self.abandon()
@@ -571,7 +601,7 @@ class PromptStates:
 
     def __init__(self, max_bytes: int, files: StateFiles | None = None) -> None:
         self.store: PromptCache[PromptKey, LanguagePart | VoiceChain] = PromptCache(max_bytes)
-        self.pending: dict[tuple[tuple[int, ...], int], Prefill] = {}
+        self.pending: dict[tuple[tuple[int, ...], int, str | None], Prefill] = {}
         self.files = files
         self.sealed = False
         """The warmed prompts are pinned (:meth:`pin`): chains are stored unpinned
@@ -592,58 +622,75 @@ class PromptStates:
 
     # --- lookups ---------------------------------------------------------------------
 
-    def _held_chain(self, seed: int) -> VoiceChain | None:
-        """The longest usable chain of ``seed`` in memory (an unpinned one on a tie)."""
+    def _held_chain(self, seed: int, scope: str | None = None) -> VoiceChain | None:
+        """The longest usable chain of ``seed`` in ``scope`` in memory (an unpinned one on
+        a tie)."""
         best: VoiceChain | None = None
         for warmed in (False, True):
-            chain = self.store.peek(VoiceKey(seed, warmed))
+            chain = self.store.peek(VoiceKey(seed, warmed, scope))
             if not isinstance(chain, VoiceChain) or chain.failed:
                 continue
             if best is None or chain.steps > best.steps:
                 best = chain
         return best
 
-    def _touch_chain(self, runtime: Any, seed: int) -> VoiceChain | None:
+    def _touch_chain(self, runtime: Any, seed: int, scope: str | None = None) -> VoiceChain | None:
         """:meth:`_held_chain`, from the files when memory holds none (kept in memory
         again, never pinned), now the most recently used."""
-        chain = self._held_chain(seed)
+        chain = self._held_chain(seed, scope)
         if chain is None:
-            chain = self._read_chain(runtime, seed)
+            chain = self._read_chain(runtime, seed, scope)
             if chain is not None:
                 self.keep(chain, warmed=False)
         if chain is not None:
             for warmed in (False, True):
-                if self.store.peek(VoiceKey(seed, warmed)) is chain:
-                    self.store.get(VoiceKey(seed, warmed))
+                if self.store.peek(VoiceKey(seed, warmed, scope)) is chain:
+                    self.store.get(VoiceKey(seed, warmed, scope))
         return chain
 
-    def chain(self, runtime: Any, seed: int, steps: int) -> VoiceChain:
-        """The seed's chain to extend to ``steps``: the stored one (forked when it is a
-        warmed chain that is too short), or a new one."""
-        chain = self._touch_chain(runtime, seed)
+    def chain(self, runtime: Any, seed: int, steps: int, scope: str | None = None) -> VoiceChain:
+        """The seed's chain in ``scope`` to extend to ``steps``: the stored one (forked
+        when it is a warmed chain that is too short), else a fork of the shared scope's
+        (a tenant extends only its own: the shared one is the operator's, warmed or built
+        ahead), else a new one."""
+        chain = self._touch_chain(runtime, seed, scope)
+        if chain is None and scope is not None:
+            shared = self._touch_chain(runtime, seed, None)
+            if shared is not None and shared.steps >= 1:
+                mine = shared.fork()
+                mine.scope, mine.stored_steps = scope, 0
+                return mine
         if chain is None:
-            return VoiceChain(runtime, seed)
+            return VoiceChain(runtime, seed, scope)
         if chain.steps < steps and self._warmed(chain):
             return chain.fork()
         return chain
 
     def _warmed(self, chain: VoiceChain) -> bool:
-        return self.sealed and self.store.peek(VoiceKey(chain.seed, True)) is chain
+        return self.sealed and self.store.peek(VoiceKey(chain.seed, True, chain.scope)) is chain
 
     def parts(
-        self, runtime: Any, ids: tuple[int, ...], seed: int
+        self, runtime: Any, ids: tuple[int, ...], seed: int, scope: str | None = None
     ) -> tuple[LanguagePart, VoicePart] | None:
         """This prompt's stored language part and its voice part rebuilt from the seed's
-        stored chain (a hit; either may be read from its file), else ``None``."""
-        language = self.store.get(LanguageKey(ids))
-        if not isinstance(language, LanguagePart):
-            language = self._read_language(runtime, ids)
-            if language is None:
-                return None
-            self.store.put(LanguageKey(ids), language, nbytes(language))
-        chain = self._touch_chain(runtime, seed)
-        if chain is not None and chain.steps >= len(ids):
-            return language, chain.voice(len(ids))
+        stored chain (a hit; either may be read from its file), else ``None``; each from
+        ``scope`` or the shared scope (:func:`scopes`), never another tenant's."""
+        language: LanguagePart | None = None
+        for where in scopes(scope):
+            found = self.store.get(LanguageKey(ids, where))
+            if not isinstance(found, LanguagePart):
+                found = self._read_language(runtime, ids, where)
+                if found is not None:
+                    self.store.put(LanguageKey(ids, where), found, nbytes(found))
+            if isinstance(found, LanguagePart):
+                language = found
+                break
+        if language is None:
+            return None
+        for where in scopes(scope):
+            chain = self._touch_chain(runtime, seed, where)
+            if chain is not None and chain.steps >= len(ids):
+                return language, chain.voice(len(ids))
         return None
 
     # --- keeping -----------------------------------------------------------------------
@@ -656,20 +703,23 @@ class PromptStates:
         if self._warmed(chain):
             return True  # pinned as warmed: never grown in place (see chain)
         if warmed is None:
-            held = self.store.peek(VoiceKey(chain.seed, False)) is chain
+            held = self.store.peek(VoiceKey(chain.seed, False, chain.scope)) is chain
             warmed = not self.sealed and not held
-        key = VoiceKey(chain.seed, warmed)
+        key = VoiceKey(chain.seed, warmed, chain.scope)
         if self.store.put(key, chain, chain.nbytes):
             if self.files is not None and chain.steps > chain.stored_steps:
-                self._queue(VoiceKey(chain.seed), None)
+                self._queue(VoiceKey(chain.seed, scope=chain.scope), None)
             return True
         if self.store.peek(key) is chain:
             self.store.discard(key)
         return False
 
-    def keep_language(self, ids: tuple[int, ...], part: LanguagePart) -> None:
-        if self.store.put(LanguageKey(ids), part, nbytes(part)) and self.files is not None:
-            self._queue(LanguageKey(ids), ids)
+    def keep_language(
+        self, ids: tuple[int, ...], part: LanguagePart, scope: str | None = None
+    ) -> None:
+        key = LanguageKey(ids, scope)
+        if self.store.put(key, part, nbytes(part)) and self.files is not None:
+            self._queue(key, ids)
 
     def _queue(self, key: PromptKey, ids: tuple[int, ...] | None) -> None:
         self._unwritten.pop(key, None)
@@ -682,13 +732,16 @@ class PromptStates:
         self.store.pin(lambda key: not (isinstance(key, VoiceKey) and not key.warmed))
         self.sealed = True
 
-    def join(self, runtime: Any, ids: tuple[int, ...], seed: int) -> Prefill:
-        """The prefill of this prompt and seed under way, or a new one; counted."""
-        prefill = self.pending.get((ids, seed))
+    def join(
+        self, runtime: Any, ids: tuple[int, ...], seed: int, scope: str | None = None
+    ) -> Prefill:
+        """The prefill of this prompt and seed under way in ``scope``, or a new one;
+        counted."""
+        prefill = self.pending.get((ids, seed, scope))
         shared = prefill is not None and prefill.error is None and not prefill.done
         if prefill is None or not shared:
-            prefill = Prefill(runtime, ids, seed, self)
-            self.pending[(ids, seed)] = prefill
+            prefill = Prefill(runtime, ids, seed, self, scope)
+            self.pending[(ids, seed, scope)] = prefill
         self.store.count(hit=False, shared=shared)
         prefill.users += 1
         return prefill
@@ -701,8 +754,8 @@ class PromptStates:
         if prefill.users <= 0 and self._adopt(prefill):
             return
         finished = prefill.users <= 0 or prefill.done or prefill.error is not None
-        if finished and self.pending.get((prefill.ids, prefill.seed)) is prefill:
-            del self.pending[(prefill.ids, prefill.seed)]
+        if finished and self.pending.get((prefill.ids, prefill.seed, prefill.scope)) is prefill:
+            del self.pending[(prefill.ids, prefill.seed, prefill.scope)]
         if prefill.users <= 0:
             prefill.abandon()
 
@@ -719,7 +772,7 @@ class PromptStates:
             or prefill.chain is None
             or self.store.max_bytes == 0
             or len(self._orphans) >= MAX_ORPHANS
-            or self.pending.get((prefill.ids, prefill.seed)) is not prefill
+            or self.pending.get((prefill.ids, prefill.seed, prefill.scope)) is not prefill
         ):
             return False
         self._orphans[prefill] = 0.0
@@ -731,8 +784,8 @@ class PromptStates:
             self.orphans_finished += 1
         else:
             self.orphans_dropped += 1
-        if self.pending.get((prefill.ids, prefill.seed)) is prefill:
-            del self.pending[(prefill.ids, prefill.seed)]
+        if self.pending.get((prefill.ids, prefill.seed, prefill.scope)) is prefill:
+            del self.pending[(prefill.ids, prefill.seed, prefill.scope)]
         prefill.abandon()
 
     def figures(self) -> CacheFigures:
@@ -843,19 +896,19 @@ class PromptStates:
         if isinstance(key, LanguageKey):
             part = self.store.peek(key)
             if isinstance(part, LanguagePart) and ids is not None:
-                _write_language(files, ids, part)
+                _write_language(files, ids, part, key.scope)
             return
-        chain = self._held_chain(key.seed)
+        chain = self._held_chain(key.seed, key.scope)
         if chain is None or chain.steps <= chain.stored_steps:
             return
-        if _stored_steps(files, chain.seed) >= chain.steps:
+        if _stored_steps(files, chain.seed, chain.scope) >= chain.steps:
             chain.stored_steps = chain.steps  # another process wrote a chain as long
             return
         steps = chain.steps
         if _write_chain(files, chain):
             chain.stored_steps = steps
 
-    def _read_chain(self, runtime: Any, seed: int) -> VoiceChain | None:
+    def _read_chain(self, runtime: Any, seed: int, scope: str | None = None) -> VoiceChain | None:
         files = self.files
         if files is None:
             return None
@@ -864,16 +917,18 @@ class PromptStates:
             from realtime.models.voicechat import stored
 
             arrays, meta, header = stored.load(path)
-            return VoiceChain.restored(runtime, seed, arrays, meta), header
+            return VoiceChain.restored(runtime, seed, arrays, meta, scope), header
 
-        chain = files.read(_chain_name(seed), load)
+        chain = files.read(_chain_name(seed, scope), load)
         if chain is not None:
             log.info(
                 "voice chain of seed %d read from the state files: %d steps", seed, chain.steps
             )
         return chain
 
-    def _read_language(self, runtime: Any, ids: tuple[int, ...]) -> LanguagePart | None:
+    def _read_language(
+        self, runtime: Any, ids: tuple[int, ...], scope: str | None = None
+    ) -> LanguagePart | None:
         files = self.files
         if files is None:
             return None
@@ -888,28 +943,38 @@ class PromptStates:
             cache = stored.layers_from_arrays(blank, arrays, meta["layers"])
             return LanguagePart(cache), header
 
-        return files.read(_language_name(ids), load)
+        return files.read(_language_name(ids, scope), load)
 
 
-def _chain_name(seed: int) -> str:
-    return f"voice-chain/seed-{seed}"
+def _scoped(name: str, scope: str | None) -> str:
+    """A file's name in ``scope``: the shared scope's as it is, a tenant's under a folder
+    named by a digest of the tenant's name (any text is a name; no file names it)."""
+    if scope is None:
+        return name
+    import hashlib
+
+    return f"tenant-{hashlib.sha256(scope.encode()).hexdigest()[:32]}/{name}"
 
 
-def _language_name(ids: tuple[int, ...]) -> str:
+def _chain_name(seed: int, scope: str | None = None) -> str:
+    return _scoped(f"voice-chain/seed-{seed}", scope)
+
+
+def _language_name(ids: tuple[int, ...], scope: str | None = None) -> str:
     import hashlib
 
     digest = hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()
-    return f"language/{len(ids)}-{digest}"
+    return _scoped(f"language/{len(ids)}-{digest}", scope)
 
 
-def _stored_steps(files: StateFiles, seed: int) -> int:
+def _stored_steps(files: StateFiles, seed: int, scope: str | None = None) -> int:
     """Steps of the seed's chain file as its header says (0: none, or not this key's)."""
     import json
 
     from realtime.models.state_files import KEY_FIELD, read_header
     from realtime.models.voicechat.stored import META_FIELD
 
-    name = _chain_name(seed)
+    name = _chain_name(seed, scope)
     try:
         metadata = read_header(files.path(name)).get("__metadata__")
         if not isinstance(metadata, dict) or metadata.get(KEY_FIELD) != files.key(name):
@@ -924,17 +989,20 @@ def _write_chain(files: StateFiles, chain: VoiceChain) -> bool:
 
     arrays, meta = chain.to_arrays()
     return files.write(
-        _chain_name(chain.seed), lambda path, header: stored.save(path, arrays, header, meta)
+        _chain_name(chain.seed, chain.scope),
+        lambda path, header: stored.save(path, arrays, header, meta),
     )
 
 
-def _write_language(files: StateFiles, ids: tuple[int, ...], part: LanguagePart) -> bool:
+def _write_language(
+    files: StateFiles, ids: tuple[int, ...], part: LanguagePart, scope: str | None = None
+) -> bool:
     from realtime.models.voicechat import stored
 
     arrays, layers = stored.layers_to_arrays(list(part.cache))
     meta = {"ids": list(ids), "layers": layers}
     return files.write(
-        _language_name(ids), lambda path, header: stored.save(path, arrays, header, meta)
+        _language_name(ids, scope), lambda path, header: stored.save(path, arrays, header, meta)
     )
 
 
