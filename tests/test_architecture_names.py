@@ -42,6 +42,7 @@ FOREIGN = frozenset(
         "session.cancel",
         "websocket.disconnect",
         "prompt_cache.pinned_bytes",
+        "prompt_cache.disk_ignored",
     }
 )
 """Backticked names that are not this package's code."""
@@ -101,7 +102,8 @@ def file_exists(token: str) -> bool:
     if token.startswith(ROOTS) or (REPO / token).exists() or (REPO / "docs" / token).exists():
         return (REPO / token).exists() or (REPO / "docs" / token).exists()
     return (REPO / "realtime" / token).exists() or any(
-        path.name == token for path in (REPO / "realtime").rglob(token.rsplit("/", 1)[-1])
+        path.as_posix().endswith("/" + token)
+        for path in (REPO / "realtime").rglob(token.rsplit("/", 1)[-1])
     )
 
 

@@ -239,7 +239,10 @@ async def test_a_recorded_live_call_keeps_its_audio_in_the_wav(tmp_path: Path) -
             [stem] = await files_of(tmp_path)
     text = of(stem, ".jsonl").read_text()
     assert audio not in text and "bytes of audio: see the WAV" in text
-    assert '"session.start"' in text and '"session.closed"' in text
+    lines = [json.loads(line) for line in text.splitlines()]
+    sent = "".join(str(line.get("text", "")) for line in lines)
+    got = [line["event"]["type"] for line in lines if isinstance(line.get("event"), dict)]
+    assert '"session.start"' in sent and "session.closed" in got
     assert of(stem, ".wav").stat().st_size > 44
 
 

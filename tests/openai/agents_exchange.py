@@ -175,9 +175,6 @@ async def twilio(ws_url: str) -> Seen:
     return seen
 
 
-SCENARIOS = {"push_to_talk": push_to_talk, "server_vad": server_vad, "twilio": twilio}
-
-
 async def cold_vad(ws_url: str) -> Seen:
     """:func:`server_vad` streamed in real time from the start, silence first, as a
     microphone app does while a slow model still opens."""
@@ -193,7 +190,12 @@ async def cold_vad(ws_url: str) -> Seen:
     return seen
 
 
-SCENARIOS = {"push_to_talk": push_to_talk, "server_vad": server_vad, "cold_vad": cold_vad}
+SCENARIOS = {
+    "push_to_talk": push_to_talk,
+    "server_vad": server_vad,
+    "twilio": twilio,
+    "cold_vad": cold_vad,
+}
 
 
 def run(scenario: str, ws_url: str) -> Seen:
