@@ -22,7 +22,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
-import math
 import queue
 import socket
 import threading
@@ -34,8 +33,9 @@ import attrs
 import numpy as np
 import trio
 
-from realtime.engine import admission, scheduler
+from realtime.engine import admission, fairshare, scheduler
 from realtime.engine.admission import ExtraWork, StepTimes
+from realtime.engine.fairshare import FrameLateness, ShareBucket
 from realtime.engine.scheduler import Entry, Scheduler
 from realtime.models import base as model
 from realtime.models.base import (
@@ -178,6 +178,8 @@ class _Queued:
     """An Open that passed its checks (it counts against the capacity until it ends)."""
     feed: model.ToolResultFeed | None = None
     """A ToolResult under way: its next step runs when the scheduler picks it again."""
+    slice_seconds: float | None = None
+    """A sliced command's last slice: what its next is expected to cost."""
 
 
 @attrs.define(slots=True)
@@ -364,8 +366,11 @@ class Engine:
         self._halting = False
         """The engine is shutting down: its queued frames, openings and tool results are
         stopped."""
-        self._extra_at = -math.inf  # under _state_lock
-        """When an opening's slice or a tool result's step last ran while a frame waited."""
+        self._share = ShareBucket(self._frame_seconds)  # under _state_lock
+        """Engine seconds work that is not a frame may spend while conversations stream
+        (:mod:`realtime.engine.fairshare`)."""
+        self._lateness = FrameLateness()  # under _state_lock
+        """How late the recent frames ended: readiness and admission by what happens."""
         self._last_frame: dict[str, float] = {}  # under _state_lock
         """When each session's latest frame reached the engine (a batch's gathering)."""
         self._thread = threading.Thread(target=self._run, name="realtime-engine", daemon=True)
@@ -378,6 +383,11 @@ class Engine:
         self._model: RealtimeModel | None = None
         self._sessions: dict[str, _Active] = {}  # engine thread only
         self._openings: set[str] = set()  # engine thread only: Opens under way
+        self._slice_seconds = 0.0  # engine thread only
+        """The last slice of any sliced command (a first slice's expected cost)."""
+        self._after_frames = False  # engine thread only
+        """The last thing the engine ran was a frame step: the next frame of each stream
+        is furthest off, the moment for a slice that fits no gap."""
         self._running: tuple[_Queued, ...] = ()
         """The commands the running model call serves (a batch: one per row)."""
         self._last_beat: float | None = None
@@ -501,6 +511,8 @@ class Engine:
             cost = self._frame_cost(held + 1)
             if not admission.fits(held, cost, self._frame_seconds, self.admission_margin):
                 return "overloaded"
+            if not self._lateness.keeps_real_time(time.monotonic(), self._frame_seconds):
+                return "overloaded"  # the admitted conversations are falling behind
         return None
 
     def _frame_cost(self, sessions: int) -> float | None:
@@ -685,6 +697,7 @@ class Engine:
             time.perf_counter() - started,
         )
         self._frame_seconds = self._model.figures.frame_seconds
+        self._share = ShareBucket(self._frame_seconds)
         try:
             self._start_up()
         except BaseException as exc:
@@ -704,6 +717,8 @@ class Engine:
                 wait = self._gather_wait(time.monotonic())
             if wait is None:
                 entries = self._pop()
+                if not entries and len(self._scheduler):
+                    wait = self._share_wait(time.monotonic())
         if wait is not None:
             # A frame that will join this batch is on its way; any command
             # submitted meanwhile wakes the thread to look again.
@@ -831,16 +846,11 @@ class Engine:
 
     def _pop(self) -> list[Entry[str, _Queued]]:
         """The commands that run next (a batch of frames, or one other command); under
-        ``_state_lock``. An opening's slice or a tool result's step that runs while a
-        frame waits is remembered: all of them together take one step every
-        ``OPEN_SLICE_FRAMES`` frame times from waiting frames (:meth:`_yields`)."""
-        entries = self._scheduler.pop_batch(self._joins_batch, self.max_batch, self._yields)
-        if entries and isinstance(entries[0].item.command, (Open, ToolResult)):
-            frame = self._scheduler.most_urgent(self._joins_batch)
-            now = time.monotonic()
-            if frame is not None and self._waiting(frame, now):
-                self._extra_at = now
-        return entries
+        ``_state_lock``. An opening's slice or a tool result's step gives way to waiting
+        frames (:meth:`_yields`) and, while conversations stream, waits for its share of
+        engine time (:meth:`_held`); ``[]`` when only such held work is queued."""
+        held = self._held_now(time.monotonic())
+        return self._scheduler.pop_batch(self._joins_batch, self.max_batch, self._yields, held)
 
     def _waiting(self, frame: Entry[str, _Queued], now: float) -> bool:
         """A frame due within a frame time: one that arrived (a burst's later frames,
@@ -849,17 +859,16 @@ class Engine:
 
     def _yields(self, entry: Entry[str, _Queued], frame: Entry[str, _Queued]) -> bool:
         """Whether an opening's slice or a tool result's step gives way to ``frame``: when
-        the frame is waiting, unless the step is overdue (frames kept the engine busy
-        since it was queued) and no such work of any session took a step from waiting
-        frames in the last ``OPEN_SLICE_FRAMES`` frame times. So waiting frames take the
-        time they need, and all openings and tool results together still get a step
-        every two frames."""
+        the frame is waiting, unless the step has been overdue for ``OPEN_SLICE_FRAMES``
+        frame times (frames kept the engine busy all along: an overloaded engine still
+        lets openings progress, within their share, :meth:`_held`). So a slice starts
+        just after the waiting frames ran, when the next frame is furthest off."""
         if not isinstance(entry.item.command, (Open, ToolResult)):
             return False
         now = time.monotonic()
         if not self._waiting(frame, now):
             return False
-        return entry.due > now or now - self._extra_at < self._extra_period
+        return now < entry.due + self._extra_period
 
     def _joins_batch(self, entry: Entry[str, _Queued]) -> bool:
         """A frame still wanted joins a batch; anything else runs alone."""
@@ -882,9 +891,82 @@ class Engine:
             self._running = ()
 
     def _count_extra(self, seconds: float) -> None:
-        """Engine time of work that is not a frame, for admission."""
+        """Engine time of work that is not a frame: for admission, and charged to the
+        share such work gets while conversations stream (:meth:`_held`)."""
         with self._state_lock:
-            self._extra_work.add(time.monotonic(), seconds)
+            now = time.monotonic()
+            self._extra_work.add(now, seconds)
+            streams = self._streams(now)
+            self._share.charge(now, seconds, self._share_of(streams), contended=streams > 0)
+
+    # --- fair share of engine time (realtime.engine.fairshare) ---------------------
+
+    def _streams(self, now: float) -> int:
+        """Conversations streaming now (a frame in the last ``OPEN_SLICE_FRAMES`` frame
+        times, or frames queued); under ``_state_lock``."""
+        recent = now - OPEN_SLICE_FRAMES * self._frame_seconds
+        streaming = sum(1 for last in self._last_frame.values() if last >= recent)
+        if streaming == 0 and self._scheduler.most_urgent(self._joins_batch) is not None:
+            return 1
+        return streaming
+
+    def _share_of(self, streams: int) -> float:
+        """The share of wall time work that is not a frame gets beside ``streams``
+        streaming conversations: what their predicted frames leave
+        (:func:`realtime.engine.fairshare.extra_share`); under ``_state_lock``."""
+        cost = admission.frame_cost(streams, self._step_times.costs(), batched=self.batch_frames)
+        return fairshare.extra_share((cost or 0.0) / self._frame_seconds)
+
+    def _held_now(self, now: float) -> Callable[[Entry[str, _Queued]], bool] | None:
+        """What waits for its share now: while conversations stream and the share's
+        bucket has no credit, every opening's slice and tool result's step
+        (:meth:`_held`); ``None``: nothing waits. Under ``_state_lock``."""
+        streams = self._streams(now)
+        if streams == 0:
+            return None
+        if not self._share.may_run(now, self._share_of(streams)):
+            return self._held
+        if self._after_frames:
+            return None
+        deadline = self._next_deadline(now)
+        step = admission.gather_cost(self._step_times.costs(), streams)
+
+        def unfit(entry: Entry[str, _Queued]) -> bool:
+            cost = entry.item.slice_seconds
+            cost = self._slice_seconds if cost is None else cost
+            return self._held(entry) and not fairshare.fits(now, cost, deadline, step)
+
+        return unfit
+
+    def _next_deadline(self, now: float) -> float | None:
+        """The deadline of the next frame expected from a conversation streaming in real
+        time (its latest frame's arrival + two frame times); under ``_state_lock``."""
+        recent = now - OPEN_SLICE_FRAMES * self._frame_seconds
+        lasts = [last for last in self._last_frame.values() if last >= recent]
+        return min(lasts) + 2 * self._frame_seconds if lasts else None
+
+    def _held(self, entry: Entry[str, _Queued]) -> bool:
+        """Model work that is not a frame and still wants to run (a stopped one runs at
+        once: it ends without a model step)."""
+        command = entry.item.command
+        return isinstance(command, (Open, ToolResult)) and not self._stopped(command)
+
+    def _share_wait(self, now: float) -> float:
+        """How long to wait when only held work is queued: until the bucket has credit,
+        at most a frame time (then look again: the streams may have stopped)."""
+        self._after_frames = False
+        streams = self._streams(now)
+        wait = self._share.wait(now, self._share_of(streams)) if streams else 0.0
+        if wait <= 0.0:
+            wait = self._frame_seconds  # credit, but no gap fits: until a frame comes
+        return min(self._frame_seconds, max(1e-3, wait))
+
+    def _count_lateness(self, now: float, latenesses: list[float]) -> None:
+        """Frames that ended ``latenesses`` after their deadlines: readiness and admission
+        ask whether the admitted conversations keep real time."""
+        with self._state_lock:
+            for lateness in latenesses:
+                self._lateness.add(now, lateness)
 
     def _dead_error(self, command: Command, reason: str | None) -> EngineError:
         return EngineError(
@@ -913,6 +995,7 @@ class Engine:
             self._reserved.clear()
 
     def _execute(self, entry: Entry[str, _Queued]) -> None:
+        self._after_frames = False
         item = entry.item
         command = item.command
         if isinstance(command, (Open, ToolResult)):
@@ -998,6 +1081,8 @@ class Engine:
                 self._step_times.add(seconds, len(rows))
         self._observer.model_stepped(len(rows), seconds)
         now, queued = time.monotonic(), len(self._scheduler)
+        self._count_lateness(now, [now - e.due for e, step, _ in outcomes if step is not None])
+        self._after_frames = True
         for entry, step, _ in outcomes:
             if step is not None:
                 self._observer.frame_deadline(now - entry.due, queued)
@@ -1077,6 +1162,7 @@ class Engine:
                 else:
                     error = self._failure(exc, kind, entry.key)
         item.engine_seconds += timing.seconds
+        item.slice_seconds = self._slice_seconds = timing.seconds
         self._count_extra(timing.seconds)
         if error is None and not done:
             with self._state_lock:

@@ -186,18 +186,21 @@ class Scheduler(Generic[K, T]):
         joins: Callable[[Entry[K, T]], bool],
         limit: int,
         yields: Callable[[Entry[K, T], Entry[K, T]], bool] | None = None,
+        held: Callable[[Entry[K, T]], bool] | None = None,
     ) -> list[Entry[K, T]]:
         """Take the command that runs next and, when it ``joins`` a batch, the head of
         every other conversation whose head joins too, most urgent first, at most
-        ``limit`` entries in all (``[]``: nothing is queued).
+        ``limit`` entries in all (``[]``: nothing is queued, or every head is ``held``).
 
         At most one entry per conversation and only heads, so each conversation's own
         order holds; the first entry is what :meth:`pop` would take, so a batch never
         delays the command that is due: the others only run early. Except when that
         command does not join and ``yields(it, frame)`` to the most urgent head that
-        joins (work that gives way to frames): then that head leads instead.
+        joins (work that gives way to frames): then that head leads instead. A head
+        that is ``held`` (work out of its share of engine time) waits: the most urgent
+        head that is not leads.
         """
-        lead = self.peek()
+        lead = self.peek() if held is None else self.most_urgent(lambda e: not held(e))
         if lead is None:
             return []
         if yields is not None and not joins(lead):
