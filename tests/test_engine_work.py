@@ -2,8 +2,8 @@
 
 One conversation's openings, tool results and closes must not make another's frames
 late: a tool feed stops within one step when its connection closes, cancels or the
-engine shuts down; openings and tool feeds of all conversations together take one
-step every ``OPEN_SLICE_FRAMES`` frame times from waiting frames; a close beside
+engine shuts down; openings and tool feeds of all conversations together take a
+share of engine time, measured (issue 43), and give way to waiting frames; a close beside
 running conversations does not clear the buffer cache; admission counts that work and
 is measured before the first client. Judged by counts (model steps taken, frames late),
 never by a time bound; the fake model's sleeps only stand for model cost.
@@ -218,10 +218,10 @@ def test_simultaneous_openings_take_one_step_every_two_frames_from_a_stream() ->
         ran = model.slices - before
         assert late.frames == 25
         assert late.late <= 3, late.late
-        # 2 s of stream: half of it (the most share) is 25 slices of 40 ms, plus the
-        # bucket's one and the slice under way; at least the least share ran.
+        # 2 s of stream: at most the most share of it in 40 ms slices, plus the
+        # bucket's one and the slice under way.
         assert 0.04 * ran <= MAX_SHARE * 2.1 + 0.04 * 2, ran
-        assert ran >= 10, ran  # the openings ran in the time the stream left
+        assert ran >= 5, ran  # the openings ran in the time the stream left
         assert not any(f.done() for f in openings)  # still opening: they were in its way
 
 
@@ -244,7 +244,7 @@ def test_openings_dearer_than_a_frame_keep_a_stream_in_real_time() -> None:
         # Frames more than a frame period late (over two frame times from arrival):
         # the first may meet a slice under way, then at most one in twenty.
         assert sum(x > 0.08 for x in late.late) <= 2, [round(x, 3) for x in late.late]
-        assert model.slices - before >= 5  # the openings still progress
+        assert model.slices - before >= 3  # the openings still progress
 
 
 def test_a_close_beside_running_sessions_keeps_the_buffer_cache() -> None:

@@ -23,8 +23,8 @@ FRAME = 0.08
 
 
 def test_the_share_is_what_the_frames_leave_within_bounds() -> None:
-    assert extra_share(0.0) == MAX_SHARE  # an idle engine still leaves half to frames
-    assert extra_share(0.5) == pytest.approx(0.35)
+    assert extra_share(0.0) == MAX_SHARE  # an idle engine: still the most share
+    assert extra_share(0.7) == pytest.approx(0.15)
     assert extra_share(0.8) == MIN_SHARE  # a full engine: openings still progress
     assert extra_share(5.0) == MIN_SHARE
 
@@ -37,7 +37,7 @@ def test_an_idle_bucket_is_full_and_a_slice_may_run() -> None:
 
 def test_a_slice_dearer_than_the_credit_is_paid_back_in_wall_time() -> None:
     """A 150 ms slice from a 40 ms bucket at share 0.5: 110 ms of debt, paid back in
-    220 ms of wall time, so the next slice starts no sooner."""
+    220 ms of wall time, so the next slice starts no sooner (the share is the caller's)."""
     bucket = ShareBucket(FRAME)
     bucket.charge(1.0, 0.15, 0.5, contended=True)
     assert bucket.credit(1.0, 0.5) == pytest.approx(0.04 - 0.15)

@@ -19,6 +19,7 @@ The engine knows nothing of the wire protocol: its failures carry their own
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import logging
@@ -204,10 +205,11 @@ SIGNAL_POLL_SECONDS: Final = 0.1
 handler run."""
 
 OPEN_SLICE_FRAMES: Final = 2
-"""Work that is not a frame (an opening's slices, a tool result's steps) is paced at
-one step per this many frame times, all conversations together
-(:meth:`Engine._yields`), so the sessions already streaming keep their deadlines while
-others open or take tool results."""
+"""Work that is not a frame (an opening's slices, a tool result's steps) is due this
+many frame times after it is queued, gives way to a waiting frame unless overdue by as
+many (:meth:`Engine._yields`), and a conversation with a frame in the last this many
+frame times counts as streaming (:meth:`Engine._streams`): while one does, that work
+takes only its share of engine time (:meth:`Engine._held_now`)."""
 
 WARM_UP_DISCARDED: Final = 2
 """Warm-up steps of each batch size run before the measured ones (a fresh session's
@@ -311,10 +313,13 @@ class Engine:
     after it was submitted, and a frame after its session's previous one; flush,
     cancel and close at once). An :class:`Open` (warm-up, then one prompt token a
     slice) and a :class:`ToolResult` (one inserted step a slice) run in slices paced
-    like frames, one slice every ``OPEN_SLICE_FRAMES`` frames of all sessions together,
-    so long prompts and tool outputs take the time the running sessions leave and
-    never stall them; each stops before its next slice once its connection closes or
-    cancels. Their engine time counts in admission (:class:`ExtraWork`).
+    like frames, so long prompts and tool outputs take the time the running sessions
+    leave and never stall them; each stops before its next slice once its connection closes or
+    cancels. All of them together get a share of engine time while conversations
+    stream, charged as measured (:mod:`realtime.engine.fairshare`): a slice waits for
+    credit, and for a gap it fits in or the moment just after the frames ran. Their
+    engine time counts in admission (:class:`ExtraWork`), and so does the measured
+    lateness of the frames (refused while they fall behind).
 
     With ``batch_frames`` (``--batch-frames``), a frame that runs takes with it the head
     frame of every other session whose head is a frame (at most ``max_batch``, the
@@ -383,8 +388,9 @@ class Engine:
         self._model: RealtimeModel | None = None
         self._sessions: dict[str, _Active] = {}  # engine thread only
         self._openings: set[str] = set()  # engine thread only: Opens under way
-        self._slice_seconds = 0.0  # engine thread only
-        """The last slice of any sliced command (a first slice's expected cost)."""
+        self._slices: collections.deque[float] = collections.deque(maxlen=16)
+        """The last slices of any sliced command: the dearest is a first slice's expected
+        cost (an opening's first slice builds its session). Engine thread only."""
         self._after_frames = False  # engine thread only
         """The last thing the engine ran was a frame step: the next frame of each stream
         is furthest off, the moment for a slice that fits no gap."""
@@ -933,7 +939,7 @@ class Engine:
 
         def unfit(entry: Entry[str, _Queued]) -> bool:
             cost = entry.item.slice_seconds
-            cost = self._slice_seconds if cost is None else cost
+            cost = max(self._slices, default=0.0) if cost is None else cost
             return self._held(entry) and not fairshare.fits(now, cost, deadline, step)
 
         return unfit
@@ -1162,7 +1168,8 @@ class Engine:
                 else:
                     error = self._failure(exc, kind, entry.key)
         item.engine_seconds += timing.seconds
-        item.slice_seconds = self._slice_seconds = timing.seconds
+        item.slice_seconds = timing.seconds
+        self._slices.append(timing.seconds)
         self._count_extra(timing.seconds)
         if error is None and not done:
             with self._state_lock:

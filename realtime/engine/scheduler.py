@@ -10,9 +10,9 @@ runs in the time the live conversations leave. Model work that is not a frame (a
 opening's slices, a tool result's steps: :meth:`Scheduler.add_extra`) is paced too,
 never due at once: a step is due a period after it is queued and after its
 conversation's latest frame; and it gives way to a waiting frame when the engine says
-so (``yields`` in :meth:`Scheduler.pop_batch`: the engine lets all such work together
-take one step every two frame times from waiting frames, however many conversations
-open or feed at once).
+so (``yields`` in :meth:`Scheduler.pop_batch`), and waits while the engine holds it
+(``held``: all such work together gets a share of engine time, measured, however many
+conversations open or feed at once; :mod:`realtime.engine.fairshare`).
 Flush, cancel and close are due the moment they arrive, and a conversation is as
 urgent as its most urgent command, so they never wait behind another conversation's
 backlog for more than the one step running (the engine stops a closing conversation's
