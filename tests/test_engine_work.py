@@ -181,6 +181,24 @@ def test_a_departed_tool_feed_takes_no_steps_from_a_live_stream() -> None:
         assert late.late <= 2, late.late  # at most the frames that met a step under way
 
 
+def test_a_conversation_s_own_frames_never_hold_its_tool_feed_back() -> None:
+    """The share bounds work beside *other* conversations' streams: a conversation
+    alone whose audio keeps coming while its tool output goes in (its frames wait behind
+    the feed in its own order) has the feed run back to back, not at the share."""
+    model = FakeModel(FakeOptions(frame_delay=0.01))
+    with engine_of(model) as engine:
+        open_now(engine, "a")
+        feed = engine.submit(ToolResult("a", WORDS))
+        frames = threading.Thread(target=stream, args=(engine, "a", 12))
+        frames.start()
+        time.sleep(0.6)
+        ran = tool_steps(model)
+        frames.join()
+        feed.result(10)
+        # Back to back: ~60 steps of 10 ms in 0.6 s; at the most share, at most 18.
+        assert ran >= 30, ran
+
+
 def test_shutdown_stops_a_tool_feed() -> None:
     """Finding 10: the engine stops a feed at shutdown (before: every queued step ran,
     ``engine thread still busy after 10.0 s``)."""

@@ -12,11 +12,13 @@ from realtime.engine.fairshare import (
     MAX_SHARE,
     MIN_LATE_SAMPLES,
     MIN_SHARE,
+    RECOVERY_FRAMES,
     FrameLateness,
     ShareBucket,
     extra_share,
     fits,
     keeps_real_time,
+    recovered,
 )
 
 FRAME = 0.08
@@ -96,3 +98,13 @@ def test_frame_lateness_forgets_frames_past_its_window() -> None:
         lateness.add(i * 0.01, 0.5)
     assert not lateness.keeps_real_time(0.1, FRAME)
     assert lateness.keeps_real_time(2.5, FRAME)  # the load went: ready again
+
+
+def test_a_slice_that_fits_no_gap_waits_until_the_frames_caught_up() -> None:
+    lateness = FrameLateness(window=2.0)
+    assert recovered(lateness.on_time_for(0.0), FRAME)  # nothing late in the window
+    lateness.add(1.0, 0.05)
+    lateness.add(1.08, -0.02)
+    assert lateness.on_time_for(1.1) == pytest.approx(0.1)
+    assert not recovered(lateness.on_time_for(1.1), FRAME)
+    assert recovered(lateness.on_time_for(1.0 + RECOVERY_FRAMES * FRAME), FRAME)

@@ -100,6 +100,18 @@ class ShareBucket:
         self._credit -= max(0.0, seconds)
 
 
+RECOVERY_FRAMES: Final = 4
+"""A slice that fits no gap makes a frame late wherever it runs: it waits until the
+frames have ended on time for this many frame periods (the streams have caught up
+from the last one), so such slices cannot pile lateness on lateness."""
+
+
+def recovered(on_time_for: float, frame_seconds: float) -> bool:
+    """Whether frames that have ended on time for ``on_time_for`` seconds have caught up
+    enough for a slice that will make the next one late."""
+    return on_time_for >= RECOVERY_FRAMES * frame_seconds
+
+
 def fits(now: float, cost: float, next_deadline: float | None, step: float) -> bool:
     """Whether a slice of ``cost`` seconds started at ``now`` still lets the next frame
     expected (due at ``next_deadline``; ``None``: none expected), a ``step`` long, end by
@@ -141,6 +153,13 @@ class FrameLateness:
     def _expire(self, now: float) -> None:
         while self._frames and self._frames[0][0] <= now - self.window:
             self._frames.popleft()
+
+    def on_time_for(self, now: float) -> float:
+        """Seconds since the last frame in the window that ended after its deadline (the
+        whole window when none did)."""
+        self._expire(now)
+        late = [at for at, lateness in self._frames if lateness > 0.0]
+        return now - late[-1] if late else self.window
 
     def keeps_real_time(self, now: float, frame_seconds: float) -> bool:
         """:func:`keeps_real_time` over the frames of the window."""

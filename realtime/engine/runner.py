@@ -314,8 +314,8 @@ class Engine:
     cancel and close at once). An :class:`Open` (warm-up, then one prompt token a
     slice) and a :class:`ToolResult` (one inserted step a slice) run in slices paced
     like frames, so long prompts and tool outputs take the time the running sessions
-    leave and never stall them; each stops before its next slice once its connection closes or
-    cancels. All of them together get a share of engine time while conversations
+    leave and never stall them; each stops before its next slice once its connection
+    closes or cancels. All of them together get a share of engine time while other conversations
     stream, charged as measured (:mod:`realtime.engine.fairshare`): a slice waits for
     credit, and for a gap it fits in or the moment just after the frames ran. Their
     engine time counts in admission (:class:`ExtraWork`), and so does the measured
@@ -853,8 +853,8 @@ class Engine:
     def _pop(self) -> list[Entry[str, _Queued]]:
         """The commands that run next (a batch of frames, or one other command); under
         ``_state_lock``. An opening's slice or a tool result's step gives way to waiting
-        frames (:meth:`_yields`) and, while conversations stream, waits for its share of
-        engine time (:meth:`_held`); ``[]`` when only such held work is queued."""
+        frames (:meth:`_yields`) and, while other conversations stream, waits for its
+        share of engine time (:meth:`_held_now`); ``[]`` when only held work is queued."""
         held = self._held_now(time.monotonic())
         return self._scheduler.pop_batch(self._joins_batch, self.max_batch, self._yields, held)
 
@@ -896,60 +896,74 @@ class Engine:
             self._last_beat = None
             self._running = ()
 
-    def _count_extra(self, seconds: float) -> None:
-        """Engine time of work that is not a frame: for admission, and charged to the
-        share such work gets while conversations stream (:meth:`_held`)."""
+    def _count_extra(self, seconds: float, key: str | None = None) -> None:
+        """Engine time of work that is not a frame (of conversation ``key``): for
+        admission, and charged to the share such work gets while other conversations
+        stream (:meth:`_held_now`)."""
         with self._state_lock:
             now = time.monotonic()
             self._extra_work.add(now, seconds)
-            streams = self._streams(now)
-            self._share.charge(now, seconds, self._share_of(streams), contended=streams > 0)
+            streams = self._streams(now, key)
+            share = self._share_of(streams, self._step_times.costs())
+            self._share.charge(now, seconds, share, contended=streams > 0)
 
     # --- fair share of engine time (realtime.engine.fairshare) ---------------------
 
-    def _streams(self, now: float) -> int:
-        """Conversations streaming now (a frame in the last ``OPEN_SLICE_FRAMES`` frame
-        times, or frames queued); under ``_state_lock``."""
+    def _recent(self, now: float, besides: str | None) -> list[float]:
+        """When each conversation but ``besides`` that streams (a frame in the last
+        ``OPEN_SLICE_FRAMES`` frame times) handed over its latest frame."""
         recent = now - OPEN_SLICE_FRAMES * self._frame_seconds
-        streaming = sum(1 for last in self._last_frame.values() if last >= recent)
-        if streaming == 0 and self._scheduler.most_urgent(self._joins_batch) is not None:
-            return 1
+        return [t for k, t in self._last_frame.items() if t >= recent and k != besides]
+
+    def _streams(self, now: float, besides: str | None = None) -> int:
+        """Conversations other than ``besides`` streaming now (a recent frame, or frames
+        queued); under ``_state_lock``. A conversation's own frames wait behind its own
+        opening or tool feed anyway, so they never hold that work back."""
+        streaming = len(self._recent(now, besides))
+        if streaming == 0:
+            queued = self._scheduler.most_urgent(
+                lambda e: e.key != besides and self._joins_batch(e)
+            )
+            return 0 if queued is None else 1
         return streaming
 
-    def _share_of(self, streams: int) -> float:
+    def _share_of(self, streams: int, costs: dict[int, float]) -> float:
         """The share of wall time work that is not a frame gets beside ``streams``
         streaming conversations: what their predicted frames leave
         (:func:`realtime.engine.fairshare.extra_share`); under ``_state_lock``."""
-        cost = admission.frame_cost(streams, self._step_times.costs(), batched=self.batch_frames)
+        cost = admission.frame_cost(streams, costs, batched=self.batch_frames)
         return fairshare.extra_share((cost or 0.0) / self._frame_seconds)
 
-    def _held_now(self, now: float) -> Callable[[Entry[str, _Queued]], bool] | None:
-        """What waits for its share now: while conversations stream and the share's
-        bucket has no credit, every opening's slice and tool result's step
-        (:meth:`_held`); ``None``: nothing waits. Under ``_state_lock``."""
-        streams = self._streams(now)
-        if streams == 0:
-            return None
-        if not self._share.may_run(now, self._share_of(streams)):
-            return self._held
-        if self._after_frames:
-            return None
-        deadline = self._next_deadline(now)
-        step = admission.gather_cost(self._step_times.costs(), streams)
+    def _held_now(self, now: float) -> Callable[[Entry[str, _Queued]], bool]:
+        """Which commands wait for their share now: an opening's slice or a tool
+        result's step while another conversation streams, when the share's bucket has no
+        credit, or when the slice (its last one's cost) would not end in time for the
+        next frame expected, unless the engine just stepped the frames and they have
+        been on time for ``RECOVERY_FRAMES`` (:func:`realtime.engine.fairshare.recovered`).
+        Under ``_state_lock``."""
+        costs = self._step_times.costs()
 
-        def unfit(entry: Entry[str, _Queued]) -> bool:
+        def held(entry: Entry[str, _Queued]) -> bool:
+            if not self._held(entry):
+                return False
+            streams = self._streams(now, entry.key)
+            if streams == 0:
+                return False
+            if not self._share.may_run(now, self._share_of(streams, costs)):
+                return True
             cost = entry.item.slice_seconds
             cost = max(self._slices, default=0.0) if cost is None else cost
-            return self._held(entry) and not fairshare.fits(now, cost, deadline, step)
+            lasts = self._recent(now, entry.key)
+            deadline = min(lasts) + 2 * self._frame_seconds if lasts else None
+            step = admission.gather_cost(costs, streams)
+            if fairshare.fits(now, cost, deadline, step):
+                return False
+            # It will make a frame late wherever it runs: just after the frames ran, once
+            # they have caught up from the last such slice.
+            on_time = self._lateness.on_time_for(now)
+            return not (self._after_frames and fairshare.recovered(on_time, self._frame_seconds))
 
-        return unfit
-
-    def _next_deadline(self, now: float) -> float | None:
-        """The deadline of the next frame expected from a conversation streaming in real
-        time (its latest frame's arrival + two frame times); under ``_state_lock``."""
-        recent = now - OPEN_SLICE_FRAMES * self._frame_seconds
-        lasts = [last for last in self._last_frame.values() if last >= recent]
-        return min(lasts) + 2 * self._frame_seconds if lasts else None
+        return held
 
     def _held(self, entry: Entry[str, _Queued]) -> bool:
         """Model work that is not a frame and still wants to run (a stopped one runs at
@@ -962,7 +976,8 @@ class Engine:
         at most a frame time (then look again: the streams may have stopped)."""
         self._after_frames = False
         streams = self._streams(now)
-        wait = self._share.wait(now, self._share_of(streams)) if streams else 0.0
+        share = self._share_of(streams, self._step_times.costs())
+        wait = self._share.wait(now, share) if streams else 0.0
         if wait <= 0.0:
             wait = self._frame_seconds  # credit, but no gap fits: until a frame comes
         return min(self._frame_seconds, max(1e-3, wait))
@@ -1018,7 +1033,7 @@ class Engine:
                 result = self._dispatch(command)
             except Exception as exc:
                 error = self._failure(exc, kind, command.session_id)
-        self._count_extra(timing.seconds)
+        self._count_extra(timing.seconds, command.session_id)
         # Before the result wakes trio: afterwards this thread goes straight back to its
         # queue instead of holding the GIL the woken connection needs.
         self._observer.command_finished(kind, timing.seconds)
@@ -1170,7 +1185,7 @@ class Engine:
         item.engine_seconds += timing.seconds
         item.slice_seconds = timing.seconds
         self._slices.append(timing.seconds)
-        self._count_extra(timing.seconds)
+        self._count_extra(timing.seconds, entry.key)
         if error is None and not done:
             with self._state_lock:
                 if self._dead_reason is None:
