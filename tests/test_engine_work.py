@@ -265,6 +265,24 @@ def test_openings_dearer_than_a_frame_keep_a_stream_in_real_time() -> None:
         assert model.slices - before >= 3  # the openings still progress
 
 
+def test_an_opening_progresses_beside_a_stream_that_is_always_late() -> None:
+    """On an engine whose frames never keep their deadlines (100 ms against 80), an
+    opening beside the stream still progresses: its slices wait for the frames to catch
+    up only so long (``PATIENCE_FRAMES``), then take their share."""
+    model = SlicedModel(FakeOptions(frame_delay=0.1, prefill_token_delay=0.1))
+    with engine_of(model, capacity=2) as engine:
+        open_now(engine, "victim")
+        victim = threading.Thread(target=stream, args=(engine, "victim", 60))
+        victim.start()
+        time.sleep(0.3)
+        assert engine.try_reserve("b")
+        opening = engine.submit(Open("b", "pppp", 0, None))  # slices that fit no gap
+        opening.result(30)
+        still_streaming = victim.is_alive()
+        victim.join()
+        assert still_streaming  # it opened beside the stream, not after it
+
+
 def test_a_close_beside_running_sessions_keeps_the_buffer_cache() -> None:
     """Finding 8: clearing MLX's buffer cache waits for the device and makes every other
     session's next step allocate again; it runs once the last session has closed."""

@@ -12,6 +12,7 @@ from realtime.engine.fairshare import (
     MAX_SHARE,
     MIN_LATE_SAMPLES,
     MIN_SHARE,
+    PATIENCE_FRAMES,
     RECOVERY_FRAMES,
     FrameLateness,
     ShareBucket,
@@ -102,9 +103,11 @@ def test_frame_lateness_forgets_frames_past_its_window() -> None:
 
 def test_a_slice_that_fits_no_gap_waits_until_the_frames_caught_up() -> None:
     lateness = FrameLateness(window=2.0)
-    assert recovered(lateness.on_time_for(0.0), FRAME)  # nothing late in the window
+    assert recovered(lateness.on_time_for(0.0), 0.0, FRAME)  # nothing late in the window
     lateness.add(1.0, 0.05)
     lateness.add(1.03, -0.02)
     assert lateness.on_time_for(1.05) == pytest.approx(0.05)
-    assert not recovered(lateness.on_time_for(1.05), FRAME)
-    assert recovered(lateness.on_time_for(1.0 + RECOVERY_FRAMES * FRAME), FRAME)
+    assert not recovered(lateness.on_time_for(1.05), 0.0, FRAME)
+    assert recovered(lateness.on_time_for(1.0 + RECOVERY_FRAMES * FRAME), 0.0, FRAME)
+    # Frames always late: a slice that has waited long enough runs anyway.
+    assert recovered(0.0, PATIENCE_FRAMES * FRAME, FRAME)

@@ -105,10 +105,20 @@ from the last one), so such slices cannot pile lateness on lateness. (4 made one
 opening beside a stream three times slower than before, with no gain to the stream.)"""
 
 
-def recovered(on_time_for: float, frame_seconds: float) -> bool:
-    """Whether frames that have ended on time for ``on_time_for`` seconds have caught up
-    enough for a slice that will make the next one late."""
-    return on_time_for >= RECOVERY_FRAMES * frame_seconds
+PATIENCE_FRAMES: Final = 8
+"""A slice overdue by this many frame periods no longer waits for the frames to catch
+up: on an engine whose frames are always late, openings still progress (at their
+share)."""
+
+
+def recovered(on_time_for: float, overdue: float, frame_seconds: float) -> bool:
+    """Whether a slice that will make the next frame late may run, the frames having
+    ended on time for ``on_time_for`` seconds and the slice ``overdue`` seconds past its
+    due time: they have caught up from the last such slice, or it has waited long
+    enough."""
+    return (
+        on_time_for >= RECOVERY_FRAMES * frame_seconds or overdue >= PATIENCE_FRAMES * frame_seconds
+    )
 
 
 def fits(now: float, cost: float, next_deadline: float | None, step: float) -> bool:

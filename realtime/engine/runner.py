@@ -960,8 +960,9 @@ class Engine:
                 return False
             # It will make a frame late wherever it runs: just after the frames ran, once
             # they have caught up from the last such slice.
-            on_time = self._lateness.on_time_for(now)
-            return not (self._after_frames and fairshare.recovered(on_time, self._frame_seconds))
+            on_time, overdue = self._lateness.on_time_for(now), now - entry.due
+            caught_up = fairshare.recovered(on_time, overdue, self._frame_seconds)
+            return not (self._after_frames and caught_up)
 
         return held
 
