@@ -6,8 +6,10 @@ the conversations streaming need every frame period; everything else (an opening
 slices, a tool result's steps, voice-chain steps, flushes, cancels, closes) draws
 from one :class:`ShareBucket` of engine seconds, refilled at a share of wall time
 (:func:`extra_share`): what the streaming frames leave of the frame period, at
-least ``MIN_SHARE`` (openings always progress) and at most ``MAX_SHARE``. While any
-conversation streams, a slice runs only with credit in the bucket; its measured time
+least ``MIN_SHARE`` (openings always progress) and at most ``MAX_SHARE``. While another
+conversation streams, a slice runs only with credit in the bucket (and when it fits
+before the next frame's deadline, or else right after a frame step: :func:`fits`,
+:func:`recovered`); its measured time
 is then charged, so the bucket may go into debt by one slice and that debt is paid
 back in wall time before the next one. So however many conversations open or feed at
 once, and whatever one slice costs, the work together takes at most its share of
@@ -32,8 +34,9 @@ MIN_SHARE: Final = 0.1
 stream (even when their frames fill the engine: an opening always progresses)."""
 MAX_SHARE: Final = 0.5
 """The most: on an engine with room to spare, openings and tool feeds still take at
-most half of each frame period. (0.3 made one cold opening beside a stream on the
-demo checkpoint no faster to the victim and 10 % slower to open.)"""
+most half of each frame period. (0.3, measured on the demo checkpoint beside three
+cold openings, kept the victim no closer to real time, and one opening was 10 %
+slower.)"""
 HEADROOM: Final = 0.85
 """Frames and other work together aim for this share of each frame period (the rest:
 the connections' own work, the GIL, a slow step)."""
