@@ -25,8 +25,12 @@ from benchmarks.opening import _prompt
 from benchmarks.stats import summarize
 
 
-def run_round(size: str, tokens: int, openers: int, seconds: float) -> dict[str, Any]:
-    """One round on a fresh engine: ``openers`` cold openings (0: a fair co-tenant)."""
+def run_round(
+    size: str, tokens: int, openers: int, seconds: float, backlog: int = 0
+) -> dict[str, Any]:
+    """One round on a fresh engine: ``openers`` cold openings (0: a fair co-tenant);
+    ``backlog`` frames of the victim handed over at once as the others start (a stream
+    that stalled for a moment and catches up)."""
     from realtime.demo.checkpoint import ensure_demo_checkpoint
     from realtime.demo.checkpoint.config import SIZES
     from realtime.engine.runner import Close, Engine, Open, Push
@@ -63,6 +67,7 @@ def run_round(size: str, tokens: int, openers: int, seconds: float) -> dict[str,
                 begun = True
                 for i, prompt in enumerate(prompts):
                     openings.append(engine.submit(Open(others[i], prompt, 10 + i, None)))
+                pending += [engine.submit(Push("victim", audio, 16000)) for _ in range(backlog)]
             if begun and not openers:
                 pending.append(engine.submit(Push("fair", audio, 16000)))
             submitted = time.perf_counter()
@@ -88,6 +93,7 @@ def run_round(size: str, tokens: int, openers: int, seconds: float) -> dict[str,
         "size": size,
         "openers": openers,
         "prompt_tokens": tokens if openers else 0,
+        "backlog": backlog,
         "frames": len(latencies),
         "latency_ms": {"p50": round(stats.p50 * 1e3, 1), "p95": round(stats.p95 * 1e3, 1)},
         "over_two_frames": sum(1 for x in latencies if x > 2 * frame),
@@ -102,12 +108,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--openers", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8.0, help="victim frames measured")
     parser.add_argument("--repeat", type=int, default=1, help="rounds of (fair, openers)")
+    parser.add_argument(
+        "--backlog", type=int, default=0, help="victim frames handed over at once as they start"
+    )
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     rounds = []
     for _ in range(args.repeat):
         for openers in (0, args.openers):
-            r = run_round(args.size, args.tokens, openers, args.seconds)
+            r = run_round(args.size, args.tokens, openers, args.seconds, args.backlog)
             rounds.append(r)
             beside = f"{openers} cold {args.tokens}-token openings" if openers else "a fair stream"
             print(
