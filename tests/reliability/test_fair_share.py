@@ -7,8 +7,8 @@ stay within twice its lateness beside a fair co-tenant (another stream) plus 100
 p95. Judged by counting the victim's frames past that bound (at most 5 % of them),
 from the engine's own deadlines; the fake model's sleeps stand for model cost.
 Before: the rule "openings and feeds together take one step every two frame times"
-counted slices, not time, so the openings took 120 ms of every 160 and most of the
-victim's frames were late.
+counted slices, not time, so the openings took 120 ms of every 160 and a third of the
+victim's frames were past that bound.
 """
 
 from __future__ import annotations
