@@ -119,7 +119,8 @@ class Limits:
         zero_allowed=True,
     )
     """Admission by load: a new conversation is refused (server_busy, 1013; /ready 503)
-    when ``(open + 1) x p90 step time > margin x frame time`` (realtime.engine.admission)."""
+    when ``(open + 1) x p90 step time > margin x frame time`` (realtime.engine.admission),
+    or while the admitted ones fall behind (realtime.engine.fairshare.FrameLateness)."""
     max_message_bytes: int = _limit(int, 4 * 1024 * 1024, "largest client message accepted")
     """Largest client message; larger ones get an ``invalid_request`` error."""
     max_pending_audio_seconds: float = _limit(

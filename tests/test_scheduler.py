@@ -401,3 +401,17 @@ def test_extra_work_counts_per_frame_over_its_window() -> None:
     assert extra.per_frame(1.0, FRAME) == pytest.approx(0.4 * FRAME / 2.0)
     assert extra.per_frame(2.6, FRAME) == pytest.approx(0.3 * FRAME / 2.0)  # 0.5 is gone
     assert extra.per_frame(3.0, FRAME) == 0.0
+
+
+def test_held_work_waits_and_the_most_urgent_head_not_held_leads() -> None:
+    """Work out of its share of engine time (``held``) waits, even when it is due first;
+    with only held work queued nothing runs."""
+    s: Scheduler[str, str] = Scheduler()
+    s.add("open", "slice", 0.10)
+    s.add("b", "close", 0.20)
+    held = {"slice"}
+    batch = s.pop_batch(lambda e: False, 4, held=lambda e: e.item in held)
+    assert [e.item for e in batch] == ["close"]
+    assert s.pop_batch(lambda e: False, 4, held=lambda e: e.item in held) == []
+    assert len(s) == 1
+    assert [e.item for e in s.pop_batch(lambda e: False, 4, held=lambda e: False)] == ["slice"]

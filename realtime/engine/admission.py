@@ -22,6 +22,11 @@ conversation, itself included, and of the work that is not a frame, fits:
 closes took per frame time (:class:`ExtraWork`): that work runs as single steps beside
 the batch, so it is counted as measured rather than predicted.
 
+The prediction is checked against what happens: while more than one in ten of the
+frames of the last 2 s ended over a frame period late, the admitted conversations are
+falling behind and no new one is admitted (``/ready`` 503 ``overloaded``:
+:class:`realtime.engine.fairshare.FrameLateness`), whatever the step time predicts.
+
 ``margin`` (``--admission-margin``, 0.75 by default) leaves room for what the step
 time does not show: the connections' own work on the event loop, the GIL they share
 with the engine thread, a slow frame. A conversation alone is always admitted (the

@@ -19,10 +19,10 @@ The engine knows nothing of the wire protocol: its failures carry their own
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import logging
-import math
 import queue
 import socket
 import threading
@@ -35,8 +35,9 @@ import attrs
 import numpy as np
 import trio
 
-from realtime.engine import admission, first_start, scheduler
+from realtime.engine import admission, fairshare, first_start, scheduler
 from realtime.engine.admission import ExtraWork, StepTimes
+from realtime.engine.fairshare import FrameLateness, ShareBucket
 from realtime.engine.scheduler import Entry, Scheduler
 from realtime.models import base as model
 from realtime.models.base import (
@@ -183,6 +184,8 @@ class _Queued:
     """An Open that passed its checks (it counts against the capacity until it ends)."""
     feed: model.ToolResultFeed | None = None
     """A ToolResult under way: its next step runs when the scheduler picks it again."""
+    slice_seconds: float | None = None
+    """A sliced command's last slice: what its next is expected to cost."""
 
 
 @attrs.define(slots=True)
@@ -207,10 +210,11 @@ SIGNAL_POLL_SECONDS: Final = 0.1
 handler run."""
 
 OPEN_SLICE_FRAMES: Final = 2
-"""Work that is not a frame (an opening's slices, a tool result's steps) is paced at
-one step per this many frame times, all conversations together
-(:meth:`Engine._yields`), so the sessions already streaming keep their deadlines while
-others open or take tool results."""
+"""Work that is not a frame (an opening's slices, a tool result's steps) is due this
+many frame times after it is queued, gives way to a waiting frame unless overdue by as
+many (:meth:`Engine._yields`), and a conversation with a frame in the last this many
+frame times counts as streaming (:meth:`Engine._streams`): while one does, that work
+takes only its share of engine time (:meth:`Engine._held_now`)."""
 
 AHEAD_STEPS: Final = 16
 """Most steps of work no one waits for (a voice chain built ahead of need) in one idle
@@ -319,10 +323,13 @@ class Engine:
     after it was submitted, and a frame after its session's previous one; flush,
     cancel and close at once). An :class:`Open` (warm-up, then one prompt token a
     slice) and a :class:`ToolResult` (one inserted step a slice) run in slices paced
-    like frames, one slice every ``OPEN_SLICE_FRAMES`` frames of all sessions together,
-    so long prompts and tool outputs take the time the running sessions leave and
-    never stall them; each stops before its next slice once its connection closes or
-    cancels. Their engine time counts in admission (:class:`ExtraWork`).
+    like frames, so long prompts and tool outputs take the time the running sessions
+    leave and never stall them; each stops before its next slice once its connection
+    closes or cancels. All of them together get a share of engine time while other conversations
+    stream, charged as measured (:mod:`realtime.engine.fairshare`): a slice waits for
+    credit, and for a gap it fits in or the moment just after the frames ran. Their
+    engine time counts in admission (:class:`ExtraWork`), and so does the measured
+    lateness of the frames (refused while they fall behind).
 
     With ``batch_frames`` (``--batch-frames``), a frame that runs takes with it the head
     frame of every other session whose head is a frame (at most ``max_batch``, the
@@ -374,8 +381,11 @@ class Engine:
         self._halting = False
         """The engine is shutting down: its queued frames, openings and tool results are
         stopped."""
-        self._extra_at = -math.inf  # under _state_lock
-        """When an opening's slice or a tool result's step last ran while a frame waited."""
+        self._share = ShareBucket(self._frame_seconds)  # under _state_lock
+        """Engine seconds work that is not a frame may spend while conversations stream
+        (:mod:`realtime.engine.fairshare`)."""
+        self._lateness = FrameLateness()  # under _state_lock
+        """How late the recent frames ended: readiness and admission by what happens."""
         self._last_frame: dict[str, float] = {}  # under _state_lock
         """When each session's latest frame reached the engine (a batch's gathering)."""
         self._thread = threading.Thread(target=self._run, name="realtime-engine", daemon=True)
@@ -388,6 +398,12 @@ class Engine:
         self._model: RealtimeModel | None = None
         self._sessions: dict[str, _Active] = {}  # engine thread only
         self._openings: set[str] = set()  # engine thread only: Opens under way
+        self._slices: collections.deque[float] = collections.deque(maxlen=16)
+        """The last slices of any sliced command: the dearest is a first slice's expected
+        cost (an opening's first slice builds its session). Engine thread only."""
+        self._after_frames = False  # engine thread only
+        """The last thing the engine ran was a frame step: the next frame of each stream
+        is furthest off, the moment for a slice that fits no gap."""
         self._running: tuple[_Queued, ...] = ()
         """The commands the running model call serves (a batch: one per row)."""
         self._last_beat: float | None = None
@@ -516,6 +532,8 @@ class Engine:
             cost = self._frame_cost(held + 1)
             if not admission.fits(held, cost, self._frame_seconds, self.admission_margin):
                 return "overloaded"
+            if not self._lateness.keeps_real_time(time.monotonic(), self._frame_seconds):
+                return "overloaded"  # the admitted conversations are falling behind
         return None
 
     def _frame_cost(self, sessions: int) -> float | None:
@@ -701,6 +719,7 @@ class Engine:
             time.perf_counter() - started,
         )
         self._frame_seconds = self._model.figures.frame_seconds
+        self._share = ShareBucket(self._frame_seconds)
         try:
             self._start_up()
         except BaseException as exc:
@@ -720,6 +739,8 @@ class Engine:
                 wait = self._gather_wait(time.monotonic())
             if wait is None:
                 entries = self._pop()
+                if not entries and len(self._scheduler):
+                    wait = self._share_wait(time.monotonic())
         if wait is not None:
             # A frame that will join this batch is on its way; any command
             # submitted meanwhile wakes the thread to look again.
@@ -891,16 +912,11 @@ class Engine:
 
     def _pop(self) -> list[Entry[str, _Queued]]:
         """The commands that run next (a batch of frames, or one other command); under
-        ``_state_lock``. An opening's slice or a tool result's step that runs while a
-        frame waits is remembered: all of them together take one step every
-        ``OPEN_SLICE_FRAMES`` frame times from waiting frames (:meth:`_yields`)."""
-        entries = self._scheduler.pop_batch(self._joins_batch, self.max_batch, self._yields)
-        if entries and isinstance(entries[0].item.command, (Open, ToolResult)):
-            frame = self._scheduler.most_urgent(self._joins_batch)
-            now = time.monotonic()
-            if frame is not None and self._waiting(frame, now):
-                self._extra_at = now
-        return entries
+        ``_state_lock``. An opening's slice or a tool result's step gives way to waiting
+        frames (:meth:`_yields`) and, while other conversations stream, waits for its
+        share of engine time (:meth:`_held_now`); ``[]`` when only held work is queued."""
+        held = self._held_now(time.monotonic())
+        return self._scheduler.pop_batch(self._joins_batch, self.max_batch, self._yields, held)
 
     def _waiting(self, frame: Entry[str, _Queued], now: float) -> bool:
         """A frame due within a frame time: one that arrived (a burst's later frames,
@@ -909,17 +925,16 @@ class Engine:
 
     def _yields(self, entry: Entry[str, _Queued], frame: Entry[str, _Queued]) -> bool:
         """Whether an opening's slice or a tool result's step gives way to ``frame``: when
-        the frame is waiting, unless the step is overdue (frames kept the engine busy
-        since it was queued) and no such work of any session took a step from waiting
-        frames in the last ``OPEN_SLICE_FRAMES`` frame times. So waiting frames take the
-        time they need, and all openings and tool results together still get a step
-        every two frames."""
+        the frame is waiting, unless the step has been overdue for ``OPEN_SLICE_FRAMES``
+        frame times (frames kept the engine busy all along: an overloaded engine still
+        lets openings progress, within their share, :meth:`_held`). So a slice starts
+        just after the waiting frames ran, when the next frame is furthest off."""
         if not isinstance(entry.item.command, (Open, ToolResult)):
             return False
         now = time.monotonic()
         if not self._waiting(frame, now):
             return False
-        return entry.due > now or now - self._extra_at < self._extra_period
+        return now < entry.due + self._extra_period
 
     def _joins_batch(self, entry: Entry[str, _Queued]) -> bool:
         """A frame still wanted joins a batch; anything else runs alone."""
@@ -941,10 +956,99 @@ class Engine:
             self._last_beat = None
             self._running = ()
 
-    def _count_extra(self, seconds: float) -> None:
-        """Engine time of work that is not a frame, for admission."""
+    def _count_extra(self, seconds: float, key: str | None = None) -> None:
+        """Engine time of work that is not a frame (of conversation ``key``): for
+        admission, and charged to the share such work gets while other conversations
+        stream (:meth:`_held_now`)."""
         with self._state_lock:
-            self._extra_work.add(time.monotonic(), seconds)
+            now = time.monotonic()
+            self._extra_work.add(now, seconds)
+            streams = self._streams(now, key)
+            share = self._share_of(streams, self._step_times.costs())
+            self._share.charge(now, seconds, share, contended=streams > 0)
+
+    # --- fair share of engine time (realtime.engine.fairshare) ---------------------
+
+    def _recent(self, now: float, besides: str | None) -> list[float]:
+        """When each conversation but ``besides`` that streams (a frame in the last
+        ``OPEN_SLICE_FRAMES`` frame times) handed over its latest frame."""
+        recent = now - OPEN_SLICE_FRAMES * self._frame_seconds
+        return [t for k, t in self._last_frame.items() if t >= recent and k != besides]
+
+    def _streams(self, now: float, besides: str | None = None) -> int:
+        """Conversations other than ``besides`` streaming now (a recent frame, or frames
+        queued); under ``_state_lock``. A conversation's own frames wait behind its own
+        opening or tool feed anyway, so they never hold that work back."""
+        streaming = len(self._recent(now, besides))
+        if streaming == 0:
+            queued = self._scheduler.most_urgent(
+                lambda e: e.key != besides and self._joins_batch(e)
+            )
+            return 0 if queued is None else 1
+        return streaming
+
+    def _share_of(self, streams: int, costs: dict[int, float]) -> float:
+        """The share of wall time work that is not a frame gets beside ``streams``
+        streaming conversations: what their predicted frames leave
+        (:func:`realtime.engine.fairshare.extra_share`); under ``_state_lock``."""
+        cost = admission.frame_cost(streams, costs, batched=self.batch_frames)
+        return fairshare.extra_share((cost or 0.0) / self._frame_seconds)
+
+    def _held_now(self, now: float) -> Callable[[Entry[str, _Queued]], bool]:
+        """Which commands wait for their share now: an opening's slice or a tool
+        result's step while another conversation streams, when the share's bucket has no
+        credit, or when the slice (its last one's cost) would not end in time for the
+        next frame expected, unless the engine just stepped the frames and they have
+        been on time for ``RECOVERY_FRAMES`` (:func:`realtime.engine.fairshare.recovered`).
+        Under ``_state_lock``."""
+        costs = self._step_times.costs()
+
+        def held(entry: Entry[str, _Queued]) -> bool:
+            if not self._held(entry):
+                return False
+            streams = self._streams(now, entry.key)
+            if streams == 0:
+                return False
+            if not self._share.may_run(now, self._share_of(streams, costs)):
+                return True
+            cost = entry.item.slice_seconds
+            cost = max(self._slices, default=0.0) if cost is None else cost
+            lasts = self._recent(now, entry.key)
+            deadline = min(lasts) + 2 * self._frame_seconds if lasts else None
+            step = admission.gather_cost(costs, streams)
+            if fairshare.fits(now, cost, deadline, step):
+                return False
+            # It will make a frame late wherever it runs: just after the frames ran, once
+            # they have caught up from the last such slice.
+            on_time, overdue = self._lateness.on_time_for(now), now - entry.due
+            caught_up = fairshare.recovered(on_time, overdue, self._frame_seconds)
+            return not (self._after_frames and caught_up)
+
+        return held
+
+    def _held(self, entry: Entry[str, _Queued]) -> bool:
+        """Model work that is not a frame and still wants to run (a stopped one runs at
+        once: it ends without a model step)."""
+        command = entry.item.command
+        return isinstance(command, (Open, ToolResult)) and not self._stopped(command)
+
+    def _share_wait(self, now: float) -> float:
+        """How long to wait when only held work is queued: until the bucket has credit,
+        at most a frame time (then look again: the streams may have stopped)."""
+        self._after_frames = False
+        streams = self._streams(now)
+        share = self._share_of(streams, self._step_times.costs())
+        wait = self._share.wait(now, share) if streams else 0.0
+        if wait <= 0.0:
+            wait = self._frame_seconds  # credit, but no gap fits: until a frame comes
+        return min(self._frame_seconds, max(1e-3, wait))
+
+    def _count_lateness(self, now: float, latenesses: list[float]) -> None:
+        """Frames that ended ``latenesses`` after their deadlines: readiness and admission
+        ask whether the admitted conversations keep real time."""
+        with self._state_lock:
+            for lateness in latenesses:
+                self._lateness.add(now, lateness)
 
     def _dead_error(self, command: Command, reason: str | None) -> EngineError:
         return EngineError(
@@ -973,6 +1077,7 @@ class Engine:
             self._reserved.clear()
 
     def _execute(self, entry: Entry[str, _Queued]) -> None:
+        self._after_frames = False
         item = entry.item
         command = item.command
         if isinstance(command, (Open, ToolResult)):
@@ -989,7 +1094,7 @@ class Engine:
                 result = self._dispatch(command)
             except Exception as exc:
                 error = self._failure(exc, kind, command.session_id)
-        self._count_extra(timing.seconds)
+        self._count_extra(timing.seconds, command.session_id)
         # Before the result wakes trio: afterwards this thread goes straight back to its
         # queue instead of holding the GIL the woken connection needs.
         self._observer.command_finished(kind, timing.seconds)
@@ -1058,6 +1163,8 @@ class Engine:
                 self._step_times.add(seconds, len(rows))
         self._observer.model_stepped(len(rows), seconds)
         now, queued = time.monotonic(), len(self._scheduler)
+        self._count_lateness(now, [now - e.due for e, step, _ in outcomes if step is not None])
+        self._after_frames = True
         for entry, step, _ in outcomes:
             if step is not None:
                 self._observer.frame_deadline(now - entry.due, queued)
@@ -1137,7 +1244,9 @@ class Engine:
                 else:
                     error = self._failure(exc, kind, entry.key)
         item.engine_seconds += timing.seconds
-        self._count_extra(timing.seconds)
+        item.slice_seconds = timing.seconds
+        self._slices.append(timing.seconds)
+        self._count_extra(timing.seconds, entry.key)
         if error is None and not done:
             with self._state_lock:
                 if self._dead_reason is None:

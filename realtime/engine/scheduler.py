@@ -10,9 +10,9 @@ runs in the time the live conversations leave. Model work that is not a frame (a
 opening's slices, a tool result's steps: :meth:`Scheduler.add_extra`) is paced too,
 never due at once: a step is due a period after it is queued and after its
 conversation's latest frame; and it gives way to a waiting frame when the engine says
-so (``yields`` in :meth:`Scheduler.pop_batch`: the engine lets all such work together
-take one step every two frame times from waiting frames, however many conversations
-open or feed at once).
+so (``yields`` in :meth:`Scheduler.pop_batch`), and waits while the engine holds it
+(``held``: all such work together gets a share of engine time, measured, however many
+conversations open or feed at once; :mod:`realtime.engine.fairshare`).
 Flush, cancel and close are due the moment they arrive, and a conversation is as
 urgent as its most urgent command, so they never wait behind another conversation's
 backlog for more than the one step running (the engine stops a closing conversation's
@@ -216,18 +216,21 @@ class Scheduler(Generic[K, T]):
         joins: Callable[[Entry[K, T]], bool],
         limit: int,
         yields: Callable[[Entry[K, T], Entry[K, T]], bool] | None = None,
+        held: Callable[[Entry[K, T]], bool] | None = None,
     ) -> list[Entry[K, T]]:
         """Take the command that runs next and, when it ``joins`` a batch, the head of
         every other conversation whose head joins too, most urgent first, at most
-        ``limit`` entries in all (``[]``: nothing is queued).
+        ``limit`` entries in all (``[]``: nothing is queued, or every head is ``held``).
 
         At most one entry per conversation and only heads, so each conversation's own
         order holds; the first entry is what :meth:`pop` would take, so a batch never
         delays the command that is due: the others only run early. Except when that
         command does not join and ``yields(it, frame)`` to the most urgent head that
-        joins (work that gives way to frames): then that head leads instead.
+        joins (work that gives way to frames): then that head leads instead. A head
+        that is ``held`` (work out of its share of engine time) waits: the most urgent
+        head that is not leads.
         """
-        lead = self.peek()
+        lead = self.peek() if held is None else self.most_urgent(lambda e: not held(e))
         if lead is None:
             return []
         if yields is not None and not joins(lead):
