@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib.metadata
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -133,3 +134,18 @@ def deep_model(tmp_path_factory: pytest.TempPathFactory) -> VoiceChatModel:
     model = load_model(path)
     assert isinstance(model, VoiceChatModel)
     return model
+
+
+@pytest.fixture(scope="session")
+def livekit() -> str:
+    """LiveKit's plugin, imported on the main thread (it must be); its version. For the
+    Realtime and the Live stacks' tests alike."""
+    pytest.importorskip(
+        "livekit.plugins.openai",
+        reason="livekit-plugins-openai is not installed (a dev dependency: "
+        "pip install -e '.[dev]')",
+    )
+    from tests.openai import livekit_exchange
+
+    livekit_exchange.load()
+    return importlib.metadata.version("livekit-plugins-openai")

@@ -57,18 +57,6 @@ def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
 
 
 @pytest.fixture(scope="session")
-def livekit() -> str:
-    """LiveKit's plugin, imported on the main thread (it must be); its version."""
-    pytest.importorskip(
-        "livekit.plugins.openai",
-        reason="livekit-plugins-openai is not installed (a dev dependency: "
-        "pip install -e '.[dev]')",
-    )
-    livekit_exchange.load()
-    return importlib.metadata.version("livekit-plugins-openai")
-
-
-@pytest.fixture(scope="session")
 def agents() -> str:
     """The Agents SDK (a dev dependency), imported once, not at collection; its version."""
     pytest.importorskip(
