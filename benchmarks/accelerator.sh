@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The accelerator run of issue 20 (batched frames), prepared so that it fits a short
+# The accelerator run (batched frames), prepared so that it fits a short
 # loan of an NVIDIA machine with no network (docs/performance.md, "On an accelerator").
 #
 #   benchmarks/accelerator.sh prepare

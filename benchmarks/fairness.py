@@ -1,13 +1,13 @@
 """``python -m benchmarks.fairness``: a conversation streaming in real time beside
 clients opening cold prompts at once, against the same beside a fair co-tenant.
 
-Issue 43 (findings 1 and 9): one session streams paced frames through the engine
+One session streams paced frames through the engine
 (no sockets: the engine's scheduling only) while ``--openers`` sessions open long
 prompts, each new to the engine (its own text and seed, a fresh engine each round, so
 every slice is a cold prefill's); the fair round streams a second session instead.
 Each frame's latency is its submission until its result, for the frames submitted
 once the others started. Rounds alternate fair and openers; run it on two checkouts
-to compare engines (it uses only the command API every engine since issue 37 has).
+to compare engines (it uses only the command API every recent engine has).
 """
 
 from __future__ import annotations

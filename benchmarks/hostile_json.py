@@ -1,5 +1,5 @@
 """``python -m benchmarks.hostile_json``: what a JSON flood costs the event loop and a
-victim beside it, on the native endpoint (issue 43, finding 2).
+victim beside it, on the native endpoint.
 
 Two figures. The loop time of one hostile message, parsed here as the endpoint parses
 it (``parse_client_message``, which is what the connection's receiver runs on the

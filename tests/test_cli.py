@@ -172,6 +172,6 @@ def test_serve_prints_the_native_openai_live_and_page_urls() -> None:
     "command", [["serve"], ["generate", "--input", "a.wav", "--output", "b.wav"]]
 )
 def test_no_compile_runs_the_step_uncompiled(command: list[str]) -> None:
-    """``--no-compile`` (issue 34 item 7) is off by default: the step runs compiled."""
+    """``--no-compile`` is off by default: the step runs compiled."""
     assert build_parser().parse_args(command).compile is True
     assert build_parser().parse_args([*command, "--no-compile"]).compile is False

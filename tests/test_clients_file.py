@@ -449,7 +449,7 @@ def test_every_client_flag_has_help() -> None:
 
 
 async def test_file_client_waits_for_a_slow_open_within_its_bound(tmp_path: Path) -> None:
-    """Issue 42 item 3: a server still reading a long system prompt holds session.updated
+    """A server still reading a long system prompt holds session.updated
     back. The client waits for it up to ``open_timeout`` (not ``event_timeout``, which
     raised a raw ``trio.TooSlowError`` after 60 s), and past it says so in one line,
     exit 1, never a traceback."""

@@ -1,5 +1,5 @@
 """The frame step's compiled pieces are traced at start, for every batch size the
-engine may step (issue 34 item 7), and compiled or not the codes are the same
+engine may step, and compiled or not the codes are the same
 (tests/test_voicechat_codes.py)."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def test_the_voicechat_model_compiles_its_rounds(demo_model: VoiceChatModel) -> 
 def test_the_engine_says_what_the_first_start_does_before_it_compiles(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Issue 42 item 5: the first start on a machine waited 25 s with nothing printed."""
+    """The first start on a machine waited 25 s with nothing printed."""
     caplog.set_level(logging.INFO, logger="realtime.engine.runner")
     model = CompilingModel(caplog.records)
     engine = engine_for(lambda: model, Limits(max_sessions=2), batch_frames=True)

@@ -389,7 +389,7 @@ def test_open_failure_after_commit_refuses_the_commit() -> None:
 
 
 def test_a_long_open_is_not_timed_out_by_the_server() -> None:
-    """Issue 42 item 3: reading a long new system prompt can take minutes; while it runs
+    """Reading a long new system prompt can take minutes; while it runs
     no server clock ends the session (the client bounds its own wait: --open-timeout)."""
     c = conv(configure_timeout=30.0, idle_timeout=120.0)
     (opening,) = received(c, msg("session.update", session={"system_prompt": "x" * 4000}), 1.0)

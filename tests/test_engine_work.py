@@ -1,9 +1,9 @@
-"""Issue 37, the engine's side: work that is not a frame is stoppable, paced and counted.
+"""The engine's side: work that is not a frame is stoppable, paced and counted.
 
 One conversation's openings, tool results and closes must not make another's frames
 late: a tool feed stops within one step when its connection closes, cancels or the
 engine shuts down; openings and tool feeds of all conversations together take a
-share of engine time, measured (issue 43), and give way to waiting frames; a close beside
+share of engine time, measured, and give way to waiting frames; a close beside
 running conversations does not clear the buffer cache; admission counts that work and
 is measured before the first client. Judged by counts (model steps taken, frames late),
 never by a time bound; the fake model's sleeps only stand for model cost.
@@ -229,7 +229,7 @@ def test_shutdown_stops_a_tool_feed() -> None:
 def test_simultaneous_openings_take_one_step_every_two_frames_from_a_stream() -> None:
     """Finding 7: four long-prompt openings beside one live stream. Before, with every
     opening guaranteed a slice every two frames, the stream fell behind; now the
-    openings together take at most their share of engine time (issue 43: a share of
+    openings together take at most their share of engine time (a share of
     wall time, :mod:`realtime.engine.fairshare`) and never a waiting frame's turn."""
     late = Lateness()
     model = SlicedModel(FakeOptions(frame_delay=0.015, prefill_token_delay=0.04))
@@ -252,7 +252,7 @@ def test_simultaneous_openings_take_one_step_every_two_frames_from_a_stream() ->
 
 
 def test_openings_dearer_than_a_frame_keep_a_stream_in_real_time() -> None:
-    """Issue 43, finding 1: three openings whose slices cost 1.5 frame times each (the
+    """Three openings whose slices cost 1.5 frame times each (the
     demo checkpoint's cold prefill slice) beside one live stream. Before, the rule
     counted slices, not time: a slice every two frame times was 120 ms of every 160,
     and the stream's frames ended up to 0.2 s late; now the openings take their share

@@ -188,7 +188,7 @@ async def test_the_receiver_never_writes_its_answers_itself(
 ) -> None:
     """Even with the sender idle the pong goes through the sender: a write by the
     receiver that finds the socket dead would wait inside Hypercorn's full receive
-    queue, which only the receiver drains (issue 37 finding 6)."""
+    queue, which only the receiver drains."""
     transport = GatedTransport()
     conn = Connection(transport, engine, Limits())
     with trio.fail_after(10):

@@ -217,7 +217,7 @@ def test_a_longer_prompt_carries_on_from_a_shorter_ones_voice_part(
 def test_a_chain_is_counted_as_it_grows_even_when_its_prefill_is_abandoned(
     model: VoiceChatModel,
 ) -> None:
-    """Issue 43, finding 4: a prefill left half way has extended its seed's chain; the
+    """A prefill left half way has extended its seed's chain; the
     cache's bytes count what the chain holds, and the bound evicts it like any entry."""
     opening = model.begin_session(system_prompt=LONG_PROMPT, seed=9, max_streaming_seconds=None)
     for _ in range(4):
@@ -233,7 +233,7 @@ def test_a_chain_is_counted_as_it_grows_even_when_its_prefill_is_abandoned(
 
 
 def test_a_clients_longer_prompt_never_grows_pinned_memory(model: VoiceChatModel) -> None:
-    """Issue 43, finding 6: the warmed prompt's chain is pinned as far as it needs; a
+    """The warmed prompt's chain is pinned as far as it needs; a
     longer prompt of the same seed extends a fork of it, stored unpinned, and opens
     exactly as mlx-vlm's constructor does."""
     from realtime.limits import Limits

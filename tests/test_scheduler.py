@@ -363,7 +363,7 @@ def test_a_batch_never_waits_past_its_first_frames_deadline(
 
 def test_extra_work_is_never_due_at_once() -> None:
     """An opening's slice or a tool result's step is due a period after it is queued and
-    after its conversation's latest frame (issue 37): a frame that is due sooner runs
+    after its conversation's latest frame: a frame that is due sooner runs
     first."""
     s: Scheduler[str, str] = Scheduler()
     assert s.add_extra("a", "open a", 1.0, 0.16) == pytest.approx(1.16)

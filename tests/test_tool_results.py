@@ -1,4 +1,4 @@
-"""A tool's result reaches the model (issue 20 part 6).
+"""A tool's result reaches the model.
 
 On the engine: a :class:`~realtime.engine.runner.ToolResult` goes in one model step a slice,
 other conversations' frames run between the slices, the session's own later frames

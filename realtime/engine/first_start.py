@@ -1,4 +1,4 @@
-"""What the engine says before it compiles the model step at start (issue 42 item 5).
+"""What the engine says before it compiles the model step at start.
 
 MLX's CPU backend builds each kernel ``mx.compile`` fuses with the system's C++
 compiler, once per machine and MLX version, and keeps the shared libraries under

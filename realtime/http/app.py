@@ -325,7 +325,7 @@ def upgrade_refusal(
     WebSockets are served over HTTP/1.1 only: over HTTP/2 (RFC 8441) Hypercorn's
     stream buffer takes every write into memory whatever the peer's flow-control
     window, so neither the stalled-reader clock nor the write bound could drop a
-    client that reads nothing (issue 37). Browsers and every client here use HTTP/1.1."""
+    client that reads nothing. Browsers and every client here use HTTP/1.1."""
     if http_version not in WEBSOCKET_HTTP_VERSIONS:
         return (
             505,

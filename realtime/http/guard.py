@@ -499,7 +499,7 @@ class GuardedWSStream(WSStream):
         """A message for the app, unless the app has ended. Once it has, nothing reads
         its queue: a client that went on sending filled it, and the connection's reader
         waited in this put (not on the socket, so aborting the socket did not end it)
-        until Hypercorn's graceful timeout cancelled it (issue 43: SIGTERM took
+        until Hypercorn's graceful timeout cancelled it (SIGTERM took
         shutdown timeout + 5 s with a non-reader that kept sending)."""
         if self._app_ended or self._queue_put is None:
             return

@@ -265,7 +265,7 @@ class Connection:
             arrived = time.perf_counter()
             # Queued for the sender, never written here: a write that finds the socket
             # dead makes Hypercorn put the disconnect into its (full) receive queue from
-            # inside the write, which only this task drains (issue 37).
+            # inside the write, which only this task drains.
             outputs = rules.receive(frame, trio.current_time())
             if frame is not None:  # recorded as the rules took it, never parsed again
                 self.lifetime.recorder.received(frame, refusal(outputs))

@@ -1,4 +1,4 @@
-"""The OpenAI dialect's input backlog bound (issue 42 item 3), on the pure state machine
+"""The OpenAI dialect's input backlog bound, on the pure state machine
 with the time passed in: while the model opens (a long prompt's prefill can take a
 minute) the newest audio is kept up to the bound and nobody is told per append (Pipecat
 takes every ``error`` but two as fatal); once it runs, only a client that sends faster

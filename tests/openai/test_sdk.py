@@ -179,7 +179,7 @@ async def test_a_tool_result_reaches_the_model_and_the_follow_up_answers() -> No
 
 @pytest.mark.slow
 async def test_latest_sdk_gets_its_answer_through_a_slow_open() -> None:
-    """Issue 42 item 3: the model takes 4.5 s to open while the SDK streams in real time
+    """The model takes 4.5 s to open while the SDK streams in real time
     from the start, past a 2 s backlog bound: no error, the newest audio (the speech
     among it) is heard, the answer comes."""
     model = scripted(say("Hi ", "there", None, "!"))
@@ -222,7 +222,7 @@ async def test_a_live_pipecat_pipeline_holds_an_exchange(
 async def test_a_live_pipecat_pipeline_gets_its_answer_through_a_slow_open(
     pipecat: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 42 item 3: the model takes 4.5 s to open (a long prompt's prefill) while
+    """The model takes 4.5 s to open (a long prompt's prefill) while
     Pipecat streams its microphone from the start, past a 2 s backlog bound. Before, each
     append over the bound got ``input_audio_buffer_full``, and Pipecat takes the first as
     fatal; now the newest 2 s are kept (the speech at the end of the open among them),

@@ -180,7 +180,7 @@ async def test_agents_twilio_g711(engine: Engine, agents: str) -> None:
 
 @pytest.mark.parametrize("engine", ["cold_vad"], indirect=True)
 async def test_livekit_gets_its_answer_through_a_slow_open(engine: Engine, livekit: str) -> None:
-    """Issue 42 item 3: the model opens in 4.5 s (a long prompt's prefill) while the
+    """The model opens in 4.5 s (a long prompt's prefill) while the
     room's audio streams in real time past a 2 s backlog bound: no error, the answer."""
     seen = await livekit_run(engine, "cold_vad", COLD_LIMITS)
     assert seen.errors == []

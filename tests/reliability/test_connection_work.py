@@ -1,4 +1,4 @@
-"""Issue 37, the connection side: what one client sends cannot reach the engine thread
+"""The connection side: what one client sends cannot reach the engine thread
 or the event loop as expensive work, nor queue without bound (against a real server).
 
 Judged by counts (calls, threads, refusals), never by timing.

@@ -1,4 +1,4 @@
-"""Issue 43, findings 1 and 9: cold openings cannot make a streaming conversation late.
+"""Cold openings cannot make a streaming conversation late.
 
 Through a real server with the fake model, whose opening slices cost 1.5 frame times
 each (the demo checkpoint's cold prefill slice: 111-197 ms against an 80 ms frame): a

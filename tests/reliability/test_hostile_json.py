@@ -1,4 +1,4 @@
-"""Issue 43, finding 2: the native endpoint refuses a message by its structure before
+"""The native endpoint refuses a message by its structure before
 building it, as the OpenAI endpoint does (:mod:`realtime.jsonbounds`, one bound for
 both). Before, ``{"type":"x","a":[{},{},...]}`` with 1.3 million objects, legal under
 the 4 MiB message bound, was parsed whole on the event loop (0.3-0.65 s and ~100 MB

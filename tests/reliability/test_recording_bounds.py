@@ -1,4 +1,4 @@
-"""Issue 43, findings 3 and 7: call recordings (``--record DIR``) within their bound
+"""Call recordings (``--record DIR``) within their bound
 at every moment, what a client sends recorded as the server took it, and no
 conversation's recording deleted to make room for an attacker's.
 

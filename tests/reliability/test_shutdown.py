@@ -213,7 +213,7 @@ async def streaming_client(port: int, stop: trio.Event, opened: list[int]) -> in
 
 
 async def test_sigterm_with_three_streams_and_a_non_reader_that_keeps_sending() -> None:
-    """Issue 43 finding 9: three conversations streaming and one client that stopped
+    """Three conversations streaming and one client that stopped
     reading but goes on sending, ``--max-sessions 4``, shutdown timeout 3 s: SIGTERM
     exits 0 within drain + shutdown timeout + 2 s = 5 s. Before: 8.1 s. Once its
     session ended, nothing read the app's queue, which the client's appends had

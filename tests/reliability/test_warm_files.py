@@ -1,4 +1,4 @@
-"""Issue 43, finding 8: ``realtime serve --warm-prompt BAD`` exits 2 with one line for
+"""``realtime serve --warm-prompt BAD`` exits 2 with one line for
 every bad file, and never aborts on the way out.
 
 Before: a 100,000-deep JSON file gave a Python traceback and exit 1; a 64 MB text file
