@@ -3,11 +3,18 @@ that take it: perception, the frame batch and the step itself)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from realtime.models.voicechat.batch import FrameBatch
     from realtime.models.voicechat.keys import SessionKey
+
+
+class Holder(Protocol):
+    """What holds a seat's rows: the frame batch (:mod:`realtime.models.voicechat.batch`),
+    named here by what a seat asks of it, so this module names no stage above it."""
+
+    def release(self, seats: Sequence[Seat]) -> None: ...
 
 
 class Seat:
@@ -20,7 +27,7 @@ class Seat:
 
     def __init__(self, inner: Any, *, lasting: bool = True) -> None:
         self.inner = inner
-        self.batch: FrameBatch | None = None
+        self.batch: Holder | None = None
         self.lasting = lasting
         """False: a row made for one call (it never joins a batch, which would hold
         it past the call)."""

@@ -408,7 +408,7 @@ def step_frames(rows: Sequence[StepRow], figures: ModelFigures) -> list[list[Mod
             raise ContextLimitReached(
                 f"stream exceeded the configured {inner.max_frames}-frame context"
             )
-    held = [row.seat.batch for row in rows if row.seat.batch is not None]
+    held = [row.seat.batch for row in rows if isinstance(row.seat.batch, FrameBatch)]
     batch = held[0] if held else FrameBatch()
     order = batch.arrange([row.seat for row in rows])
     if order is None:
