@@ -153,7 +153,9 @@ PLAN: list[tuple[int, str | None, int, list[int], int | None, str]] = [
 def _batch(session: ModelSession) -> FrameBatch | None:
     """The frame batch holding ``session``'s state (None: its own caches are current)."""
     assert isinstance(session, VoiceChatSession)
-    return session._seat.batch
+    batch = session._seat.batch
+    assert batch is None or isinstance(batch, FrameBatch)
+    return batch
 
 
 def _finish(model: VoiceChatModel, session: ModelSession, how: str) -> list[ModelEvent]:
