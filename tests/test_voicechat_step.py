@@ -23,7 +23,8 @@ from realtime.models.base import (
     open_session,
 )
 from realtime.models.voicechat.keys import SessionKey, drawing_from, drawing_rows
-from realtime.models.voicechat.model import VoiceChatModel, VoiceChatSession
+from realtime.models.voicechat.model import VoiceChatModel
+from realtime.models.voicechat.session import VoiceChatSession
 from tests.models_fixtures import noise, push_all, speechlike, step_rows
 from tests.test_sessions_isolation import LONG_PROMPT, Digest, digest, digest_mlx_vlm
 
