@@ -84,7 +84,8 @@ class VoiceChatModel:
 
     @property
     def figures(self) -> ModelFigures:
-        """Read from the checkpoint's config when it loaded (:func:`figures_of`)."""
+        """Read from the checkpoint's config when it loaded
+        (:func:`~realtime.models.voicechat.figures.figures_of`)."""
         return self._figures
 
     @property
@@ -102,7 +103,8 @@ class VoiceChatModel:
         profile: bool = False,
     ) -> VoiceChatOpening:
         """Check the options; the opening seeds, warms the TTS voice prompt and prefills
-        the system prompt in slices (:class:`VoiceChatOpening`)."""
+        the system prompt in slices
+        (:class:`~realtime.models.voicechat.opening.VoiceChatOpening`)."""
         value = check_seed(seed)
         if system_prompt is not None and not isinstance(system_prompt, str):
             raise SessionInitializationError("system_prompt must be a string")
@@ -196,8 +198,10 @@ class VoiceChatModel:
         return self._prompts.ahead(self._runtime, steps, quiet)
 
     def step(self, frames: Sequence[Frame]) -> list[RowResult]:
-        """The sessions' frames as one batched frame step (:func:`run_rows`); sessions
-        opened with ``profile=True`` (mlx-vlm's own step) one after another."""
+        """The sessions' frames as one batched frame step
+        (:func:`~realtime.models.voicechat.session.run_rows`); sessions opened with
+        ``profile=True`` (:class:`~realtime.models.voicechat.reference.ReferenceSession`,
+        mlx-vlm's own step) one after another."""
         sessions = [session for session, _, _ in frames]
         if not all(isinstance(s, VoiceChatSession) for s in sessions):
             return step_each(frames)

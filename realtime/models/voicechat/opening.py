@@ -56,7 +56,8 @@ class VoiceChatOpening:
     _max_streaming_seconds: float | None = attrs.field(kw_only=True)
     _profile: bool = attrs.field(default=False, kw_only=True)
     _scope: str | None = attrs.field(default=None, kw_only=True)
-    """The prompt-cache scope (:meth:`VoiceChatModel.begin_session`)."""
+    """The prompt-cache scope
+    (:meth:`~realtime.models.voicechat.model.VoiceChatModel.begin_session`)."""
     _prefill: Prefill | None = attrs.field(default=None, init=False)
     _parts: tuple[LanguagePart, VoicePart] | None = attrs.field(default=None, init=False)
     _use: PromptUse | None = attrs.field(default=None, init=False)

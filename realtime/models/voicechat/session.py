@@ -87,7 +87,8 @@ class Timeline:
 class VoiceChatSession(Timeline):
     """One streaming timeline whose frames run through the project's own frame step
     (:mod:`realtime.models.voicechat.step`), alone or batched with other sessions'
-    (:meth:`VoiceChatModel.step`), bit for bit what mlx-vlm's own ``push_audio`` gives.
+    (:meth:`~realtime.models.voicechat.model.VoiceChatModel.step`), bit for bit what
+    mlx-vlm's own ``push_audio`` gives.
     (mlx-vlm's own step, with its per-stage timings, is
     :class:`~realtime.models.voicechat.reference.ReferenceSession`.)"""
 
@@ -167,9 +168,9 @@ class VoiceChatSession(Timeline):
         return [convert(e, self._figures) for e in self._inner.cancel()]
 
     def begin_tool_result(self, tool: ToolInput) -> VoiceChatToolResult:
-        """Start feeding a tool's output (:meth:`VoiceChatModel.tool_input` made its
-        tokens) to the model (:class:`VoiceChatToolResult`). InferenceError when the
-        session cannot take it."""
+        """Start feeding a tool's output (its tokens made by
+        :meth:`~realtime.models.voicechat.model.VoiceChatModel.tool_input`) to the model
+        (:class:`VoiceChatToolResult`). InferenceError when the session cannot take it."""
         self._check_open()
         return VoiceChatToolResult(self, list(tool.ids))
 
