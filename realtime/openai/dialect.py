@@ -13,7 +13,8 @@ The rules it routes to live beside it, one concern a module:
   (and the held turn, which no response carries yet);
 * :mod:`.responses` and :mod:`.render`: the active response and its events;
 * :mod:`.items`: the conversation's items, within bounds;
-* :mod:`.tools`: tools in the prompt, tool calls from the function channel;
+* :mod:`realtime.models.voicechat.tools`: tools in the prompt, tool calls from the
+  function channel (VoiceChat's tool format);
 * :mod:`.clock`: silence pacing and the idle and stalled-reader deadlines;
 * :mod:`.states`: every state and its legal transitions, in one table.
 
@@ -41,6 +42,7 @@ from realtime.models.base import (
     Samples,
     tool_output_refusal,
 )
+from realtime.models.voicechat.tools import CallReader, Markers
 from realtime.observe import DropReason
 from realtime.openai import events as ev
 from realtime.openai import messages as msg
@@ -57,7 +59,6 @@ from realtime.openai.items import (
 )
 from realtime.openai.responses import FrameOutput, Responses
 from realtime.openai.states import ModelState, Phase, Trigger, advance
-from realtime.openai.tools import CallReader, Markers
 from realtime.openai.turns import Channels, SpeechStarted, Turns, TurnStep, UserBeat, channels
 from realtime.openai.usage import Context
 from realtime.session.close_codes import CLOSE_INTERNAL, CLOSE_POLICY, Close

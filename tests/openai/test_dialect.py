@@ -19,11 +19,11 @@ from realtime.models.base import (
     ModelEvent,
     UserTranscriptDelta,
 )
+from realtime.models.voicechat.tools import parse_calls
 from realtime.openai import events as ev
 from realtime.openai.dialect import Dialect, Output
 from realtime.openai.responses import CREATE_TIMEOUT_FRAMES
 from realtime.openai.states import ModelState
-from realtime.openai.tools import parse_calls
 from realtime.openai.turns import END_TAIL_FRAMES, USER_QUIET_FRAMES
 from realtime.session.close_codes import Close
 from realtime.session.work import CountTokens, OpenModel, RunAudio

@@ -26,6 +26,7 @@ from realtime.models.base import (
 )
 from realtime.models.checkpoint import one_line
 from realtime.models.voicechat.events import convert
+from realtime.models.voicechat.tools import tool_response_text
 
 if TYPE_CHECKING:
     from realtime.models.voicechat.keys import SessionKey
@@ -180,11 +181,10 @@ MAX_TOOL_RESPONSE_TOKENS: Final = MAX_TOOL_RESULT_TOKENS
 
 
 def tool_input(tokenizer: Any, output: str) -> ToolInput:
-    """``output`` as the model reads it (:func:`voicechat_step.tool_response_text`),
+    """``output`` as the model reads it
+    (:func:`realtime.models.voicechat.tools.tool_response_text`),
     tokenized; refused by size before tokenizing, and when its JSON nests too deeply
     to parse (CPython's recursion limit)."""
-    from realtime.models.voicechat.step import tool_response_text
-
     refusal = tool_output_refusal(output)
     if refusal is not None:
         raise InferenceError(refusal)
