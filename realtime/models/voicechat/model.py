@@ -4,8 +4,9 @@ mlx-vlm's ``nemotron_voicechat`` is the reference MLX implementation. The model 
 engine serves (:class:`VoiceChatModel`) is here; its jobs are their own modules beside
 it: loading (:mod:`.load`), the checkpoint's figures (:mod:`.figures`), opening a
 session (:mod:`.opening`), the session and its batched frames (:mod:`.session`),
-mlx-vlm's own step for reference (:mod:`.reference`) and its events as the project's
-values (:mod:`.events`). Everything here runs on the engine thread that owns MLX.
+mlx-vlm's own step for reference (:mod:`.reference`), its events as the project's
+values (:mod:`.events`), and VoiceChat's tool format (:mod:`.tools`). Everything here
+runs on the engine thread that owns MLX.
 """
 
 from __future__ import annotations
