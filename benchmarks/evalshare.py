@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -28,14 +28,16 @@ def measure(path: Path, frames: int, warmup: int = 10) -> dict[str, Any]:
     import mlx.core as mx
 
     from realtime.models.base import open_now
-    from realtime.models.voicechat.model import VoiceChatSession, load_voicechat
+    from realtime.models.voicechat.load import load_voicechat
+    from realtime.models.voicechat.reference import ReferenceSession
 
     model = load_voicechat(path)
     size, rate = model.figures.frame_samples, model.figures.input_sample_rate
     opening = model.begin_session(
         system_prompt=None, seed=0, max_streaming_seconds=None, profile=True
     )
-    session = cast("VoiceChatSession", open_now(opening))
+    session = open_now(opening)
+    assert isinstance(session, ReferenceSession)
     evaluating = [0.0]
     original_eval, original_argmax = mx.eval, mx.argmax
 
@@ -67,7 +69,7 @@ def measure(path: Path, frames: int, warmup: int = 10) -> dict[str, Any]:
         mx.eval, mx.argmax = original_eval, original_argmax
     step = np.asarray(steps) * 1e3
     ev = np.asarray(evals) * 1e3
-    profile = session.profile_summary(drop_first=warmup) or {}
+    profile = session.profile_summary(drop_first=warmup)
     return {
         "model": str(path),
         "frames": frames,

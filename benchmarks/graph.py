@@ -620,7 +620,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.warm < 1 or args.frames < 1 or args.rounds < 1:
         print("--warm, --frames and --rounds must be at least 1", file=sys.stderr)
         return 2
-    from realtime.models.voicechat.model import load_voicechat
+    from realtime.models.voicechat.load import load_voicechat
 
     if args.no_compile:
         import mlx.core as mx

@@ -51,7 +51,7 @@ def model_side(
     import mlx.core as mx
 
     from realtime.models.base import InferenceError
-    from realtime.models.voicechat.model import load_voicechat
+    from realtime.models.voicechat.load import load_voicechat
 
     model = load_voicechat(path)
     figures = model.figures

@@ -73,7 +73,7 @@ def measure(
     stagger_seconds`` into the run, so their ages (and caches) differ."""
     import mlx.core as mx
 
-    from realtime.models.voicechat.model import load_voicechat
+    from realtime.models.voicechat.load import load_voicechat
 
     model = load_voicechat(path)
     figures = model.figures

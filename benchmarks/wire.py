@@ -82,7 +82,7 @@ def figures_for(path: Path | None) -> ModelFigures:
         from realtime.testing.fake import NullModel
 
         return NullModel().figures
-    from realtime.models.voicechat.model import checkpoint_figures
+    from realtime.models.voicechat.figures import checkpoint_figures
 
     return checkpoint_figures(path)
 

@@ -207,14 +207,12 @@ def stream_session(
 def _run_stream(
     model: RealtimeModel, samples: Samples, args: argparse.Namespace
 ) -> tuple[list[Samples], int]:
-    from realtime.models.voicechat.model import VoiceChatSession
+    from realtime.models.voicechat.reference import ReferenceSession
 
     session = _open_stream(model, args)
     audio, status = stream_session(model, session, samples, sys.stdout)
-    if args.profile and isinstance(session, VoiceChatSession):
-        summary = session.profile_summary()
-        if summary is not None:
-            _print_profile(summary, sys.stdout)
+    if args.profile and isinstance(session, ReferenceSession):
+        _print_profile(session.profile_summary(), sys.stdout)
     return audio, status
 
 

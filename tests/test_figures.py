@@ -28,7 +28,8 @@ from realtime.demo.checkpoint.config import demo_config
 from realtime.models import ModelLoadError, load_model
 from realtime.models import base as model_base
 from realtime.models.base import VOICECHAT_FIGURES, AudioDelta, ModelFigures, open_session
-from realtime.models.voicechat.model import VoiceChatModel, checkpoint_figures, figures_of
+from realtime.models.voicechat.figures import checkpoint_figures, figures_of
+from realtime.models.voicechat.model import VoiceChatModel
 from realtime.native import wire as protocol
 from realtime.offline import generate_command, stream_session, stream_slices
 from realtime.testing.fake import FakeModel, FakeOptions, FakeSession, NullModel, tone

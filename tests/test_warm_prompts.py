@@ -196,7 +196,7 @@ async def test_an_openai_cached_open_equals_a_cold_open_through_the_socket(
     from mlx_vlm.models.nemotron_voicechat.streaming import VoiceChatStreamingSession
 
     from realtime.models.voicechat.keys import SessionKey, drawing_from
-    from realtime.models.voicechat.model import VoiceChatOpening
+    from realtime.models.voicechat.opening import VoiceChatOpening
     from realtime.warm import system_prompt_of
 
     opened: list[str] = []

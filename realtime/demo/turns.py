@@ -25,9 +25,7 @@ a real checkpoint decides its turns by itself.
 from __future__ import annotations
 
 import enum
-import json
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -37,6 +35,7 @@ import numpy as np
 
 from realtime.models import base
 from realtime.models.prompt_cache import AheadSlice, CacheFigures, CachesPrompts, KeepsStates
+from realtime.models.voicechat import tools
 
 SILENT_DB: Final = -100.0
 """The energy of digital silence (and the lowest any frame is given)."""
@@ -375,10 +374,6 @@ def tool_reply_text(output: str) -> str | None:
 
 # --- tool calls: the first declared tool, called in VoiceChat's own format ---------------
 
-_DECLARED_TOOLS: Final = re.compile(r"<AVAILABLE_TOOLS>(.*?)</AVAILABLE_TOOLS>", re.DOTALL)
-"""The tools a system prompt declares, as VoiceChat was trained to read them (the
-OpenAI endpoint renders a session's ``tools`` so)."""
-
 _PLACEHOLDERS: Final[dict[str, Any]] = {
     "string": "example",
     "integer": 1,
@@ -390,19 +385,10 @@ _PLACEHOLDERS: Final[dict[str, Any]] = {
 
 
 def declared_tool(system_prompt: str | None) -> Mapping[str, Any] | None:
-    """The first tool ``system_prompt`` declares (``<AVAILABLE_TOOLS>[...]``), or None
-    (none declared, or a listing that does not parse)."""
-    found = _DECLARED_TOOLS.search(system_prompt or "")
-    if found is None:
-        return None
-    try:
-        tools = json.loads(found.group(1))
-    except ValueError:
-        return None
-    if not isinstance(tools, list):
-        return None
-    named = (t for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str))
-    return next(named, None)
+    """The first tool ``system_prompt`` declares
+    (:func:`realtime.models.voicechat.tools.declared_tools`), or None (none declared,
+    or a listing that does not parse)."""
+    return next(iter(tools.declared_tools(system_prompt)), None)
 
 
 _NO_VALUE: Final = object()
@@ -446,13 +432,12 @@ def example_value(schema: object, depth: int = 0) -> Any:
 
 def tool_call_text(tool: Mapping[str, Any], figures: base.ModelFigures) -> str:
     """One call of ``tool`` on the function channel, in VoiceChat's format
-    (``<TOOLCALL>[{"name": ..., "arguments": {...}}]</TOOLCALL>``: the spelled-out
-    markers the figures name last), its arguments from the tool's parameter schema."""
+    (:func:`realtime.models.voicechat.tools.render_call`, with the markers the figures
+    name), its arguments from the tool's parameter schema."""
     arguments = example_value(tool.get("parameters", {"type": "object"}))
     if not isinstance(arguments, dict):
         arguments = {}
-    call = json.dumps([{"name": tool["name"], "arguments": arguments}], ensure_ascii=False)
-    return f"{figures.tool_call_start[-1]}{call}{figures.tool_call_end[-1]}"
+    return tools.render_call(tool["name"], arguments, tools.Markers.of(figures))
 
 
 HEARD_START: Final = "(demo) speech"

@@ -2,7 +2,7 @@
 history, and one ``delegate`` tool in VoiceChat's own tool format.
 
 VoiceChat has one function channel and was trained on declared tools
-(:func:`realtime.openai.tools.render_prompt`); the Live API hands work to the
+(:func:`realtime.models.voicechat.tools.render_prompt`); the Live API hands work to the
 application through delegations. So a Live session declares one tool: the model calls
 ``delegate`` when it wants the application to act, and the application's answer
 (commentary, thinking, instructions) comes back on the tool-result channel
@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from realtime.live.config import LiveConfig, history_text
 from realtime.models.base import DELEGATE_TOOL
-from realtime.openai.tools import render_prompt
+from realtime.models.voicechat.tools import render_prompt
 
 DELEGATE: Final[dict[str, Any]] = {
     "name": DELEGATE_TOOL,

@@ -43,10 +43,10 @@ from realtime.models.base import (
     RealtimeModel,
     context_feed,
 )
+from realtime.models.voicechat.tools import CallReader, Markers
 from realtime.observe import SessionOutcome
 from realtime.openai.clock import Deadlines, FrameClock
 from realtime.openai.events import Invalid, new_id
-from realtime.openai.tools import CallReader, Markers
 from realtime.openai.turns import channels
 from realtime.session.close_codes import CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY, Close
 from realtime.session.rules import Output, Refusal

@@ -41,7 +41,7 @@ def load_model(path: str | os.PathLike[str]) -> RealtimeModel:
     """
     info = check_model_path(path)
     if info.model_type == "nemotron_voicechat":
-        from realtime.models.voicechat.model import load_voicechat
+        from realtime.models.voicechat.load import load_voicechat
 
         try:
             return load_voicechat(info.path, info=info)

@@ -17,6 +17,8 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from realtime.models.voicechat import tools
+
 Samples = npt.NDArray[np.float32]
 
 
@@ -140,13 +142,12 @@ VOICECHAT_FIGURES: Final = ModelFigures(
     eos_token_id=2,
     pad_token_id=12,
     silence_token_id=11,
-    tool_call_start=("<SPECIAL_20>", "<TOOLCALL>"),
-    tool_call_end=("<SPECIAL_21>", "</TOOLCALL>"),
-    marker_pattern=r"<SPECIAL_\d+>|</?TOOLCALL>|</?TOOL_RESPONSE>",
+    tool_call_start=tools.CALL_START,
+    tool_call_end=tools.CALL_END,
+    marker_pattern=tools.MARKER_PATTERN,
 )
 """NemotronLabs VoiceChat 11B: 80 ms frames, 16 kHz in, 22 050 Hz out, 31 codebooks;
-its tokenizer's ``<SPECIAL_20>`` / ``<SPECIAL_21>`` open and close a tool call, and
-the ``<TOOLCALL>`` tags of its prompt format may appear in their place."""
+its tool-call markers are its tool format's (:mod:`realtime.models.voicechat.tools`)."""
 
 
 @attrs.frozen(slots=True)

@@ -3,14 +3,14 @@
 The rules live in :class:`~realtime.openai.dialect.Dialect`; the pipeline, the
 waker, the frame latency and the session report are :mod:`realtime.session.pipeline`'s,
 the same as the native endpoint's. :class:`OpenAIRules` is the seam between them:
-it hands the dialect's frames on as :class:`~realtime.session.work.RunAudio` (client audio
-and the silence its clock feeds, so the model's clock runs while the client is
-quiet), and the pipeline's results back in the dialect's terms.
+the dialect already speaks the pipeline's work values (:mod:`realtime.session.work`:
+its frames, client audio and the silence its clock feeds, are
+:class:`~realtime.session.work.RunAudio`), so the seam only notes the close and hands
+the pipeline's results back in the dialect's terms.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable
 from typing import ClassVar
 
@@ -18,13 +18,12 @@ from realtime.limits import Limits
 from realtime.models.base import ModelEvent, PromptUse, RealtimeModel
 from realtime.observe import SessionOutcome
 from realtime.openai import events as ev
-from realtime.openai.dialect import Dialect, FeedTool, OpenModel, RunFrame
+from realtime.openai.dialect import Dialect
 from realtime.openai.dialect import Output as DialectOutput
 from realtime.session.close_codes import CLOSE_INTERNAL, Close
 from realtime.session.pipeline import Connection
 from realtime.session.rules import DialectFactory, Event, Output, Refusal
-from realtime.session.work import Backlog, Failure, FeedModel, RunAudio
-from realtime.session.work import OpenModel as OpenWork
+from realtime.session.work import Backlog, Failure, RunAudio
 
 
 class OpenAIRules:
@@ -42,7 +41,6 @@ class OpenAIRules:
         """Counted by the pipeline; the dialect keeps its own clocks."""
         self.outcome: SessionOutcome = "client_gone"
         self.close_reason = ""
-        self._frames = itertools.count()
 
     @classmethod
     def new(cls, model: RealtimeModel, limits: Limits, now: float) -> OpenAIRules:
@@ -68,23 +66,15 @@ class OpenAIRules:
     def serialize(self, event: Event) -> str:
         return ev.serialize(event)
 
-    # --- the dialect's outputs as the pipeline's -------------------------------------
+    # --- the dialect's outputs, handed on ----------------------------------------------
 
     def _outputs(self, outputs: Iterable[DialectOutput], now: float) -> list[Output]:
+        """The dialect's outputs are the pipeline's; a close is noted on its way."""
         out: list[Output] = []
         for item in outputs:
-            if isinstance(item, OpenModel):
-                out.append(OpenWork(item.system_prompt))
-            elif isinstance(item, FeedTool):
-                out.append(FeedModel(item.output))
-            elif isinstance(item, RunFrame):
-                rate = self.dialect.figures.input_sample_rate
-                out.append(RunAudio(next(self._frames), item.samples, rate, now))
-            elif isinstance(item, Close):
+            if isinstance(item, Close):
                 self._closing(item)
-                out.append(item)
-            else:
-                out.append(item)
+            out.append(item)
         return out
 
     def _closing(self, close: Close) -> None:

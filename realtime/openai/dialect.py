@@ -13,7 +13,8 @@ The rules it routes to live beside it, one concern a module:
   (and the held turn, which no response carries yet);
 * :mod:`.responses` and :mod:`.render`: the active response and its events;
 * :mod:`.items`: the conversation's items, within bounds;
-* :mod:`.tools`: tools in the prompt, tool calls from the function channel;
+* :mod:`realtime.models.voicechat.tools`: tools in the prompt, tool calls from the
+  function channel (VoiceChat's tool format);
 * :mod:`.clock`: silence pacing and the idle and stalled-reader deadlines;
 * :mod:`.states`: every state and its legal transitions, in one table.
 
@@ -41,6 +42,7 @@ from realtime.models.base import (
     Samples,
     tool_output_refusal,
 )
+from realtime.models.voicechat.tools import CallReader, Markers
 from realtime.observe import DropReason
 from realtime.openai import events as ev
 from realtime.openai import messages as msg
@@ -57,11 +59,10 @@ from realtime.openai.items import (
 )
 from realtime.openai.responses import FrameOutput, Responses
 from realtime.openai.states import ModelState, Phase, Trigger, advance
-from realtime.openai.tools import CallReader, Markers
 from realtime.openai.turns import Channels, SpeechStarted, Turns, TurnStep, UserBeat, channels
 from realtime.openai.usage import Context
 from realtime.session.close_codes import CLOSE_INTERNAL, CLOSE_POLICY, Close
-from realtime.session.work import CountTokens, DroppedAudio
+from realtime.session.work import CountTokens, DroppedAudio, FeedModel, OpenModel, RunAudio
 from realtime.wire_audio import PCM24, InputFramer, OutputResampler
 
 MAX_QUEUED_FEEDS: Final = 4
@@ -111,30 +112,9 @@ class Budget:
 # --- outputs ---------------------------------------------------------------------------
 
 
-@attrs.frozen(slots=True)
-class OpenModel:
-    """Open the model session with this system prompt (``None``: the model's own)."""
-
-    system_prompt: str | None
-
-
-@attrs.frozen(slots=True, eq=False)
-class RunFrame:
-    """Run one 1280-sample frame at 16 kHz (client audio, or silence)."""
-
-    samples: Samples
-    silence: bool
-
-
-@attrs.frozen(slots=True)
-class FeedTool:
-    """Give the model a tool's output (a ``function_call_output`` item), in order with
-    the frames around it."""
-
-    output: str
-
-
-Output = ev.Event | OpenModel | RunFrame | FeedTool | Close | CountTokens | DroppedAudio
+Output = ev.Event | OpenModel | RunAudio | FeedModel | Close | CountTokens | DroppedAudio
+"""What the rules hand on: server events, the session's work values for the model
+pipeline (:mod:`realtime.session.work`), and the close."""
 
 
 class Dialect:
@@ -353,7 +333,7 @@ class Dialect:
             self._appended = True
         frames = self._framer.push(samples)
         if self.model_state is ModelState.OPEN:
-            return out + [self._frame(frame, silence=False) for frame in frames]
+            return out + [self._frame(frame, now) for frame in frames]
         dropped = 0
         for frame in frames:
             # The model is opening: the newest audio is kept, up to the bound (the
@@ -405,10 +385,10 @@ class Dialect:
         }
         return DroppedAudio(seconds, reason, notes[reason] + "; counted in /metrics")
 
-    def _release(self) -> list[Output]:
+    def _release(self, now: float) -> list[Output]:
         """The frames held while the model opened, handed on in order: once it has
         opened, or before work that must follow them (a response, a tool output)."""
-        out: list[Output] = [self._frame(frame, silence=False) for frame in self._held]
+        out: list[Output] = [self._frame(frame, now) for frame in self._held]
         self._held.clear()
         return out
 
@@ -458,9 +438,9 @@ class Dialect:
             # The model takes a tool's result on its function channel (as trained); a
             # text message is kept in the conversation but does not reach it.
             out += self._ensure_open()
-            out += self._release()
+            out += self._release(self._deadlines.last_message)
             self._feeds_queued += 1
-            out.append(FeedTool(output))
+            out.append(FeedModel(output))
         return out
 
     def _feed_refusal(self, message: msg.ItemCreate, output: str) -> list[Output]:
@@ -514,7 +494,7 @@ class Dialect:
                 f"conversation already has an active response {active.id}",
             )
         out = self._ensure_open()
-        out += self._release()
+        out += self._release(self._deadlines.last_message)
         # It counts from the model's next frame: what the client sent before it is
         # still queued ahead, and turns the model takes while hearing it are not it.
         out += self._responses.open(
@@ -566,9 +546,12 @@ class Dialect:
         )
         return [OpenModel(prompt)]
 
-    def _frame(self, samples: Samples, *, silence: bool) -> RunFrame:
+    def _frame(self, samples: Samples, now: float) -> RunAudio:
+        """One frame (client audio, or silence) for the model, numbered in order (its
+        tag); ``now`` is when it came, which the frame latency runs from."""
+        tag = self._frames.submitted
         self._frames.submitted += 1
-        return RunFrame(samples, silence)
+        return RunAudio(tag, samples, self.figures.input_sample_rate, now)
 
     def opened(
         self, failure: str | None, now: float, *, cached_tokens: int = 0, prompt_tokens: int = 0
@@ -583,7 +566,7 @@ class Dialect:
             self.usage.cached_tokens += min(cached_tokens, self._prompt_tokens)
             self.model_state = advance(self.model_state, Trigger.OPENED)
             self._frames.start = now
-            return self._release()
+            return self._release(now)
         self.model_state = advance(self.model_state, Trigger.OPEN_FAILED)
         self._applied = None
         self._held.clear()  # as queued frames are, with no session to run them
@@ -733,9 +716,7 @@ class Dialect:
             return [ev.error(message, code="idle_timeout"), Close(CLOSE_POLICY, message)]
         if self.model_state is not ModelState.OPEN:
             return []
-        return [
-            self._frame(self._silence, silence=True) for _ in range(self._frames.silence_due(now))
-        ]
+        return [self._frame(self._silence, now) for _ in range(self._frames.silence_due(now))]
 
     def next_tick(self, now: float) -> float:
         """When ``tick`` next has something to do (at the latest): the client's

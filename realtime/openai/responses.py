@@ -20,10 +20,10 @@ from typing import Any, Final
 import attrs
 
 from realtime.models.base import Samples
+from realtime.models.voicechat.tools import Call
 from realtime.openai import events as ev
 from realtime.openai import render
 from realtime.openai.items import ItemLog
-from realtime.openai.tools import Call
 from realtime.openai.usage import Context, Made, usage
 from realtime.wire_audio import PCM24, WireFormat
 

@@ -15,8 +15,8 @@ from typing import Any, Final, Literal
 
 from realtime.endpoints import OPENAI_SESSION_KEYS
 from realtime.limits import prompt_refusal
+from realtime.models.voicechat.tools import render_prompt
 from realtime.openai import events as ev
-from realtime.openai.tools import render_prompt
 from realtime.wire_audio import WireFormat, parse_format
 
 Session = dict[str, Any]

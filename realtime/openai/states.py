@@ -21,7 +21,7 @@ class ModelState(enum.Enum):
     CLOSED = enum.auto()
     """Not asked for yet, or its opening failed (the next audio asks again)."""
     OPENING = enum.auto()
-    """Asked for (:class:`~realtime.openai.dialect.OpenModel` handed out)."""
+    """Asked for (:class:`~realtime.session.work.OpenModel` handed out)."""
     OPEN = enum.auto()
     """Running: its clock is fed silence while the client is quiet."""
 

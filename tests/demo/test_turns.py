@@ -444,7 +444,7 @@ def test_a_session_with_tools_answers_a_turn_with_a_call_then_the_result() -> No
     """The call is VoiceChat's own format on the function channel, complete on the frame
     the user's turn ends, so the OpenAI dialect's reader takes it whole; the demo says
     nothing until the tool's result comes back, and that answer calls nothing."""
-    from realtime.openai.tools import CallReader, render_prompt
+    from realtime.models.voicechat.tools import CallReader, render_prompt
 
     model, _ = _wrapped()
     other = {"type": "function", "name": "second", "parameters": {"type": "object"}}

@@ -12,8 +12,9 @@ import pytest
 
 from realtime.models.base import InferenceError, PromptUse, UsesPrompt, open_session
 from realtime.models.prompt_cache import CacheFigures, CachesPrompts, PromptCache
-from realtime.models.voicechat.model import VoiceChatModel, VoiceChatSession
+from realtime.models.voicechat.model import VoiceChatModel
 from realtime.models.voicechat.prompt import VoiceChain, VoiceKey
+from realtime.models.voicechat.session import VoiceChatSession
 from tests.engine.test_isolation import LONG_PROMPT, audio_for, digest, digest_mlx_vlm
 from tests.models_fixtures import push_all
 

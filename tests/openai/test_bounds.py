@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from realtime.limits import Limits
+from realtime.models.voicechat.tools import parse_calls
 from realtime.openai import events as ev
 from realtime.openai.dialect import Dialect, Output
 from realtime.openai.items import MAX_ITEM_BYTES, MAX_ITEMS_BYTES, VALUE_BYTES, item_bytes
-from realtime.openai.tools import parse_calls
 from realtime.session.close_codes import Close
 from tests.openai.test_dialect import dialect, events, send, types
 

@@ -19,14 +19,14 @@ from realtime.models.base import (
     ModelEvent,
     UserTranscriptDelta,
 )
+from realtime.models.voicechat.tools import parse_calls
 from realtime.openai import events as ev
-from realtime.openai.dialect import Dialect, OpenModel, Output, RunFrame
+from realtime.openai.dialect import Dialect, Output
 from realtime.openai.responses import CREATE_TIMEOUT_FRAMES
 from realtime.openai.states import ModelState
-from realtime.openai.tools import parse_calls
 from realtime.openai.turns import END_TAIL_FRAMES, USER_QUIET_FRAMES
 from realtime.session.close_codes import Close
-from realtime.session.work import CountTokens
+from realtime.session.work import CountTokens, OpenModel, RunAudio
 from realtime.testing.fake import tone
 from realtime.wire_audio import PCMU
 from tests.openai.scripted import CALL
@@ -246,15 +246,17 @@ def test_input_is_regrouped_into_1280_sample_frames_whatever_the_chunks() -> Non
         d.opened(None, now=0.0)  # frames go on at once (held while it opens)
         pcm = pcm24(2.0)
         step = 24 * chunk_ms
-        frames: list[RunFrame] = []
+        frames: list[RunAudio] = []
         for i in range(0, pcm.shape[0], step):
-            frames += [o for o in send(d, append(pcm[i : i + step])) if isinstance(o, RunFrame)]
+            frames += [o for o in send(d, append(pcm[i : i + step])) if isinstance(o, RunAudio)]
         assert all(f.samples.shape == (1280,) for f in frames)
         # 2 s at 16 kHz is 25 frames; the resampler holds back a few ms.
         assert len(frames) == 24, chunk_ms
         heard = np.concatenate([f.samples for f in frames])
         assert abs(peak_hz(heard[2000:], 16000) - TONE) < 5
-        assert not any(f.silence for f in frames)
+        # The session's work values, numbered in order for the pipeline.
+        assert [f.tag for f in frames] == list(range(24))
+        assert all(f.sample_rate == 16000 for f in frames)
 
 
 def test_silence_keeps_the_clock_running_when_the_client_is_quiet() -> None:
@@ -263,12 +265,12 @@ def test_silence_keeps_the_clock_running_when_the_client_is_quiet() -> None:
     d.opened(None, now=10.0)
     assert d.tick(10.0) == []
     out = d.tick(11.0)  # 12 frames are due, less the slack; the engine takes 2 at a time
-    silence = [o for o in out if isinstance(o, RunFrame)]
+    silence = [o for o in out if isinstance(o, RunAudio)]
     assert len(silence) == 2
-    assert all(f.silence and not f.samples.any() for f in silence)
+    assert all(not f.samples.any() and f.received_at == 11.0 for f in silence)
     for _ in silence:
         d.frame_dropped()
-    assert len([o for o in d.tick(11.0) if isinstance(o, RunFrame)]) == 2
+    assert len([o for o in d.tick(11.0) if isinstance(o, RunAudio)]) == 2
 
 
 def test_idle_client_is_closed() -> None:

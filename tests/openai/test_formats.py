@@ -12,7 +12,8 @@ import pytest
 
 from realtime.limits import Limits
 from realtime.openai import session as sess
-from realtime.openai.dialect import Dialect, Output, RunFrame
+from realtime.openai.dialect import Dialect, Output
+from realtime.session.work import RunAudio
 from realtime.wire_audio import PCM24, PCMA, PCMU, WireFormat, alaw_decode, ulaw_decode
 from tests.openai.test_dialect import (
     TONE,
@@ -51,8 +52,8 @@ def open_model(d: Dialect) -> None:
     d.opened(None, now=0.0)
 
 
-def frames_of(outputs: list[Output]) -> list[RunFrame]:
-    return [o for o in outputs if isinstance(o, RunFrame)]
+def frames_of(outputs: list[Output]) -> list[RunAudio]:
+    return [o for o in outputs if isinstance(o, RunAudio)]
 
 
 def wire_pcm(delta: str, fmt: WireFormat) -> np.ndarray[Any, Any]:
@@ -119,12 +120,12 @@ def test_g711_input_in_20ms_frames_reaches_the_model_as_16khz_frames(fmt: WireFo
     update(d, input={"format": {"type": fmt.type}})
     open_model(d)
     signal = tone_in(fmt, 2.0)
-    frames: list[RunFrame] = []
+    frames: list[RunAudio] = []
     for i in range(0, signal.size, 160):  # a phone's 20 ms: 160 bytes of G.711
         message = append(fmt, signal[i : i + 160])
         assert len(base64.b64decode(message["audio"])) == 160
         frames += frames_of(send(d, message))
-    assert all(f.samples.shape == (1280,) and not f.silence for f in frames)
+    assert all(f.samples.shape == (1280,) and f.sample_rate == 16000 for f in frames)
     # 2 s at 16 kHz is 25 frames; the resampler holds back a few ms.
     assert len(frames) == 24
     heard = np.concatenate([f.samples for f in frames])

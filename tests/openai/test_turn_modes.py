@@ -9,9 +9,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from realtime.openai.dialect import Dialect, Output, RunFrame
+from realtime.openai.dialect import Dialect, Output
 from realtime.openai.responses import CREATE_TIMEOUT_FRAMES, HELD_FRAMES
 from realtime.openai.turns import END_TAIL_FRAMES, USER_QUIET_FRAMES
+from realtime.session.work import RunAudio
 from tests.openai.scripted import CALL
 from tests.openai.test_dialect import (
     USER_TURN_ENDED,
@@ -120,7 +121,7 @@ def test_manual_create_waits_until_the_model_heard_what_was_sent_before_it() -> 
     """Turns the model takes while it still hears audio sent before response.create
     are not the response; the turn under way once it has heard it all is."""
     d, m = session(MANUAL), Model()
-    queued = [o for o in send(d, append(pcm24(1.0))) if isinstance(o, RunFrame)]
+    queued = [o for o in send(d, append(pcm24(1.0))) if isinstance(o, RunAudio)]
     assert len(queued) > 10
     send(d, {"type": "input_audio_buffer.commit"})
     out = send(d, CREATE)
@@ -139,7 +140,7 @@ def test_manual_create_waits_until_the_model_heard_what_was_sent_before_it() -> 
 
 def test_manual_create_with_nothing_to_say_ends_empty_after_its_bound() -> None:
     d, m = session(MANUAL), Model()
-    queued = [o for o in send(d, append(pcm24(0.4))) if isinstance(o, RunFrame)]
+    queued = [o for o in send(d, append(pcm24(0.4))) if isinstance(o, RunAudio)]
     send(d, CREATE)
     # The frames of audio sent before it do not count towards the bound.
     out = run(d, m, *pad(len(queued) + CREATE_TIMEOUT_FRAMES - 1))
@@ -256,7 +257,7 @@ def test_speech_sent_before_response_create_does_not_cut_it() -> None:
     """With server VAD and interrupt_response, speech started in audio the client sent
     before asking for the response is not an interruption of it."""
     d, m = session(CLIENT_DRIVEN), Model()
-    queued = [o for o in send(d, append(pcm24(0.8))) if isinstance(o, RunFrame)]
+    queued = [o for o in send(d, append(pcm24(0.8))) if isinstance(o, RunAudio)]
     send(d, CREATE)
     out = run(d, m, {"heard": "hello"}, *pad(len(queued) - 1))
     assert types(out)[0] == "input_audio_buffer.speech_started"

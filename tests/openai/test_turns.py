@@ -8,10 +8,10 @@ import itertools
 import numpy as np
 
 from realtime.models.base import VOICECHAT_FIGURES, AssistantTextDelta, AudioDelta, ModelEvent
+from realtime.models.voicechat.tools import CallReader
 from realtime.openai import events as ev
 from realtime.openai import session as sess
 from realtime.openai.states import TurnPhase
-from realtime.openai.tools import CallReader
 from realtime.openai.turns import (
     END_TAIL_FRAMES,
     QUIET_FRAMES,

@@ -7,8 +7,9 @@ from typing import Any
 
 from realtime.engine.runner import Engine
 from realtime.limits import Limits
-from realtime.openai.dialect import Dialect, FeedTool, OpenModel, Output, RunFrame
+from realtime.openai.dialect import Dialect, Output
 from realtime.openai.turns import END_TAIL_FRAMES
+from realtime.session.work import FeedModel, OpenModel, RunAudio
 from tests.openai.scripted import CALL
 from tests.openai.test_dialect import Model, append, events, pad, pcm24, run, send
 from tests.openai.test_socket import peer
@@ -25,7 +26,7 @@ def opened(instructions: str, cached: int = 0) -> Dialect:
     send(d, {"type": "session.update", "session": {"instructions": instructions}})
     assert OpenModel(instructions) in send(d, append(pcm24(0.1)))
     # The audio heard while it opened goes on now, and nothing else.
-    assert all(isinstance(o, RunFrame) for o in d.opened(None, 0.0, cached_tokens=cached))
+    assert all(isinstance(o, RunAudio) for o in d.opened(None, 0.0, cached_tokens=cached))
     return d
 
 
@@ -78,7 +79,7 @@ def test_tool_calls_and_outputs_are_text_tokens() -> None:
     )
     item = {"type": "function_call_output", "call_id": call_id, "output": "sunny and warm"}
     fed = send(d, {"type": "conversation.item.create", "item": item})
-    assert FeedTool("sunny and warm") in fed
+    assert FeedModel("sunny and warm") in fed
     d.fed(None, 0.0, 3)
     (answer,) = done(run(d, m, {"text": "sunny"}, {"end": True}, *pad(END_TAIL_FRAMES)))
     assert answer["input_token_details"]["text_tokens"] == 2 + 3

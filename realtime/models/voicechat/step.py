@@ -607,24 +607,6 @@ def _samples(samples: Any, figures: ModelFigures) -> Samples:
     return view
 
 
-TOOL_RESPONSE_OPEN: Final = "<TOOL_RESPONSE>["
-TOOL_RESPONSE_CLOSE: Final = "]</TOOL_RESPONSE>"
-
-
-def tool_response_text(output: str) -> str:
-    """A tool's output as the model was trained to read it: NVIDIA's
-    ``<TOOL_RESPONSE>[...]</TOOL_RESPONSE>`` with the value as ASCII JSON (a JSON
-    output re-serialised, anything else as a JSON string); docs/nemotron-voicechat.md
-    cites the training and serving code this follows."""
-    import json
-
-    try:
-        body = json.dumps(json.loads(output))
-    except ValueError:
-        body = json.dumps(output)
-    return f"{TOOL_RESPONSE_OPEN}{body}{TOOL_RESPONSE_CLOSE}"
-
-
 def _encoded_silence(model: Any) -> Any:
     """The perception of one second of silence, frame 0: the user-audio input of every
     inserted tool-response step, as NVIDIA's wrapper feeds it."""

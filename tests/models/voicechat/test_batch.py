@@ -19,8 +19,9 @@ from mlx_vlm.models.cache import KVCache, RotatingKVCache
 
 from realtime.models.base import ModelEvent, ModelSession, open_session
 from realtime.models.voicechat.batch import FrameBatch, PaddedKV
-from realtime.models.voicechat.model import VoiceChatModel, VoiceChatSession
+from realtime.models.voicechat.model import VoiceChatModel
 from realtime.models.voicechat.perception import ConformerBatch
+from realtime.models.voicechat.session import VoiceChatSession
 from tests.engine.test_isolation import digest
 from tests.models_fixtures import noise, speechlike
 

@@ -13,7 +13,8 @@ import pytest
 from realtime.demo.checkpoint import SMALL, write_demo_checkpoint
 from realtime.models.base import ModelSession, open_session
 from realtime.models.voicechat.cast import CAST_ONCE, cast_once
-from realtime.models.voicechat.model import VoiceChatModel, load_voicechat
+from realtime.models.voicechat.load import load_voicechat
+from realtime.models.voicechat.model import VoiceChatModel
 from tests.engine.test_isolation import Digest, digest
 from tests.models_fixtures import noise, push_all, speechlike, step_rows
 

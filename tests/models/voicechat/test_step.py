@@ -23,7 +23,8 @@ from realtime.models.base import (
     open_session,
 )
 from realtime.models.voicechat.keys import SessionKey, drawing_from, drawing_rows
-from realtime.models.voicechat.model import VoiceChatModel, VoiceChatSession
+from realtime.models.voicechat.model import VoiceChatModel
+from realtime.models.voicechat.session import VoiceChatSession
 from tests.engine.test_isolation import LONG_PROMPT, Digest, digest, digest_mlx_vlm
 from tests.models_fixtures import noise, push_all, speechlike, step_rows
 
@@ -330,7 +331,7 @@ def test_a_tool_result_goes_in_as_inserted_function_channel_steps(
 ) -> None:
     """NVIDIA's format: the result's tokens forced on the function channel one step
     each, then one step the model closes; no audio frame is consumed or heard."""
-    from realtime.models.voicechat.step import tool_response_text
+    from realtime.models.voicechat.tools import tool_response_text
 
     session = open_session(demo_model, system_prompt="", seed=1, max_streaming_seconds=None)
     assert isinstance(session, VoiceChatSession)
