@@ -137,7 +137,7 @@ class HopMarks(Observer):
 
 def _serve_ours(out: Path, what: str) -> int:
     """This server, as ``realtime serve`` builds it, plus the hop recorder."""
-    from realtime.engine.runner import Engine
+    from realtime.engine.facade import Engine
     from realtime.models.base import RealtimeModel
     from realtime.observe import Observers
     from realtime.server import model_loader

@@ -30,7 +30,8 @@ from typing import NoReturn
 import trio
 
 from realtime.cpu_blas import from_env, install_from
-from realtime.engine.runner import EngineLoadError, watch_for_hung_calls
+from realtime.engine.commands import EngineLoadError
+from realtime.engine.facade import watch_for_hung_calls
 from realtime.errors import UsageError
 from realtime.http.app import RealtimeApp, ServerState, create_app
 from realtime.limits import batch_frames_from_env, limits_from_env

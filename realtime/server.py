@@ -26,7 +26,8 @@ from hypercorn.trio import serve
 from hypercorn.typing import Framework
 
 from realtime.endpoints import LIVE_PATH, NATIVE_PATH, OPENAI_PATH
-from realtime.engine.runner import Engine, EngineLoadError, watch_for_hung_calls
+from realtime.engine.commands import EngineLoadError
+from realtime.engine.facade import Engine, watch_for_hung_calls
 from realtime.errors import UsageError
 from realtime.http.app import ServerState, create_app
 from realtime.limits import Limits, batching

@@ -23,7 +23,7 @@ from realtime.client import (
     ServerClosed,
     encode_pcm16,
 )
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.http.app import ServerState
 from realtime.limits import Limits
 from realtime.models.base import RealtimeModel

@@ -39,7 +39,7 @@ from realtime.demo.turns import (
     reply_text,
     voice_envelope,
 )
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.models import base
 from realtime.models.voicechat.model import VoiceChatModel
 from realtime.server import model_loader

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.limits import Limits
 from realtime.server import EXIT_ENGINE_HUNG
 from tests.helpers import REPO, ahttp, running_server

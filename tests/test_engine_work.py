@@ -24,8 +24,9 @@ import trio
 
 from realtime import client as rc
 from realtime.engine.admission import MIN_SAMPLES
+from realtime.engine.commands import Close, EngineError, Open, Push, ToolResult
+from realtime.engine.facade import Engine
 from realtime.engine.fairshare import MAX_SHARE
-from realtime.engine.runner import Close, Engine, EngineError, Open, Push, ToolResult
 from realtime.limits import Limits
 from realtime.models.base import ModelSession, Opening, ToolInput
 from realtime.observe import Observer

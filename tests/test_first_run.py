@@ -11,7 +11,7 @@ import pytest
 
 from realtime import __version__
 from realtime.cli import main
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from tests.helpers import REPO, ahttp, running_server
 
 EVERY_METHOD = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")

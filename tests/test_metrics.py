@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from trio_websocket import ConnectionRejected, open_websocket_url
 
 from realtime.engine.admission import MIN_SAMPLES
-from realtime.engine.runner import Engine, Open, Push
+from realtime.engine.commands import Open, Push
+from realtime.engine.facade import Engine
 from realtime.http.app import ServerState
 from realtime.limits import Limits
 from realtime.observe import Observers, SessionReport

@@ -14,7 +14,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionRejected
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.http.app import ServerState
 from realtime.limits import Limits
 from realtime.server import hypercorn_config, run_server

@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from realtime import server as server_module
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.errors import UsageError
 from realtime.telemetry.recording import Recording, enforce_bound, message_record
 from realtime.testing.fake import FakeModel

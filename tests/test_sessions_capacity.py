@@ -17,7 +17,7 @@ from trio_websocket import WebSocketConnection, open_websocket_url
 
 from realtime.cli import batch_frames_from_args, build_parser
 from realtime.engine.admission import MIN_SAMPLES
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.errors import UsageError
 from realtime.limits import BATCH_FRAMES_ENV, Limits, batch_frames_from_env, batching
 from realtime.server import engine_for

@@ -16,7 +16,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.errors import UsageError
 from realtime.limits import Limits
 from realtime.models.voicechat.model import VoiceChatModel

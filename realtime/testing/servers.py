@@ -23,7 +23,7 @@ from typing import Any, Final
 import attrs
 import trio
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.http.app import ServerState
 from realtime.limits import Limits
 from realtime.observe import Observer
