@@ -23,9 +23,9 @@ def main(checkpoint: str) -> dict[str, Any]:
     from realtime.models import load_model
     from realtime.models.base import AudioDelta, ModelEvent, ModelSession, open_session
     from realtime.models.voicechat.model import VoiceChatModel
+    from tests.engine.test_isolation import digest
+    from tests.models.voicechat.test_step import mlx_vlm_digest
     from tests.models_fixtures import noise, push_all, speechlike
-    from tests.test_sessions_isolation import digest
-    from tests.test_voicechat_step import mlx_vlm_digest
 
     model = load_model(checkpoint)
     assert isinstance(model, VoiceChatModel)

@@ -15,7 +15,7 @@ from tests.groups import Fixture, group_for
 from tests.helpers import ServerProcess, running_engine, start_realtime_server
 
 # Servers the tests start keep no prompt states on disk and build nothing ahead unless a
-# test asks (tests/test_state_files.py): a state read from an earlier test's server
+# test asks (tests/models/test_state_files.py): a state read from an earlier test's server
 # would turn a cold open into a hit, and a chain built at idle priority would keep one
 # of the machine's cores busy for minutes beside every other test.
 os.environ.setdefault("REALTIME_STATE_CACHE_DIR", "")

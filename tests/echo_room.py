@@ -5,7 +5,7 @@ one JSON line with the ERLE and the counts.
 
     python -m tests.echo_room SPEECH.wav SECONDS
 
-Run by ``tests/test_microphone_pulseaudio.py`` in the environment of its private
+Run by ``tests/client/test_microphone_pulseaudio.py`` in the environment of its private
 PulseAudio daemon (PortAudio reads it when it starts, so in a process of its own).
 """
 

@@ -26,7 +26,7 @@ SHARED: dict[str, str] = {
 parameter that names it (``request.getfixturevalue``)."""
 
 MODULES: dict[str, str] = {
-    "tests/test_benchmarks.py": "benchmarks",
+    "tests/benchmarks/test_benchmarks.py": "benchmarks",
 }
 """Module -> the group of all its tests. The benchmark smoke tests each run a server,
 its clients and mlx-vlm's peer in subprocesses that keep both cores busy: two at once

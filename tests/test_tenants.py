@@ -429,8 +429,8 @@ def test_openings_in_two_scopes_never_share_and_each_equals_a_cold_open(
     the other's would open sooner: the oracle again); a repeat in one scope is a hit;
     every one of them is, bit for bit, mlx-vlm's constructor's session."""
     from realtime.models.base import open_now
-    from tests.test_prompt_cache import theirs
-    from tests.test_sessions_isolation import LONG_PROMPT, audio_for, digest
+    from tests.engine.test_isolation import LONG_PROMPT, audio_for, digest
+    from tests.models.test_prompt_cache import theirs
 
     demo_model.set_prompt_cache_bytes(1 << 30)
     try:

@@ -17,9 +17,9 @@ from realtime.limits import Limits
 from realtime.models.voicechat.model import VoiceChatModel
 from realtime.server import engine_for
 from realtime.warm import WarmPrompt, prepare_model, read_warm_prompt
+from tests.engine.test_isolation import LONG_PROMPT, audio_for, reference, wire_digest
 from tests.helpers import ahttp, append_msg, connect, running_server
 from tests.models_fixtures import run_realtime
-from tests.test_sessions_isolation import LONG_PROMPT, audio_for, reference, wire_digest
 
 TOOL = {
     "type": "function",

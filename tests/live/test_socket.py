@@ -37,7 +37,7 @@ from realtime.wire_audio import PCM16K, OutputResampler, WireFormat, ulaw_decode
 from tests.helpers import ahttp, append_msg, running_engine, running_server
 from tests.live.validate import validate_live
 from tests.models_fixtures import push_all, speechlike
-from tests.test_recording import files_of, of
+from tests.telemetry.test_recording import files_of, of
 
 LIVE = "/openai/v1/live/sessions"
 CALL = f'<TOOLCALL>[{{"name": "{DELEGATE_TOOL}", "arguments": {{"task": "weather"}}}}]</TOOLCALL>'

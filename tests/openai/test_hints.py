@@ -2,7 +2,7 @@
 
 Native messages at ``/openai/v1/realtime`` are refused naming ``/v1/realtime``; OpenAI
 messages at ``/v1/realtime`` name ``/openai/v1/realtime`` (the native rules are in
-tests/test_protocol.py, the native client's in tests/test_client.py). The word lists
+tests/native/test_wire.py, the native client's in tests/client/test_client.py). The word lists
 each side keeps of the other are checked against the other's own here, so neither
 drifts.
 """

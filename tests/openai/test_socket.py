@@ -250,7 +250,7 @@ async def test_frame_latency_means_what_it_means_on_the_native_endpoint() -> Non
     """``realtime_frame_latency_seconds``: the audio's arrival until the frame's audio
     was handed to the socket, one observation per audio frame sent, on trio's clock
     (this endpoint measured engine submit to before the write, on another clock)."""
-    from tests.test_metrics import value
+    from tests.telemetry.test_metrics import value
 
     eng = engine_for(scripted(say("Hi ", "there", None, "!")))
     try:

@@ -111,7 +111,7 @@ async def test_tool_outputs_waiting_for_the_model_are_bounded_in_count() -> None
 
 
 async def test_deeply_nested_json_in_a_tool_output_is_refused_by_size_or_depth() -> None:
-    """Finding 12 (the demo's tokenizer is in tests/test_voicechat_step.py): the refusal
+    """Finding 12 (the demo's tokenizer is in tests/models/voicechat/test_step.py): the refusal
     is ``invalid_value`` on the connection, which goes on."""
     model = FakeModel()
     with running_engine(model) as engine:

@@ -3,7 +3,7 @@
 Whatever a client sends (text, bytes, deep or huge JSON, JSON of the right shape
 with wrong values), ``parse_client_message`` returns one of the client messages or
 raises ProtocolError, and nothing else. (The state machine has its own hypothesis
-test in tests/test_conversation.py.)
+test in tests/native/test_rules.py.)
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import trio
 from realtime.engine.facade import Engine
 from realtime.telemetry.recording import Recording, share_of
 from tests.helpers import connect, running_server
-from tests.test_recording import files_of, of, recorded_session
+from tests.telemetry.test_recording import files_of, of, recorded_session
 
 SUFFIXES = (".wav", ".jsonl", ".md")
 

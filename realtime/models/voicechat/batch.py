@@ -26,7 +26,7 @@ reads them alone (a solo frame, an inserted tool-response step, flush, cancel) c
 Every row of a batched frame is a row of its batch, whatever its age, so each stage
 runs once a frame. The layout is the one each row's own caches give it, entries in the
 same order, zeros masked where the row has none, so each row's output stays bit for
-bit its solo run (tests/test_voicechat_batch.py, tests/test_voicechat_step.py). A
+bit its solo run (tests/models/voicechat/test_batch.py, tests/models/voicechat/test_step.py). A
 conversation's first frame joins with the states it has before anything ran: no
 attention entry, zero Mamba and codec states (:func:`_stack`: read as not started),
 the conformer's as :func:`~realtime.models.voicechat.perception.fresh` says; its TTS

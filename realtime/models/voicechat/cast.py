@@ -9,7 +9,7 @@ the same bits wherever the parameter only ever meets float32; a module whose out
 dtype follows its parameters' (an embedding table, a dequantized table, code that
 casts its activations to a weight's dtype) would change bits, and stays as stored.
 Which modules are cast is a list of name prefixes, each checked bit for bit by its own
-test (``tests/test_voicechat_cast.py``).
+test (``tests/models/voicechat/test_cast.py``).
 """
 
 from __future__ import annotations

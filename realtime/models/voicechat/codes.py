@@ -25,7 +25,7 @@ What changes is only where sums are kept, never their order:
 * the frame's full sum is the next frame's code embedding (:func:`previous_sums`),
   so the TTS's input needs no ``depthsum_embedding`` either.
 
-tests/test_voicechat_codes.py holds it to mlx-vlm's ``generate_codes`` bit for bit.
+tests/models/voicechat/test_codes.py holds it to mlx-vlm's ``generate_codes`` bit for bit.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ every conformer block's six layer norms, the TTS backbone's four norms, query an
 norms and rotary embeddings per layer). A compiled function fuses each chain's
 elementwise run into one ``Compiled...`` kernel; the reductions stay, so each value is
 computed by the same operations in the same order, and on the CPU the bits are the
-same (``tests/test_voicechat_fused.py`` checks every piece against its op-by-op call).
+same (``tests/models/voicechat/test_fused.py`` checks every piece against its op-by-op call).
 
 The pieces are installed by swapping each module's class for a subclass whose
 ``__call__`` runs one shared compiled function, with the module's weights passed as

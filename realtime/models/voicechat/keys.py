@@ -24,8 +24,8 @@ draw is one vmapped call of MLX's own: one ``split`` of all the rows' keys and o
 with each row's new key (MLX's ``RandomBits`` takes a batch of keys under ``vmap`` and
 gives each key what it gives alone), where drawing row by row put some six graph nodes
 a row into every draw (at 8 rows, some 280 of a tiny frame's 3 200 nodes; on an
-accelerator, as many kernel launches). tests/test_voicechat_step.py holds each row to its own draw
-alone, bit for bit.
+accelerator, as many kernel launches). tests/models/voicechat/test_step.py holds each
+row to its own draw alone, bit for bit.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ log and transposes are element by element; the real FFT runs each frame's transf
 its own (pocketfft, as MLX's CPU backend calls it, transforms every frame separately
 whatever the batch); the mel filters multiply as a batched product, which MLX's CPU
 backend runs as one BLAS call per row with the shapes of that row's own product, so
-even an optimised BLAS (``--cpu-blas``) gets the same call. tests/test_voicechat_mel.py
+even an optimised BLAS (``--cpu-blas``) gets the same call. tests/models/voicechat/test_mel.py
 holds every row to mlx-audio's own ``push``.
 """
 

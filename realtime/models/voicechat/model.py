@@ -607,7 +607,7 @@ class VoiceChatOpening:
     the opening's own session is then the constructor with a blank prompt (mlx-vlm
     skips a blank one) given copies of the stored parts. A prompt stored whole opens in
     one slice. The result is the session mlx-vlm's constructor gives, bit for bit
-    (tests/test_sessions_isolation.py, tests/test_prompt_cache.py). Every slice draws
+    (tests/engine/test_isolation.py, tests/models/test_prompt_cache.py). Every slice draws
     from its session's own random key (:mod:`realtime.models.voicechat.keys`).
     """
 

@@ -12,7 +12,7 @@ row's cache is left-padded with zeros to the longest and the padded keys are mas
 keeps each real key's distance to the new frame, so the relative positions a row's
 keys get are those it gets alone; a padded key's weight is exactly zero, and exact
 zeros change none of the sums on MLX's CPU, whose reductions run in order
-(tests/test_voicechat_step.py checks every row's caches and events against its solo
+(tests/models/voicechat/test_step.py checks every row's caches and events against its solo
 run; a GPU's attention kernels split the keys into blocks, so padding may move the
 last bits there). A chunk the step does not cut runs as mlx-audio's own push.
 

@@ -28,14 +28,14 @@ reads the buffer in that rotated order). Rather than re-deriving either rule, a 
 cache of each kind is run through the same updates with each entry's position as its
 value (:func:`layout`); the real keys and values are then gathered into those
 positions (``mx.take``, an exact copy), which gives every buffer the shape, order,
-zero tail and counters the cold run leaves (tests/test_prompt_cache.py holds the
+zero tail and counters the cold run leaves (tests/models/test_prompt_cache.py holds the
 rebuilt states to mlx-vlm's constructor, rotated windows included).
 
 Copies are real copies (new array objects): mlx-vlm's caches grow by slice assignment
 (``cache.keys[..., a:b, :] = ...``) on their own array objects, which never changes
 another object's array (MLX updates a buffer in place only when nothing else holds
 it), and nothing a session does after its open can reach a stored entry
-(tests/test_prompt_cache.py runs hits after sessions that ran, were cancelled, closed
+(tests/models/test_prompt_cache.py runs hits after sessions that ran, were cancelled, closed
 or failed).
 """
 

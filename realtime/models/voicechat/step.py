@@ -14,7 +14,7 @@ emits more symbols in a frame than those rounds cover costs a wait a round more
 docs/performance.md).
 
 Rows are combined only where the result stays bit for bit what each row gets alone
-(tests/test_voicechat_step.py checks every stage against mlx-vlm's own session):
+(tests/models/voicechat/test_step.py checks every stage against mlx-vlm's own session):
 
 * the log-mel front end runs as one batch for the rows whose sample buffers are laid
   out alike (conversations of equal age, and every conversation fed whole frames from

@@ -14,7 +14,7 @@ header was damaged is refused by the reader or by its key).
 - A voice chain (:class:`~realtime.models.voicechat.prompt.VoiceChain`) is stored as
   its warm-up entries, every recorded step's keys and values concatenated per layer,
   and every step's code and key stacked; read back, each step's entries are the same
-  bits, so every voice part rebuilt from it is (tests/test_state_files.py).
+  bits, so every voice part rebuilt from it is (tests/models/test_state_files.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The frame step's compiled pieces are traced at start, for every batch size the
 engine may step, and compiled or not the codes are the same
-(tests/test_voicechat_codes.py)."""
+(tests/models/voicechat/test_codes.py)."""
 
 from __future__ import annotations
 

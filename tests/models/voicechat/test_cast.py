@@ -14,8 +14,8 @@ from realtime.demo.checkpoint import SMALL, write_demo_checkpoint
 from realtime.models.base import ModelSession, open_session
 from realtime.models.voicechat.cast import CAST_ONCE, cast_once
 from realtime.models.voicechat.model import VoiceChatModel, load_voicechat
+from tests.engine.test_isolation import Digest, digest
 from tests.models_fixtures import noise, push_all, speechlike, step_rows
-from tests.test_sessions_isolation import Digest, digest
 
 FRAMES = 14
 

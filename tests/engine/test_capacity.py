@@ -24,7 +24,7 @@ from realtime.server import engine_for
 from realtime.session.close_codes import CLOSE_TRY_AGAIN
 from realtime.testing.fake import FakeModel, FakeOptions
 from tests.helpers import Server, ahttp, append_msg, connect, noise, running_engine, running_server
-from tests.test_metrics import value
+from tests.telemetry.test_metrics import value
 
 MOMENT = json.dumps(
     {"type": "input_audio_buffer.append", "audio": base64.b64encode(bytes(4800)).decode()}

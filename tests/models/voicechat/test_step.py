@@ -24,8 +24,8 @@ from realtime.models.base import (
 )
 from realtime.models.voicechat.keys import SessionKey, drawing_from, drawing_rows
 from realtime.models.voicechat.model import VoiceChatModel, VoiceChatSession
+from tests.engine.test_isolation import LONG_PROMPT, Digest, digest, digest_mlx_vlm
 from tests.models_fixtures import noise, push_all, speechlike, step_rows
-from tests.test_sessions_isolation import LONG_PROMPT, Digest, digest, digest_mlx_vlm
 
 
 def _models(request: pytest.FixtureRequest, name: str) -> VoiceChatModel:

@@ -718,7 +718,7 @@ def test_generate_stream_on_the_demo_takes_its_turns(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """``realtime generate --stream`` without -m answers as the socket does (the socket's
-    bytes equal its own: tests/test_clients_file.py)."""
+    bytes equal its own: tests/client/test_files.py)."""
     from realtime.cli import main
 
     wav = tmp_path / "spoken.wav"

@@ -22,8 +22,8 @@ from realtime.models.voicechat.fused import (
     unfused,
 )
 from realtime.models.voicechat.model import VoiceChatModel
+from tests.engine.test_isolation import digest
 from tests.models_fixtures import noise, push_all, speechlike
-from tests.test_sessions_isolation import digest
 
 
 def _kernels(x: Any) -> list[str]:

@@ -21,8 +21,8 @@ from realtime.models.base import ModelEvent, ModelSession, open_session
 from realtime.models.voicechat.batch import FrameBatch, PaddedKV
 from realtime.models.voicechat.model import VoiceChatModel, VoiceChatSession
 from realtime.models.voicechat.perception import ConformerBatch
+from tests.engine.test_isolation import digest
 from tests.models_fixtures import noise, speechlike
-from tests.test_sessions_isolation import digest
 
 WINDOW = 12
 """The rotating caches' window here: rows wrap it, one while batched."""

@@ -26,8 +26,8 @@ from realtime.server import hypercorn_config, run_server
 from realtime.telemetry.logs import JsonFormatter, SessionLog, TextFormatter, setup_logging
 from realtime.telemetry.metrics import PrometheusObserver
 from realtime.testing.fake import FakeModel
+from tests.engine.test_batch import batching_engine
 from tests.helpers import ahttp, append_msg, connect, noise
-from tests.test_engine_batch import batching_engine
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

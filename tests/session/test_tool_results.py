@@ -4,7 +4,7 @@ On the engine: a :class:`~realtime.engine.commands.ToolResult` goes in one model
 other conversations' frames run between the slices, the session's own later frames
 wait for it and then carry the model's follow-up; a model without the input says so.
 The VoiceChat side (NVIDIA's inserted function-channel steps) is in
-tests/test_voicechat_step.py; the OpenAI endpoint's ``function_call_output`` in
+tests/models/voicechat/test_step.py; the OpenAI endpoint's ``function_call_output`` in
 tests/openai/.
 """
 
@@ -17,7 +17,7 @@ from realtime.engine.commands import EngineError, Open, Push, Step, ToolResult
 from realtime.engine.facade import Engine
 from realtime.models.base import AssistantTextDelta, AudioDelta, ToolInput
 from realtime.testing.fake import FakeModel, FakeOptions, NullModel, say
-from tests.test_engine_batch import GATE, batching_engine, frame, held, open_all, push
+from tests.engine.test_batch import GATE, batching_engine, frame, held, open_all, push
 
 
 def tool(output: str) -> ToolInput:

@@ -14,8 +14,8 @@ from realtime.models.base import InferenceError, PromptUse, UsesPrompt, open_ses
 from realtime.models.prompt_cache import CacheFigures, CachesPrompts, PromptCache
 from realtime.models.voicechat.model import VoiceChatModel, VoiceChatSession
 from realtime.models.voicechat.prompt import VoiceChain, VoiceKey
+from tests.engine.test_isolation import LONG_PROMPT, audio_for, digest, digest_mlx_vlm
 from tests.models_fixtures import push_all
-from tests.test_sessions_isolation import LONG_PROMPT, audio_for, digest, digest_mlx_vlm
 
 OTHER_PROMPT = (
     "You are a cheerful assistant for a flower shop. Answer in one or two short "

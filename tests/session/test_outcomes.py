@@ -19,7 +19,7 @@ from realtime.engine.facade import Engine
 from realtime.telemetry.logs import EXTRA
 from tests.helpers import Server, ahttp, append_msg, noise, running_server
 from tests.reliability.rawws import RawClient
-from tests.test_metrics import value
+from tests.telemetry.test_metrics import value
 
 ENDPOINTS = ["/v1/realtime", "/openai/v1/realtime?model=x", "/openai/v1/live/sessions"]
 

@@ -22,7 +22,7 @@ from benchmarks.stats import median_of
 from benchmarks.streams import PacedTimes
 from benchmarks.wire import figures_for
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _positive(value: Any) -> bool:

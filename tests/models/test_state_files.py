@@ -27,10 +27,10 @@ from realtime.models.voicechat.prompt import (
     _language_name,
     prompt_ids,
 )
+from tests.engine.test_isolation import LONG_PROMPT
+from tests.models.test_prompt_cache import ours, theirs
+from tests.models.voicechat.test_voice_chain import assert_equal_state, cold_state
 from tests.models_fixtures import run_python, subprocess_env
-from tests.test_prompt_cache import ours, theirs
-from tests.test_sessions_isolation import LONG_PROMPT
-from tests.test_voice_chain import assert_equal_state, cold_state
 
 # --- the directory (no model) -------------------------------------------------------------
 
@@ -419,7 +419,7 @@ def test_a_read_whose_client_left_is_finished_when_idle_so_a_retry_hits(
 ) -> None:
     """Two openings of new prompts left half way are finished in idle slices (a third
     is over the count and dropped at once); the retry of one is a hit, exact."""
-    from tests.test_prompt_cache import OTHER_PROMPT
+    from tests.models.test_prompt_cache import OTHER_PROMPT
 
     demo_model.set_prompt_cache_bytes(1 << 30)
     demo_model.keep_states(None, 0, ahead_seed=0, ahead_tokens=8)  # work ahead on
