@@ -133,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from realtime.server import exit_skipping_native_teardown
+    from realtime.launch.server import exit_skipping_native_teardown
 
     # MLX ran off the main thread: its static destructors may abort at exit.
     exit_skipping_native_teardown(main())

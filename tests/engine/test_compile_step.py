@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from realtime.engine.first_start import compile_note, compile_off, kernel_cache
+from realtime.launch.server import engine_for
 from realtime.limits import Limits
 from realtime.models.voicechat.model import VoiceChatModel
-from realtime.server import engine_for
 from realtime.testing.fake import FakeModel
 
 

@@ -27,10 +27,10 @@ from realtime.engine.admission import MIN_SAMPLES
 from realtime.engine.commands import Close, EngineError, Open, Push, ToolResult
 from realtime.engine.facade import Engine
 from realtime.engine.fairshare import MAX_SHARE
+from realtime.launch.server import engine_for
 from realtime.limits import Limits
 from realtime.models.base import ModelSession, Opening, ToolInput
 from realtime.observe import Observer
-from realtime.server import engine_for
 from realtime.testing.fake import FakeModel, FakeOptions
 from tests.helpers import running_server
 from tests.openai.scripted import call_then_say, scripted

@@ -21,8 +21,8 @@ import trio
 
 from realtime.engine.facade import Engine
 from realtime.http.app import ServerState
+from realtime.launch.server import hypercorn_config, run_server
 from realtime.limits import Limits
-from realtime.server import hypercorn_config, run_server
 from realtime.testing.fake import FakeModel, FakeOptions
 from realtime.testing.servers import start_server_process
 from tests.helpers import REPO, append_msg, noise

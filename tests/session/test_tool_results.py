@@ -81,7 +81,7 @@ async def test_on_the_demo_a_tool_output_goes_in_and_the_demo_answers_with_it() 
     """The demo checkpoint through the OpenAI endpoint and the openai SDK: the network
     takes the output on its function channel (NVIDIA's inserted steps), then the demo's
     scripted turn says what the tool said."""
-    from realtime.server import model_loader
+    from realtime.launch.server import model_loader
     from tests.helpers import running_server
     from tests.openai import sdk_exchange
     from tests.openai.test_sdk import ws_base
