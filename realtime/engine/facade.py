@@ -127,8 +127,8 @@ class Engine:
     closes or cancels. All of them together get a share of engine time while other conversations
     stream, charged as measured (:mod:`realtime.engine.fairshare`): a slice waits for
     credit, and for a gap it fits in or the moment just after the frames ran. Their
-    engine time counts in admission (:class:`ExtraWork`), and so does the measured
-    lateness of the frames (refused while they fall behind).
+    engine time counts in admission (:class:`~realtime.engine.admission.ExtraWork`), and
+    so does the measured lateness of the frames (refused while they fall behind).
 
     With ``batch_frames`` (``--batch-frames``), a frame that runs takes with it the head
     frame of every other session whose head is a frame (at most ``max_batch``, the
