@@ -137,10 +137,10 @@ class HopMarks(Observer):
 
 def _serve_ours(out: Path, what: str) -> int:
     """This server, as ``realtime serve`` builds it, plus the hop recorder."""
-    from realtime.engine.runner import Engine
+    from realtime.engine.facade import Engine
+    from realtime.launch.server import model_loader
     from realtime.models.base import RealtimeModel
     from realtime.observe import Observers
-    from realtime.server import model_loader
     from realtime.telemetry.logs import SessionLog
     from realtime.telemetry.metrics import PrometheusObserver
     from realtime.testing.servers import serve_engine

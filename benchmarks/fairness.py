@@ -33,7 +33,8 @@ def run_round(
     that stalled for a moment and catches up)."""
     from realtime.demo.checkpoint import ensure_demo_checkpoint
     from realtime.demo.checkpoint.config import SIZES
-    from realtime.engine.runner import Close, Engine, Open, Push
+    from realtime.engine.commands import Close, Open, Push
+    from realtime.engine.facade import Engine
     from realtime.models import load_model
 
     path = ensure_demo_checkpoint(size=SIZES[size])
@@ -132,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from realtime.server import exit_skipping_native_teardown
+    from realtime.launch.server import exit_skipping_native_teardown
 
     # MLX ran off the main thread: its static destructors may abort at exit.
     exit_skipping_native_teardown(main())

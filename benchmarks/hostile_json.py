@@ -30,7 +30,7 @@ FRAMES = 125
 FRAME_SECONDS = 0.08
 
 SERVER = """
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.limits import Limits
 from realtime.testing.fake import NullModel
 from realtime.testing.servers import serve_engine

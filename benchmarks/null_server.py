@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.observe import Observer
 from realtime.telemetry.metrics import PrometheusObserver
 from realtime.testing.fake import NullModel

@@ -43,7 +43,8 @@ def _prompt(tokens: int, count: Any) -> str:
 def run_round(size: str, tokens: int, seconds: float, open_at: float) -> dict[str, Any]:
     from realtime.demo.checkpoint import ensure_demo_checkpoint
     from realtime.demo.checkpoint.config import SIZES
-    from realtime.engine.runner import Close, Engine, Open, Push
+    from realtime.engine.commands import Close, Open, Push
+    from realtime.engine.facade import Engine
     from realtime.models import load_model
 
     path = ensure_demo_checkpoint(size=SIZES[size])

@@ -166,10 +166,10 @@ def states(path: Path, tokens: Sequence[int], peer: bool) -> dict[str, Any]:
     prompt costs), and mlx-vlm's own constructor; the bytes a stored prompt holds."""
     from mlx_vlm.models.nemotron_voicechat.streaming import VoiceChatStreamingSession
 
+    from realtime.launch.warm import WarmPrompt, prepare_model
     from realtime.limits import Limits
     from realtime.models import load_model
     from realtime.models.base import open_session
-    from realtime.warm import WarmPrompt, prepare_model
 
     model: Any = load_model(path)
     frame = _frame_step(model)

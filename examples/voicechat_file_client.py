@@ -29,7 +29,6 @@ from typing import TextIO
 import trio
 
 from realtime.audio import read_wav, write_wav_pcm16
-from realtime.cli import add_answer_options
 from realtime.client import (
     ClientError,
     SessionUpdated,
@@ -45,6 +44,7 @@ from realtime.client.cli import (
     retrying_busy,
 )
 from realtime.client.files import FileClientResult, InputAudio, run_file_client
+from realtime.launch.cli import add_answer_options
 
 
 @checked(int, "seed must be >= 0")

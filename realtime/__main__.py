@@ -1,3 +1,3 @@
-from realtime.cli import run
+from realtime.launch.cli import run
 
 run()

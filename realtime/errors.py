@@ -1,6 +1,6 @@
 """Domain errors shared by the commands; the lowest module, it imports nothing of ours.
 
-Commands raise these; only :mod:`realtime.cli` turns them into an exit status, so
+Commands raise these; only :mod:`realtime.launch.cli` turns them into an exit status, so
 no module has to import the command line to report a problem.
 """
 

@@ -2,7 +2,7 @@
 
 Each field says, in its metadata, how a user sets it: its help text, its kind of
 number and whether 0 is allowed. The ``realtime serve`` flags (``--idle-timeout``)
-and the environment settings of ``realtime.asgi`` (``REALTIME_IDLE_TIMEOUT``) are
+and the environment settings of ``realtime.launch.asgi`` (``REALTIME_IDLE_TIMEOUT``) are
 made from those fields, so a new limit is one field here and nowhere else.
 """
 
@@ -47,7 +47,7 @@ class Setting:
 
     @property
     def env(self) -> str:
-        """The environment variable ``realtime.asgi`` reads, e.g. ``REALTIME_IDLE_TIMEOUT``."""
+        """The environment variable ``realtime.launch.asgi`` reads (``REALTIME_IDLE_TIMEOUT``)."""
         return "REALTIME_" + self.name.upper()
 
     @property
@@ -211,7 +211,7 @@ class Limits:
 
 
 BATCH_FRAMES_ENV: Final = "REALTIME_BATCH_FRAMES"
-"""``--batch-frames`` / ``--no-batch-frames`` as an environment setting (``realtime.asgi``;
+"""``--batch-frames`` / ``--no-batch-frames`` as an environment setting (``realtime.launch.asgi``;
 the flag's default for ``realtime serve``). A switch, not a number, so it is no
 :class:`Limits` field: :func:`batching` decides it with ``max_sessions``."""
 
@@ -229,7 +229,7 @@ _SWITCH: Final = {
 
 BUILD_AHEAD_ENV: Final = "REALTIME_BUILD_AHEAD"
 """``--build-ahead`` / ``--no-build-ahead`` as an environment setting (on unless set
-off; :class:`realtime.warm.Keeping`)."""
+off; :class:`realtime.launch.warm.Keeping`)."""
 
 
 def switch_from_env(environ: Mapping[str, str], name: str) -> bool | None:

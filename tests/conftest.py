@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from realtime.demo.checkpoint import ensure_demo_checkpoint, write_demo_checkpoint
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.models.voicechat.model import VoiceChatModel
 from realtime.testing.fake import FakeModel
 from tests.groups import Fixture, group_for

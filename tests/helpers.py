@@ -23,12 +23,12 @@ from realtime.client import (
     ServerClosed,
     encode_pcm16,
 )
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.http.app import ServerState
+from realtime.launch.server import hypercorn_config, run_server
 from realtime.limits import Limits
 from realtime.models.base import RealtimeModel
 from realtime.observe import Observer
-from realtime.server import hypercorn_config, run_server
 from realtime.tenants import Tenants
 from realtime.testing.servers import ServerProcess as ServerProcess
 from realtime.testing.servers import start_server_process
@@ -207,7 +207,7 @@ async def ahttp(
 def start_hypercorn_cli(
     env: dict[str, str], log_dir: Path, timeout: float = 180.0
 ) -> Iterator[ServerProcess]:
-    """``hypercorn -k trio realtime.asgi:app`` on a free port, once ``/health`` answers
+    """``hypercorn -k trio realtime.launch.asgi:app`` on a free port, once ``/health`` answers
     (with ``REALTIME_API_KEY`` from ``env`` if set). SIGINT on the way out."""
     import os
     import signal
@@ -226,7 +226,7 @@ def start_hypercorn_cli(
     )
     with log.open("wb") as sink:
         proc = subprocess.Popen(
-            [*argv, "realtime.asgi:app"],
+            [*argv, "realtime.launch.asgi:app"],
             stdout=sink,
             stderr=subprocess.STDOUT,
             env={**os.environ, **env},

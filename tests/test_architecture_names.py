@@ -87,7 +87,7 @@ def resolves(name: str) -> bool:
             head = ".".join(parts[:cut])
             if (dotted == head or dotted.endswith("." + head)) and _attr(module, parts[cut:]):
                 return True
-    # A class of any module, then attributes (``Engine._slice``).
+    # A class of any module, then attributes (``EngineThread._slice``).
     return bool(CLASS.match(parts[0])) and any(_attr(module, parts) for module in mods.values())
 
 

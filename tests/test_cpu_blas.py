@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from realtime import cpu_blas
-from realtime.cli import main
 from realtime.cpu_blas import BUNDLED, OPENBLAS, BlasChoice, install, resolve
 from realtime.errors import UsageError
+from realtime.launch.cli import main
 from realtime.testing.servers import start_server_process
 from tests.helpers import run_python_module
 

@@ -25,13 +25,13 @@ from realtime.audio import prepare_input
 from realtime.client import files as fc
 from realtime.client.cli import AudioDeltaChecker, FrameFramer
 from realtime.demo.checkpoint.config import demo_config
+from realtime.launch.offline import generate_command, stream_session, stream_slices
 from realtime.models import ModelLoadError, load_model
 from realtime.models import base as model_base
 from realtime.models.base import VOICECHAT_FIGURES, AudioDelta, ModelFigures, open_session
 from realtime.models.voicechat.figures import checkpoint_figures, figures_of
 from realtime.models.voicechat.model import VoiceChatModel
 from realtime.native import wire as protocol
-from realtime.offline import generate_command, stream_session, stream_slices
 from realtime.testing.fake import FakeModel, FakeOptions, FakeSession, NullModel, tone
 from realtime.wire_audio import InputFramer
 
@@ -362,13 +362,13 @@ def test_offline_streaming_uses_the_models_figures() -> None:
 def test_generate_writes_the_models_rate(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import soundfile
 
+    import realtime.launch.offline
     import realtime.models
-    import realtime.offline
 
     wav = tmp_path / "in.wav"
     soundfile.write(str(wav), np.full(8000, 0.1, np.float32), 16_000, subtype="PCM_16")
     model = FakeModel(FakeOptions(figures=OTHER))
-    monkeypatch.setattr(realtime.offline, "_resolve_model", lambda name: tmp_path)
+    monkeypatch.setattr(realtime.launch.offline, "_resolve_model", lambda name: tmp_path)
     monkeypatch.setattr(realtime.models, "load_model", lambda path: model)
     out = tmp_path / "out.wav"
     args = argparse.Namespace(

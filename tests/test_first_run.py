@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from realtime import __version__
-from realtime.cli import main
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
+from realtime.launch.cli import main
 from tests.helpers import REPO, ahttp, running_server
 
 EVERY_METHOD = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -60,7 +60,7 @@ def test_hypercorn_cli_exits_non_zero_on_a_bad_model(tmp_path: object) -> None:
     hypercorn = os.path.join(os.path.dirname(sys.executable), "hypercorn")
     env = {**os.environ, "REALTIME_MODEL": "/nonexistent/voicechat"}
     run = subprocess.run(
-        [hypercorn, "-k", "trio", "-b", "127.0.0.1:0", "realtime.asgi:app"],
+        [hypercorn, "-k", "trio", "-b", "127.0.0.1:0", "realtime.launch.asgi:app"],
         capture_output=True,
         text=True,
         env=env,

@@ -16,15 +16,15 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.errors import UsageError
+from realtime.launch.server import engine_for
+from realtime.launch.warm import WarmPrompt
 from realtime.limits import Limits
 from realtime.models.voicechat.model import VoiceChatModel
-from realtime.server import engine_for
 from realtime.session.close_codes import CLOSE_TRY_AGAIN
 from realtime.tenants import DEFAULT_TENANT, Tenant, Tenants, parse_keys, tenants_from
 from realtime.testing.fake import FakeModel
-from realtime.warm import WarmPrompt
 from tests.helpers import ahttp, http, running_engine, running_server, start_realtime_server
 from tests.models_fixtures import push_all, run_realtime
 

@@ -21,7 +21,7 @@ from quart_trio import QuartTrio
 
 from realtime import __version__, cpu_blas, endpoints
 from realtime.endpoints import NATIVE_PATH
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.http.guard import ConnectionTable, absorb, install
 from realtime.limits import Limits
 from realtime.live.connection import LiveConnection

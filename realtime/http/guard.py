@@ -27,7 +27,7 @@ module is the narrowest point that covers Hypercorn's own reader task:
   size bound ends the connection after its 1009 instead of buffering what follows.
 
 :func:`install` puts both classes in place, for ``realtime serve`` and for
-``hypercorn -k trio realtime.asgi:app`` alike (it runs when the app is created);
+``hypercorn -k trio realtime.launch.asgi:app`` alike (it runs when the app is created);
 docs/reliability.md lists each adaptation with its upstream issue.
 """
 

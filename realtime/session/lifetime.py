@@ -21,8 +21,10 @@ from typing import Final, Protocol, TypedDict, Unpack
 import attrs
 import trio
 
-from realtime.engine.runner import AdmissionRefusal, Engine, EngineError, Waker
-from realtime.engine.runner import Close as CloseCommand
+from realtime.engine.capacity import AdmissionRefusal
+from realtime.engine.commands import Close as CloseCommand
+from realtime.engine.commands import EngineError
+from realtime.engine.facade import Engine, Waker
 from realtime.limits import Limits
 from realtime.observe import Observer, SessionReport
 from realtime.session.close_codes import CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_TRY_AGAIN

@@ -41,12 +41,13 @@ import attrs
 import trio
 from trio.lowlevel import RunVar
 
-from realtime.engine.runner import Cancel as CancelCommand
-from realtime.engine.runner import Engine, EngineError, Step
-from realtime.engine.runner import Flush as FlushCommand
-from realtime.engine.runner import Open as OpenCommand
-from realtime.engine.runner import Push as PushCommand
-from realtime.engine.runner import ToolResult as ToolResultCommand
+from realtime.engine.commands import Cancel as CancelCommand
+from realtime.engine.commands import EngineError, Step
+from realtime.engine.commands import Flush as FlushCommand
+from realtime.engine.commands import Open as OpenCommand
+from realtime.engine.commands import Push as PushCommand
+from realtime.engine.commands import ToolResult as ToolResultCommand
+from realtime.engine.facade import Engine
 from realtime.limits import Limits
 from realtime.models.base import InferenceError, PreparesToolResults, Samples
 from realtime.observe import SessionOutcome
@@ -428,14 +429,13 @@ class Connection:
                 prompt_scope=self.lifetime.prompt_scope,
             )
             try:
-                await self.engine.run(command)
+                prompt = await self.engine.run(command)
             except EngineError as exc:
                 self.backlog.finished(trio.current_time())
                 await self._apply(rules.opened(Failure.of(exc), trio.current_time()))
                 return
             self.observer.session_opened(time.perf_counter() - started)
             self.backlog.finished(trio.current_time())
-            prompt = self.engine.prompt_use(sid)
             await self._apply(rules.opened(None, trio.current_time(), prompt=prompt))
             return
         ends = self._ends or lacking(rules, work, EndsTurns)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import attrs
 
-from realtime.engine.runner import EngineError, FailureKind
+from realtime.engine.commands import EngineError, FailureKind
 from realtime.models.base import Samples
 from realtime.observe import CommandKind, DropReason
 
@@ -54,7 +54,7 @@ class CancelModel:
 
 @attrs.frozen(slots=True)
 class FeedModel:
-    """Give the model a tool's result (``realtime.engine.runner.ToolResult``); runs in order
+    """Give the model a tool's result (``realtime.engine.commands.ToolResult``); runs in order
     with the audio around it."""
 
     output: str

@@ -40,7 +40,7 @@ from prometheus_client.registry import Collector
 
 from realtime import __version__, cpu_blas
 from realtime.endpoints import ErrorCode
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.models.prompt_cache import CachesPrompts
 from realtime.observe import (
     CommandKind,

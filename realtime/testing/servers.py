@@ -23,11 +23,11 @@ from typing import Any, Final
 import attrs
 import trio
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.http.app import ServerState
+from realtime.launch.server import hypercorn_config, run_server
 from realtime.limits import Limits
 from realtime.observe import Observer
-from realtime.server import hypercorn_config, run_server
 from realtime.telemetry.metrics import PrometheusObserver
 
 SERVING_LINE: Final = re.compile(r"realtime: serving (ws://\S+/v1/realtime)")

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from realtime import client as rc
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.models.base import (
     VOICECHAT_FIGURES,
     AssistantTextDelta,

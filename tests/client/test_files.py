@@ -19,7 +19,7 @@ from realtime.audio import load_input_wav, write_wav_pcm16
 from realtime.client import ClientError, ServerBusy
 from realtime.client import files as fc
 from realtime.client.cli import TranscriptPrinter
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.models.base import VOICECHAT_FIGURES
 from realtime.testing.fake import FakeModel, FakeOptions
 from tests.helpers import REPO, ServerProcess, connect, running_server, start_realtime_server

@@ -38,7 +38,7 @@ from realtime.client.devices import (
     pick_rate,
 )
 from realtime.client.playback import JitterBuffer
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.models.base import VOICECHAT_FIGURES, Samples
 from realtime.testing.fake import FakeModel, FakeOptions
 from tests.helpers import REPO, ServerProcess, running_server

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from realtime.engine.runner import Close, Engine, Flush, Open, Push
+from realtime.engine.commands import Close, Flush, Open, Push
+from realtime.engine.facade import Engine
 from realtime.models import load_model
 from realtime.models.base import AudioDelta, Done, ModelEvent
 from tests.helpers import ServerProcess, append_msg, connect, noise, running_server

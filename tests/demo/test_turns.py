@@ -39,10 +39,10 @@ from realtime.demo.turns import (
     reply_text,
     voice_envelope,
 )
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
+from realtime.launch.server import model_loader
 from realtime.models import base
 from realtime.models.voicechat.model import VoiceChatModel
-from realtime.server import model_loader
 from tests.helpers import append_msg, connect, running_server
 from tests.models_fixtures import speechlike
 
@@ -698,7 +698,7 @@ def test_the_demo_turns_flags(
     demo_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``--[no-]demo-turns`` names the demo's choice; with -m it is a usage error."""
-    from realtime.cli import main
+    from realtime.launch.cli import main
 
     assert main(["serve", "-m", str(demo_path), "--no-demo-turns"]) == 2
     assert "demo model only" in capsys.readouterr().err
@@ -719,7 +719,7 @@ def test_generate_stream_on_the_demo_takes_its_turns(
 ) -> None:
     """``realtime generate --stream`` without -m answers as the socket does (the socket's
     bytes equal its own: tests/client/test_files.py)."""
-    from realtime.cli import main
+    from realtime.launch.cli import main
 
     wav = tmp_path / "spoken.wav"
     soundfile.write(str(wav), spoken, 16000, subtype="PCM_16")

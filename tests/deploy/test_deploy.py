@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
+from realtime.launch.server import EXIT_ENGINE_HUNG
 from realtime.limits import Limits
-from realtime.server import EXIT_ENGINE_HUNG
 from tests.helpers import REPO, ahttp, running_server
 
 SYSTEMD = REPO / "deploy" / "systemd"

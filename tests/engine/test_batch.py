@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from realtime.engine.runner import Cancel, Close, Engine, EngineError, Flush, Open, Push, Step
+from realtime.engine.commands import Cancel, Close, EngineError, Flush, Open, Push, Step
+from realtime.engine.facade import Engine
 from realtime.models.base import (
     AudioDelta,
     Cancelled,

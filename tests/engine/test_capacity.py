@@ -15,12 +15,12 @@ import pytest
 import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
 
-from realtime.cli import batch_frames_from_args, build_parser
 from realtime.engine.admission import MIN_SAMPLES
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.errors import UsageError
+from realtime.launch.cli import batch_frames_from_args, build_parser
+from realtime.launch.server import engine_for
 from realtime.limits import BATCH_FRAMES_ENV, Limits, batch_frames_from_env, batching
-from realtime.server import engine_for
 from realtime.session.close_codes import CLOSE_TRY_AGAIN
 from realtime.testing.fake import FakeModel, FakeOptions
 from tests.helpers import Server, ahttp, append_msg, connect, noise, running_engine, running_server
@@ -283,15 +283,15 @@ def test_the_asgi_app_reads_its_environment_setting(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("REALTIME_MODEL", raising=False)
-    import realtime.asgi
+    import realtime.launch.asgi
 
     monkeypatch.setenv("REALTIME_MAX_SESSIONS", "3")
-    assert realtime.asgi.create_app_from_env().state.engine.batch_frames
+    assert realtime.launch.asgi.create_app_from_env().state.engine.batch_frames
     monkeypatch.setenv(BATCH_FRAMES_ENV, "off")
-    assert not realtime.asgi.create_app_from_env().state.engine.batch_frames
+    assert not realtime.launch.asgi.create_app_from_env().state.engine.batch_frames
     monkeypatch.setenv(BATCH_FRAMES_ENV, "maybe")
     with pytest.raises(SystemExit) as info:
-        realtime.asgi.create_app_from_env()
+        realtime.launch.asgi.create_app_from_env()
     assert info.value.code == 2
     assert (
         capsys.readouterr()

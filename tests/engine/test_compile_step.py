@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from realtime.engine.first_start import compile_note, compile_off, kernel_cache
+from realtime.launch.server import engine_for
 from realtime.limits import Limits
 from realtime.models.voicechat.model import VoiceChatModel
-from realtime.server import engine_for
 from realtime.testing.fake import FakeModel
 
 
@@ -64,7 +64,7 @@ def test_the_engine_says_what_the_first_start_does_before_it_compiles(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The first start on a machine waited 25 s with nothing printed."""
-    caplog.set_level(logging.INFO, logger="realtime.engine.runner")
+    caplog.set_level(logging.INFO, logger="realtime.engine.thread")
     model = CompilingModel(caplog.records)
     engine = engine_for(lambda: model, Limits(max_sessions=2), batch_frames=True)
     engine.start()

@@ -12,19 +12,17 @@ import numpy as np
 import pytest
 import trio
 
-from realtime.engine.runner import (
+from realtime.engine.commands import (
     Cancel,
     Close,
-    Engine,
     EngineError,
     EngineLoadError,
     Flush,
     Open,
     Push,
     Step,
-    Waker,
-    watch_for_hung_calls,
 )
+from realtime.engine.facade import Engine, Waker, watch_for_hung_calls
 from realtime.models.base import (
     AudioDelta,
     Cancelled,

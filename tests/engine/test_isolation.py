@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from realtime.audio import float_to_pcm16, pcm16_to_float
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.models import load_model
 from realtime.models.base import (
     AssistantTextDelta,

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from realtime.engine.admission import MIN_SAMPLES
-from realtime.engine.runner import Cancel, Close, Engine, EngineError, Flush, Open, Push
+from realtime.engine.commands import Cancel, Close, EngineError, Flush, Open, Push
+from realtime.engine.facade import Engine
 from realtime.observe import Observer
 from realtime.testing.fake import FakeModel, FakeOptions
 from tests.helpers import running_engine

@@ -24,12 +24,13 @@ import trio
 
 from realtime import client as rc
 from realtime.engine.admission import MIN_SAMPLES
+from realtime.engine.commands import Close, EngineError, Open, Push, ToolResult
+from realtime.engine.facade import Engine
 from realtime.engine.fairshare import MAX_SHARE
-from realtime.engine.runner import Close, Engine, EngineError, Open, Push, ToolResult
+from realtime.launch.server import engine_for
 from realtime.limits import Limits
 from realtime.models.base import ModelSession, Opening, ToolInput
 from realtime.observe import Observer
-from realtime.server import engine_for
 from realtime.testing.fake import FakeModel, FakeOptions
 from tests.helpers import running_server
 from tests.openai.scripted import call_then_say, scripted

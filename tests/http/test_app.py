@@ -12,7 +12,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionRejected
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.testing.fake import FakeModel, FakeOptions
 from tests.helpers import (
     ServerProcess,

@@ -14,10 +14,10 @@ import pytest
 import trio
 from trio_websocket import ConnectionRejected
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.http.app import ServerState
+from realtime.launch.server import hypercorn_config, run_server
 from realtime.limits import Limits
-from realtime.server import hypercorn_config, run_server
 from realtime.testing.fake import FakeModel
 from tests.helpers import REPO, ahttp, append_msg, connect, http, noise, start_realtime_server
 

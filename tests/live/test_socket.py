@@ -18,7 +18,7 @@ import trio
 from trio_websocket import ConnectionRejected, WebSocketConnection, open_websocket_url
 
 from realtime.audio import float_to_pcm16, pcm16_to_float
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.live.config import LiveConfig, parse_config
 from realtime.live.prompt import system_prompt
 from realtime.models import load_model

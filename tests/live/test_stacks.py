@@ -28,7 +28,7 @@ import attrs
 import pytest
 import trio
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.limits import Limits
 from realtime.testing.fake import Cue, FakeModel, Reply, partner, say
 from realtime.testing.servers import ServerProcess

@@ -237,8 +237,8 @@ def test_a_clients_longer_prompt_never_grows_pinned_memory(model: VoiceChatModel
     """The warmed prompt's chain is pinned as far as it needs; a
     longer prompt of the same seed extends a fork of it, stored unpinned, and opens
     exactly as mlx-vlm's constructor does."""
+    from realtime.launch.warm import WarmPrompt, prepare_model
     from realtime.limits import Limits
-    from realtime.warm import WarmPrompt, prepare_model
 
     prepare_model(model, Limits(prompt_cache_bytes=1 << 30), [WarmPrompt("w", text="Be brief.")])
     pinned = model.prompt_cache_figures().pinned_bytes

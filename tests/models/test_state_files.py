@@ -375,10 +375,10 @@ async def test_the_engine_builds_ahead_when_idle_and_health_says_so(
     its language model's steps and opens as mlx-vlm's constructor does."""
     import trio
 
+    from realtime.launch.server import engine_for
+    from realtime.launch.warm import Keeping
     from realtime.limits import Limits
     from realtime.models.base import PromptUse
-    from realtime.server import engine_for
-    from realtime.warm import Keeping
     from tests.helpers import ahttp, running_server
 
     limits = Limits(max_system_prompt_tokens=96)
@@ -446,8 +446,8 @@ def test_a_read_whose_client_left_is_finished_when_idle_so_a_retry_hits(
 
 
 def test_the_flags_and_their_environment_settings(tmp_path: Path) -> None:
-    from realtime.cli import build_parser
-    from realtime.warm import Keeping, keeping_from
+    from realtime.launch.cli import build_parser
+    from realtime.launch.warm import Keeping, keeping_from
 
     args = build_parser().parse_args(["serve", "--state-cache-dir", "", "--no-build-ahead"])
     assert keeping_from(args.state_cache_dir, args.build_ahead, {}) == Keeping(None, False)

@@ -17,7 +17,7 @@ import pytest
 import trio
 from trio_websocket import open_websocket_url
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.limits import Limits
 from realtime.testing.fake import FakeModel
 from tests.helpers import Client, ahttp, append_msg, connect, noise, running_server

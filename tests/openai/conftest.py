@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.testing.fake import FakeModel, say
 from tests.environments import prepared_environment
 from tests.helpers import running_engine

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from realtime.engine.runner import Engine
-from realtime.server import model_loader
+from realtime.engine.facade import Engine
+from realtime.launch.server import model_loader
 from tests.helpers import running_server
 from tests.openai import demo_tools_exchange as exchange
 from tests.openai import livekit_exchange

@@ -19,7 +19,7 @@ import trio
 from trio_websocket import open_websocket_url
 
 from realtime import client as rc
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.limits import Limits
 from realtime.native import wire as protocol
 from realtime.openai import events as ev

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import trio
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.limits import Limits
 from realtime.testing.fake import say
 from realtime.wire_audio import alaw_decode

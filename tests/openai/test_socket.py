@@ -14,7 +14,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionRejected, WebSocketConnection, open_websocket_url
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.limits import Limits
 from realtime.models.voicechat.model import VoiceChatModel
 from realtime.testing.fake import say

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.limits import Limits
 from realtime.openai.dialect import Dialect, Output
 from realtime.openai.turns import END_TAIL_FRAMES

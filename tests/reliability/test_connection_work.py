@@ -276,7 +276,7 @@ async def test_a_flooding_client_that_stops_reading_is_dropped_within_the_stall_
 async def test_sigterm_under_the_hypercorn_cli_closes_every_session_1001(
     demo_cache_dir: Path, tmp_path: Path
 ) -> None:
-    """Finding 11: under ``hypercorn -k trio realtime.asgi:app`` SIGTERM reaches the
+    """Finding 11: under ``hypercorn -k trio realtime.launch.asgi:app`` SIGTERM reaches the
     app when Hypercorn stops accepting (the guard's watch), so each open session is
     told 1001 before the graceful timeout cancels it, the engine thread is joined at
     lifespan shutdown and the C++ runtime is not aborted."""

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import trio
 
-from realtime.engine.runner import Engine
-from realtime.server import KEEP_ALIVE_SECONDS
+from realtime.engine.facade import Engine
+from realtime.launch.server import KEEP_ALIVE_SECONDS
 from tests.helpers import running_server
 from tests.reliability.rawws import open_descriptors
 

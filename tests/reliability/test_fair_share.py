@@ -18,7 +18,7 @@ import threading
 import numpy as np
 import trio
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.limits import Limits
 from realtime.observe import Observer, Observers
 from realtime.testing.fake import FakeModel, FakeOptions

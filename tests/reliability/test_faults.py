@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import trio
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.limits import Limits
 from realtime.testing.fake import FakeModel, FakeOptions
 from tests.helpers import ahttp, append_msg, connect, noise, running_server

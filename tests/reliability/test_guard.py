@@ -2,7 +2,7 @@
 
 The red team's two process-killers, repeated hundreds of times against
 ``realtime serve`` (with and without an API key) and ``hypercorn -k trio
-realtime.asgi:app``: an upgrade request with bytes after it in the same write, and
+realtime.launch.asgi:app``: an upgrade request with bytes after it in the same write, and
 refused clients that close as soon as their ``server_busy`` error arrives. After
 each run the process is alive, answers ``/health``, the session that held the slot
 still answers, and the log has no traceback.

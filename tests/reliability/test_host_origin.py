@@ -7,7 +7,7 @@ import json
 import pytest
 import trio
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.http.app import ServerState, host_allowed, origin_allowed
 from tests.helpers import ahttp, running_server
 from tests.reliability.rawws import RawClient

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from realtime import jsonbounds
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.native.wire import ProtocolError, parse_client_message
 from tests.helpers import connect, running_server
 

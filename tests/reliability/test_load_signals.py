@@ -26,8 +26,8 @@ faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's stacks on 
 # its children with SIGINT ignored, and Python then installs no KeyboardInterrupt:
 # give this server the SIGINT a user's terminal gives it.
 signal.signal(signal.SIGINT, signal.default_int_handler)
-import realtime.server
-from realtime.cli import main
+import realtime.launch.server
+from realtime.launch.cli import main
 
 def slow_loader(model, quantize, **_):
     def load():
@@ -41,7 +41,7 @@ def slow_loader(model, quantize, **_):
         raise AssertionError("the ten-minute load finished")
     return load
 
-realtime.server.model_loader = slow_loader
+realtime.launch.server.model_loader = slow_loader
 args = [a for a in sys.argv[1:] if a != "--signal-this-thread"]
 sys.exit(main([*args, "serve", "--port", "0"]))
 """

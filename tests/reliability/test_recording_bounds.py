@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.telemetry.recording import Recording, share_of
 from tests.helpers import connect, running_server
 from tests.telemetry.test_recording import files_of, of, recorded_session

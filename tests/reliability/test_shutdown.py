@@ -19,10 +19,10 @@ from urllib.parse import urlsplit
 
 import trio
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.http.app import ServerState
+from realtime.launch.server import hypercorn_config, run_server
 from realtime.limits import Limits
-from realtime.server import hypercorn_config, run_server
 from realtime.testing.fake import FakeModel, FakeOptions
 from realtime.testing.servers import start_server_process
 from tests.helpers import REPO, append_msg, noise
@@ -136,7 +136,7 @@ async def test_a_dropped_stalled_reader_frees_its_descriptor() -> None:
 
 SERVE_FAKE = """
 import sys
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.testing.fake import FakeModel, FakeOptions
 from realtime.testing.servers import serve_engine
 engine = Engine(lambda: FakeModel(FakeOptions(audio_samples=50_000)))
@@ -175,7 +175,7 @@ async def test_sigterm_exits_0_within_the_bound_while_a_client_reads_nothing(
 
 SERVE_FAKE_FOUR = """
 import sys
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.limits import Limits
 from realtime.testing.fake import FakeModel, FakeOptions
 from realtime.testing.servers import serve_engine

@@ -7,7 +7,7 @@ the model had loaded, and then the process aborted in MLX's static destructors
 (``terminate called without an active exception``, SIGABRT) in most runs. Now the file
 is bounded (size, then structure) and checked before the model loads, and a refusal
 after the load (a prompt over the token limit) leaves through the exit that skips
-MLX's teardown (``realtime.cli.run``).
+MLX's teardown (``realtime.launch.cli.run``).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def test_a_prompt_refused_after_the_load_exits_2_without_an_abort(
 def test_under_the_hypercorn_cli_a_prompt_refused_after_the_load_ends_the_command(
     demo_cache_dir: Path, tmp_path: Path
 ) -> None:
-    """``hypercorn -k trio realtime.asgi:app``: the same refusal, once the model has
+    """``hypercorn -k trio realtime.launch.asgi:app``: the same refusal, once the model has
     loaded at lifespan startup, ends the command with one line (non-zero: Hypercorn
     loses its worker's status, pgjones/hypercorn#269). Before: a traceback, and
     Hypercorn went on serving with no model."""
@@ -128,7 +128,7 @@ def test_under_the_hypercorn_cli_a_prompt_refused_after_the_load_ends_the_comman
     }
     hypercorn = os.path.join(os.path.dirname(sys.executable), "hypercorn")
     done = subprocess.run(
-        [hypercorn, "-k", "trio", "-b", "127.0.0.1:0", "realtime.asgi:app"],
+        [hypercorn, "-k", "trio", "-b", "127.0.0.1:0", "realtime.launch.asgi:app"],
         capture_output=True,
         text=True,
         env=env,

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.http.guard import (
     BUSY_RESPONSE,
     LOG_BURST,

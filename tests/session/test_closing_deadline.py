@@ -16,7 +16,7 @@ import pytest
 import trio
 import trio.testing
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.limits import Limits
 from realtime.native.connection import NativeConnection as Connection
 from realtime.testing.fake import FakeModel

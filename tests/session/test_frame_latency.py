@@ -18,7 +18,7 @@ import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.limits import Limits
 from realtime.native.connection import NativeConnection as Connection
 from realtime.telemetry.metrics import PrometheusObserver

@@ -12,7 +12,7 @@ import numpy as np
 import trio
 import trio.testing
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.limits import Limits
 from realtime.native.connection import NativeConnection as Connection
 from realtime.session.lifetime import TransportClosed

@@ -15,7 +15,7 @@ import trio
 from wsproto.events import CloseConnection
 from wsproto.frame_protocol import CloseReason
 
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.telemetry.logs import EXTRA
 from tests.helpers import Server, ahttp, append_msg, noise, running_server
 from tests.reliability.rawws import RawClient

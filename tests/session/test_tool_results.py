@@ -1,6 +1,6 @@
 """A tool's result reaches the model.
 
-On the engine: a :class:`~realtime.engine.runner.ToolResult` goes in one model step a slice,
+On the engine: a :class:`~realtime.engine.commands.ToolResult` goes in one model step a slice,
 other conversations' frames run between the slices, the session's own later frames
 wait for it and then carry the model's follow-up; a model without the input says so.
 The VoiceChat side (NVIDIA's inserted function-channel steps) is in
@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from realtime.engine.runner import Engine, EngineError, Open, Push, Step, ToolResult
+from realtime.engine.commands import EngineError, Open, Push, Step, ToolResult
+from realtime.engine.facade import Engine
 from realtime.models.base import AssistantTextDelta, AudioDelta, ToolInput
 from realtime.testing.fake import FakeModel, FakeOptions, NullModel, say
 from tests.engine.test_batch import GATE, batching_engine, frame, held, open_all, push
@@ -52,7 +53,7 @@ def test_a_tool_result_for_an_ended_session_or_a_model_without_the_input_fails()
     with batching_engine(model) as engine:
         open_all(engine, "gate", "a", seeds=(GATE, 1))
         engine.submit(push("a")).result(10)
-        from realtime.engine.runner import Flush
+        from realtime.engine.commands import Flush
 
         engine.submit(Flush("a")).result(10)
         with pytest.raises(EngineError) as failed:
@@ -80,7 +81,7 @@ async def test_on_the_demo_a_tool_output_goes_in_and_the_demo_answers_with_it() 
     """The demo checkpoint through the OpenAI endpoint and the openai SDK: the network
     takes the output on its function channel (NVIDIA's inserted steps), then the demo's
     scripted turn says what the tool said."""
-    from realtime.server import model_loader
+    from realtime.launch.server import model_loader
     from tests.helpers import running_server
     from tests.openai import sdk_exchange
     from tests.openai.test_sdk import ws_base

@@ -17,11 +17,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from trio_websocket import ConnectionRejected, open_websocket_url
 
 from realtime.engine.admission import MIN_SAMPLES
-from realtime.engine.runner import Engine, Open, Push
+from realtime.engine.commands import Open, Push
+from realtime.engine.facade import Engine
 from realtime.http.app import ServerState
+from realtime.launch.server import hypercorn_config, run_server
 from realtime.limits import Limits
 from realtime.observe import Observers, SessionReport
-from realtime.server import hypercorn_config, run_server
 from realtime.telemetry.logs import JsonFormatter, SessionLog, TextFormatter, setup_logging
 from realtime.telemetry.metrics import PrometheusObserver
 from realtime.testing.fake import FakeModel

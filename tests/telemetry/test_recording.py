@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import trio
 
-from realtime import server as server_module
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.errors import UsageError
+from realtime.launch import server as server_module
 from realtime.telemetry.recording import Recording, enforce_bound, message_record
 from realtime.testing.fake import FakeModel
 from tests.helpers import Server, append_msg, connect, noise, running_server

@@ -52,7 +52,7 @@ import numpy as np
 from mlx_audio.codec.models.nemotron_voicechat import CausalConv1dCache
 from mlx_vlm.models.cache import ArraysCache, KVCache
 
-from realtime.models.voicechat.perception import ConformerBatch, stackable
+from realtime.models.voicechat.perception import ConformerBatch, fresh, stackable, taken
 
 if TYPE_CHECKING:
     from realtime.models.voicechat.row import Seat
@@ -266,14 +266,15 @@ class PaddedKV:
             self.offsets = [self.offsets[j] for j in keep]
             self.cursors, self.starts = [0] * len(keep), [0] * len(keep)
             return
-        rows = self._rows(keep)
+        count = len(self.offsets)
+        rows = [j + r * count for r in range(self.rows_each) for j in keep]
         ends = [self._end(j) for j in keep]
         self.offsets = [self.offsets[j] for j in keep]
         self.cursors = [self.cursors[j] for j in keep]
         self.starts = [self.starts[j] for j in keep]
         first, last = min(self.starts), max(ends)
-        self.keys = self.keys[rows, :, first:, :]
-        self.values = self.values[rows, :, first:, :]
+        self.keys = taken(self.keys, rows)[:, :, first:, :]
+        self.values = taken(self.values, rows)[:, :, first:, :]
         self.starts = [start - first for start in self.starts]
         self.width = last - first
         self._offset = None
@@ -290,6 +291,9 @@ class PaddedKV:
 
     def extend(self, other: PaddedKV) -> None:
         """Append ``other``'s conversations after these."""
+        if other.keys is None and self.keys is not None and self.rows_each == 1:
+            self._extend_empty(other)
+            return
         self._shape_by(other.keys, other.values)
         other._shape_by(self.keys, self.values)
         if self.keys is None:  # no row of either has an entry yet
@@ -322,6 +326,18 @@ class PaddedKV:
         self.offsets = self.offsets + other.offsets
         self.cursors = self.cursors + other.cursors
         self.width = width
+        self._offset = None
+
+    def _extend_empty(self, other: PaddedKV) -> None:
+        """Append conversations with no entry yet: rows of zeros (one pad per array, as
+        :meth:`extend` would lay them out), their first entry at the write position."""
+        self._compact()
+        added = len(other.offsets)
+        pad = [(0, added), (0, 0), (0, 0), (0, 0)]
+        self.keys, self.values = mx.pad(self.keys, pad), mx.pad(self.values, pad)
+        self.starts = self.starts + [self.width] * added
+        self.offsets = self.offsets + other.offsets
+        self.cursors = self.cursors + other.cursors
         self._offset = None
 
 
@@ -374,6 +390,9 @@ def _stack(groups: Sequence[tuple[Any, int]]) -> Any:
     like = next((array for array, _ in groups if array is not None), None)
     if like is None:
         return None
+    if len(groups) == 2 and groups[0][0] is not None and groups[1][0] is None:
+        # Rows not started after the others: one pad (zeros) instead of zeros + concat.
+        return mx.pad(like, [(0, groups[1][1])] + [(0, 0)] * (like.ndim - 1))
     return mx.concatenate(
         [
             mx.zeros((rows, *like.shape[1:]), like.dtype) if array is None else array
@@ -409,8 +428,9 @@ class StackedStates:
         return written
 
     def filter(self, keep: Sequence[int]) -> None:
-        rows = mx.array(list(keep))
-        self.view.cache = [None if state is None else state[rows] for state in self.view.cache]
+        self.view.cache = [
+            None if state is None else taken(state, keep) for state in self.view.cache
+        ]
         self.count = len(keep)
 
     def extend(self, other: StackedStates) -> None:
@@ -445,8 +465,7 @@ class StackedCodec:
         return list(own.cache.values())
 
     def filter(self, keep: Sequence[int]) -> None:
-        rows = mx.array(list(keep))
-        self.view.cache = {name: value[rows] for name, value in self.view.cache.items()}
+        self.view.cache = {name: taken(value, keep) for name, value in self.view.cache.items()}
         self.count = len(keep)
 
     def extend(self, other: StackedCodec) -> None:
@@ -550,7 +569,9 @@ class FrameBatch:
     def _join_conformer(self, streams: Sequence[Any]) -> None:
         if self.conformer is None:
             return
-        if all(stackable(s) for s in streams):
+        if all(fresh(s) for s in streams):
+            self.conformer.extend_fresh(len(streams))
+        elif all(stackable(s) for s in streams):
             self.conformer.extend(ConformerBatch.merge(streams, like=self.conformer))
         else:
             self.release_conformer()

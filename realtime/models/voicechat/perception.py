@@ -201,6 +201,16 @@ def fresh(stream: Any) -> bool:
     return all(c is None for c in (*stream.attn_cache, *stream.conv_cache))
 
 
+def taken(array: Any, keep: Sequence[int]) -> Any:
+    """Rows ``keep`` of ``array`` (first axis), in that order: a slice (a view, no
+    kernel) when they are one run in order, as a row leaving from the end leaves them,
+    else a gather."""
+    first = keep[0] if keep else 0
+    if list(keep) == list(range(first, first + len(keep))):
+        return array[first : first + len(keep)]
+    return array[mx.array(list(keep))]
+
+
 @attrs.define(slots=True, eq=False)
 class ConformerBatch:
     """The resident batch's conformer caches, stacked between frames: per layer the
@@ -294,11 +304,17 @@ class ConformerBatch:
 
     def filter(self, keep: Sequence[int]) -> None:
         """Keep rows ``keep`` (in that order), trimmed to the longest of them."""
-        rows = mx.array(list(keep))
         trim = self.width - max(self.lengths[j] for j in keep)
-        self.attn = [a[rows, trim:] for a in self.attn]
-        self.conv = [c[rows] for c in self.conv]
+        self.attn = [taken(a, keep)[:, trim:] for a in self.attn]
+        self.conv = [taken(c, keep) for c in self.conv]
         self.lengths = [self.lengths[j] for j in keep]
+
+    def extend_fresh(self, count: int) -> None:
+        """Append ``count`` :func:`fresh` rows: what :meth:`merge` then :meth:`extend`
+        would lay out (no key, a zero convolution cache), as one pad per array."""
+        self.attn = [mx.pad(a, [(0, count), (0, 0), (0, 0)]) for a in self.attn]
+        self.conv = [mx.pad(c, [(0, count), (0, 0), (0, 0)]) for c in self.conv]
+        self.lengths = self.lengths + [0] * count
 
     def extend(self, other: ConformerBatch) -> None:
         """Append ``other``'s rows after these."""

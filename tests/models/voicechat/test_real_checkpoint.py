@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from realtime.audio import load_input_wav, pcm16_to_float
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.models import check_model_path, load_model, model_id_for
 from realtime.models.base import AudioDelta, Done, open_session
 from realtime.models.voicechat.model import VoiceChatModel

@@ -30,7 +30,7 @@ from realtime.limits import Limits
 from realtime.models.base import RealtimeModel, open_session
 from realtime.models.prompt_cache import CachesPrompts, KeepsStates
 
-log = logging.getLogger("realtime.warm")
+log = logging.getLogger(__name__)
 
 WARM_PROMPT_ENV: Final = "REALTIME_WARM_PROMPT"
 """``--warm-prompt`` as an environment setting: files separated by the path separator."""

@@ -113,8 +113,8 @@ def _add_batch_option(parser: argparse.ArgumentParser) -> None:
 
 def _add_warm_option(parser: argparse.ArgumentParser) -> None:
     """``--warm-prompt FILE`` (repeatable); unset, ``REALTIME_WARM_PROMPT`` decides
-    (:mod:`realtime.warm`)."""
-    from realtime.warm import WARM_PROMPT_ENV
+    (:mod:`realtime.launch.warm`)."""
+    from realtime.launch.warm import WARM_PROMPT_ENV
 
     parser.add_argument(
         "--warm-prompt",
@@ -131,7 +131,7 @@ def _add_warm_option(parser: argparse.ArgumentParser) -> None:
 
 def _add_state_options(parser: argparse.ArgumentParser) -> None:
     """``--state-cache-dir DIR`` and ``--build-ahead`` / ``--no-build-ahead``
-    (:class:`realtime.warm.Keeping`)."""
+    (:class:`realtime.launch.warm.Keeping`)."""
     from realtime.models.state_files import STATE_CACHE_DIR_ENV, default_state_dir
 
     parser.add_argument(
@@ -436,12 +436,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 mx.disable_compile()
         if args.command == "serve":
-            from realtime.server import serve_command
+            from realtime.launch.server import serve_command
 
             args.batch_frames = batch_frames_from_args(args)
             return serve_command(args, limits_from_args(args))
         if args.command == "generate":
-            from realtime.offline import generate_command
+            from realtime.launch.offline import generate_command
 
             return generate_command(args)
         if args.command == "demo-model":
@@ -474,7 +474,7 @@ def run() -> NoReturn:
         traceback.print_exc()
         code = 1
     if "mlx.core" in sys.modules:
-        from realtime.server import exit_skipping_native_teardown
+        from realtime.launch.server import exit_skipping_native_teardown
 
         exit_skipping_native_teardown(code)
     sys.exit(code)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from realtime.audio import float_to_pcm16, load_input_wav, pcm16_to_float, write_wav_pcm16
+from realtime.launch.offline import stream_slices
 from realtime.models.base import AudioDelta, open_session
 from realtime.models.voicechat.model import VoiceChatModel
-from realtime.offline import stream_slices
 from tests.models_fixtures import noise, run_realtime, speechlike
 
 

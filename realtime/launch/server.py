@@ -26,17 +26,11 @@ from hypercorn.trio import serve
 from hypercorn.typing import Framework
 
 from realtime.endpoints import LIVE_PATH, NATIVE_PATH, OPENAI_PATH
-from realtime.engine.runner import Engine, EngineLoadError, watch_for_hung_calls
+from realtime.engine.commands import EngineLoadError
+from realtime.engine.facade import Engine, watch_for_hung_calls
 from realtime.errors import UsageError
 from realtime.http.app import ServerState, create_app
-from realtime.limits import Limits, batching
-from realtime.models.base import RealtimeModel
-from realtime.observe import Observer, Observers
-from realtime.telemetry.logs import SessionLog
-from realtime.telemetry.metrics import PrometheusObserver
-from realtime.telemetry.recording import Recording, share_of
-from realtime.tenants import Tenants, tenants_from
-from realtime.warm import (
+from realtime.launch.warm import (
     NO_KEEPING,
     Keeping,
     WarmPrompt,
@@ -45,6 +39,13 @@ from realtime.warm import (
     read_warm_prompts,
     warm_prompts_from_env,
 )
+from realtime.limits import Limits, batching
+from realtime.models.base import RealtimeModel
+from realtime.observe import Observer, Observers
+from realtime.telemetry.logs import SessionLog
+from realtime.telemetry.metrics import PrometheusObserver
+from realtime.telemetry.recording import Recording, share_of
+from realtime.tenants import Tenants, tenants_from
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +173,7 @@ def engine_for(
     step before it reports ready (``Engine.warm_up``), so ``/ready`` and the first
     clients are answered by measurement. Its loader also bounds the model's prompt cache
     and warms ``warm`` into it, its states kept as ``keeping`` says
-    (:func:`realtime.warm.preparing`)."""
+    (:func:`realtime.launch.warm.preparing`)."""
     margin = limits.admission_margin if limits.max_sessions > 1 else 0.0
     return Engine(
         preparing(loader, limits, warm, keeping),

@@ -8,7 +8,7 @@ import attrs
 import numpy as np
 import pytest
 
-from realtime.cli import build_parser, limits_from_args, main
+from realtime.launch.cli import build_parser, limits_from_args, main
 from realtime.limits import Limits, Setting, limit_settings, limits_from_env
 
 
@@ -93,11 +93,11 @@ def test_bad_env_value_stops_the_asgi_app(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("REALTIME_MODEL", raising=False)
-    import realtime.asgi
+    import realtime.launch.asgi
 
     monkeypatch.setenv("REALTIME_IDLE_TIMEOUT", "soon")
     with pytest.raises(SystemExit) as info:
-        realtime.asgi.create_app_from_env()
+        realtime.launch.asgi.create_app_from_env()
     assert info.value.code == 2
     err = capsys.readouterr().err  # (importing the module may have logged its demo warning)
     assert err.splitlines()[-1] == (
@@ -152,7 +152,7 @@ def test_serve_reads_limits_from_the_environment(monkeypatch: pytest.MonkeyPatch
 
 
 def test_serve_prints_the_native_openai_live_and_page_urls() -> None:
-    from realtime.server import serving_lines
+    from realtime.launch.server import serving_lines
     from realtime.testing.servers import SERVING_LINE
 
     lines = serving_lines(["http://127.0.0.1:8080"], max_sessions=3)

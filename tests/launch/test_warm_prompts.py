@@ -13,10 +13,10 @@ import pytest
 import trio
 from trio_websocket import open_websocket_url
 
+from realtime.launch.server import engine_for
+from realtime.launch.warm import WarmPrompt, prepare_model, read_warm_prompt
 from realtime.limits import Limits
 from realtime.models.voicechat.model import VoiceChatModel
-from realtime.server import engine_for
-from realtime.warm import WarmPrompt, prepare_model, read_warm_prompt
 from tests.engine.test_isolation import LONG_PROMPT, audio_for, reference, wire_digest
 from tests.helpers import ahttp, append_msg, connect, running_server
 from tests.models_fixtures import run_realtime
@@ -195,9 +195,9 @@ async def test_an_openai_cached_open_equals_a_cold_open_through_the_socket(
     bit, mlx-vlm's constructor's with the prompt the endpoint renders."""
     from mlx_vlm.models.nemotron_voicechat.streaming import VoiceChatStreamingSession
 
+    from realtime.launch.warm import system_prompt_of
     from realtime.models.voicechat.keys import SessionKey, drawing_from
     from realtime.models.voicechat.opening import VoiceChatOpening
-    from realtime.warm import system_prompt_of
 
     opened: list[str] = []
     open_ = VoiceChatOpening._open

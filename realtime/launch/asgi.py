@@ -1,4 +1,4 @@
-"""The app for an external ASGI server: ``hypercorn -k trio realtime.asgi:app``.
+"""The app for an external ASGI server: ``hypercorn -k trio realtime.launch.asgi:app``.
 
 Configured from the environment (the CLI's flags have the same names):
 ``REALTIME_MODEL`` (checkpoint folder or Hugging Face repo id; unset: the demo
@@ -30,7 +30,8 @@ from typing import NoReturn
 import trio
 
 from realtime.cpu_blas import from_env, install_from
-from realtime.engine.runner import EngineLoadError, watch_for_hung_calls
+from realtime.engine.commands import EngineLoadError
+from realtime.engine.facade import watch_for_hung_calls
 from realtime.errors import UsageError
 from realtime.http.app import RealtimeApp, ServerState, create_app
 from realtime.limits import batch_frames_from_env, limits_from_env
@@ -59,7 +60,7 @@ def _fail(message: str, *, engine_ran: bool = False) -> NoReturn:
         with contextlib.suppress(OSError):
             os.kill(parent.pid, signal.SIGUSR1)
     if engine_ran:
-        from realtime.server import exit_skipping_native_teardown
+        from realtime.launch.server import exit_skipping_native_teardown
 
         exit_skipping_native_teardown(2)
     raise SystemExit(2)
@@ -70,7 +71,7 @@ async def _exit_hung(state: ServerState, reason: str) -> None:
     non-zero from inside the app: after the grace in which /health answers 503, close
     the open connections and end the process with ``EXIT_ENGINE_HUNG`` for its
     supervisor to restart it."""
-    from realtime.server import EXIT_ENGINE_HUNG, close_connections
+    from realtime.launch.server import EXIT_ENGINE_HUNG, close_connections
 
     await trio.sleep(state.limits.shutdown_timeout)
     state.shutdown.set()
@@ -81,9 +82,9 @@ async def _exit_hung(state: ServerState, reason: str) -> None:
 
 
 def create_app_from_env() -> RealtimeApp:
+    from realtime.launch.server import engine_for, model_loader
+    from realtime.launch.warm import keeping_from, warm_prompts_from_env
     from realtime.models import ModelPathError
-    from realtime.server import engine_for, model_loader
-    from realtime.warm import keeping_from, warm_prompts_from_env
 
     try:
         level = os.environ.get("REALTIME_LOG_LEVEL", "info").lower()
@@ -145,7 +146,7 @@ def create_app_from_env() -> RealtimeApp:
         # to Hypercorn and exits. MLX used from a thread other than the main one can abort
         # in its static destructors at interpreter exit (ml-explore/mlx#3126): the first
         # exit handler to run ends the process before them, as `realtime serve` does.
-        from realtime.server import exit_skipping_native_teardown
+        from realtime.launch.server import exit_skipping_native_teardown
 
         atexit.register(exit_skipping_native_teardown, 0)
 
