@@ -37,7 +37,7 @@ from attrs import frozen
 
 from realtime.errors import UsageError
 
-log = logging.getLogger("realtime.cpu_blas")
+log = logging.getLogger(__name__)
 
 CPU_BLAS_ENV = "REALTIME_CPU_BLAS"
 BUNDLED = "bundled"

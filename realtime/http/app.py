@@ -36,7 +36,7 @@ from realtime.telemetry.metrics import PrometheusObserver
 from realtime.telemetry.recording import Recording
 from realtime.tenants import Tenant, Tenants
 
-log = logging.getLogger("realtime.http.app")
+log = logging.getLogger(__name__)
 
 ASGIScope = dict[str, Any]
 ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]

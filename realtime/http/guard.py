@@ -61,7 +61,7 @@ from wsproto.events import CloseConnection
 
 from realtime.observe import Observer
 
-log = logging.getLogger("realtime.http.guard")
+log = logging.getLogger(__name__)
 
 DESCRIPTORS_PER_CONNECTION: Final = 3
 """What one connection may hold: its TCP socket, and for a session the socket pair

@@ -30,7 +30,7 @@ __all__ = [
     "model_id_for",
 ]
 
-log = logging.getLogger("realtime.models")
+log = logging.getLogger(__name__)
 
 
 def load_model(path: str | os.PathLike[str]) -> RealtimeModel:

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Final, TypeVar
 
-log = logging.getLogger("realtime.models.state_files")
+log = logging.getLogger(__name__)
 
 STATE_CACHE_DIR_ENV: Final = "REALTIME_STATE_CACHE_DIR"
 """``--state-cache-dir`` as an environment setting (empty: no files)."""

@@ -77,7 +77,7 @@ from realtime.session.work import (
     Work,
 )
 
-log = logging.getLogger("realtime.session.pipeline")
+log = logging.getLogger(__name__)
 
 TOKENIZING_THREADS: Final = 1
 """Worker threads all connections share for tokenizing what a client sent (tool

@@ -53,7 +53,7 @@ from realtime.observe import (
     SessionReport,
 )
 
-log = logging.getLogger("realtime.telemetry.metrics")
+log = logging.getLogger(__name__)
 
 __all__ = ["CONTENT_TYPE", "PrometheusObserver"]
 

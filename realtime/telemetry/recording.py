@@ -57,7 +57,7 @@ from realtime.models.base import (
     UserTranscriptDelta,
 )
 
-log = logging.getLogger("realtime.telemetry.recording")
+log = logging.getLogger(__name__)
 
 MAX_PENDING: Final = 4096
 """Items waiting for the writer, per session (a few seconds of a busy conversation);
