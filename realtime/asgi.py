@@ -82,6 +82,7 @@ async def _exit_hung(state: ServerState, reason: str) -> None:
 
 def create_app_from_env() -> RealtimeApp:
     from realtime.models import ModelPathError
+    from realtime.models.prompt_cache import PREFILL_ENV, prefill_read_from
     from realtime.server import engine_for, model_loader
     from realtime.warm import keeping_from, warm_prompts_from_env
 
@@ -98,7 +99,10 @@ def create_app_from_env() -> RealtimeApp:
         limits = limits_from_env(os.environ)
         batch_frames = batch_frames_from_env(os.environ)
         loader = model_loader(
-            os.environ.get("REALTIME_MODEL") or None, None, model_option="REALTIME_MODEL"
+            os.environ.get("REALTIME_MODEL") or None,
+            None,
+            model_option="REALTIME_MODEL",
+            prefill=prefill_read_from(os.environ.get(PREFILL_ENV)),
         )
         warm = warm_prompts_from_env(os.environ, limits.max_message_bytes)
         keeping = keeping_from(None, None, os.environ)

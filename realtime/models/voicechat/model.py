@@ -54,7 +54,7 @@ from realtime.models.checkpoint import (
     model_id_for,
     one_line,
 )
-from realtime.models.prompt_cache import AheadSlice, CacheFigures
+from realtime.models.prompt_cache import STEP_READ, AheadSlice, CacheFigures, PrefillRead
 from realtime.models.voicechat.cast import cast_once
 from realtime.models.voicechat.codes import compile_rounds
 from realtime.models.voicechat.fused import fuse, trace
@@ -698,10 +698,16 @@ class VoiceChatModel:
     """A loaded VoiceChat checkpoint (the RealtimeModel the engine serves)."""
 
     def __init__(
-        self, runtime: Any, path: Path, figures: ModelFigures | None = None, *, cast: bool = True
+        self,
+        runtime: Any,
+        path: Path,
+        figures: ModelFigures | None = None,
+        *,
+        cast: bool = True,
+        prefill: PrefillRead = STEP_READ,
     ) -> None:
         self._runtime = runtime  # mlx-vlm VoiceChatSession: model + tokenizer
-        self._prompts = PromptStates(PROMPT_CACHE_BYTES)
+        self._prompts = PromptStates(PROMPT_CACHE_BYTES, read=prefill)
         self._cast = cast
         """The load cast weights and fused modules (part of the state files' key)."""
         self._files: StateFiles | None = None
@@ -777,7 +783,7 @@ class VoiceChatModel:
         (its files and the chain built ahead stay as set); called on the engine thread
         before any session opens."""
         previous = self._prompts
-        self._prompts = PromptStates(max_bytes, self._files)
+        self._prompts = PromptStates(max_bytes, self._files, previous.read)
         self._prompts.ahead_seed = previous.ahead_seed
         self._prompts.ahead_tokens = previous.ahead_tokens
 
@@ -929,7 +935,11 @@ def _describe(info: CheckpointInfo) -> str:
 
 
 def load_voicechat(
-    path: str | os.PathLike[str], *, info: CheckpointInfo | None = None, cast_weights: bool = True
+    path: str | os.PathLike[str],
+    *,
+    info: CheckpointInfo | None = None,
+    cast_weights: bool = True,
+    prefill: PrefillRead = STEP_READ,
 ) -> VoiceChatModel:
     """Load a VoiceChat checkpoint folder with mlx-vlm. Run it on the engine thread.
 
@@ -938,6 +948,7 @@ def load_voicechat(
     once here (:mod:`realtime.models.voicechat.cast`; the same bits, fewer casts a frame),
     and their norms and rotary embeddings compiled for frame steps
     (:mod:`realtime.models.voicechat.fused`; the same bits, fewer kernels a frame).
+    ``prefill`` says how openings read their prompts (``--prefill``).
     """
 
     info = info or check_model_path(path)
@@ -954,7 +965,17 @@ def load_voicechat(
         log.debug("%d norms and rotary embeddings compiled for frame steps", fuse(model))
     runtime = model.create_session(processor)
     log.info("loaded %s in %.1f s", info.model_id, time.perf_counter() - started)
-    return VoiceChatModel(runtime, info.path, figures, cast=cast_weights)
+    if prefill.sequence:
+        log.info("system prompts are read in sequence: %s", prefill.describe())
+        from realtime import cpu_blas
+
+        if str(mx.default_device()).startswith("Device(cpu") and cpu_blas.active().path is None:
+            log.warning(
+                "--prefill sequence saves nothing on MLX's bundled reference BLAS (its cost "
+                "a row is the same however many rows a multiply has) and makes each slice "
+                "longer: add --cpu-blas openblas, or keep --prefill step"
+            )
+    return VoiceChatModel(runtime, info.path, figures, cast=cast_weights, prefill=prefill)
 
 
 __all__ = [
