@@ -82,36 +82,41 @@ def _read(model: Any, read: Any) -> None:
 
 
 def difference(model: Any, read: Any, prompts: int, frames: int) -> dict[str, Any]:
-    """Both reads of ``prompts`` prompts, ``frames`` frames each, as one batched step."""
+    """Both reads of ``prompts`` prompts, ``frames`` frames each: each read's sessions
+    one batch (prompt ``i`` row ``i`` of both, so a row's every multiply has the same
+    shapes in both and only the prompt state differs), the two batches stepped in turn."""
     from benchmarks.graph import noise_audio
     from realtime.models.base import AudioDelta, open_session
     from realtime.models.prompt_cache import STEP_READ
 
-    step_read = STEP_READ
-    rows: list[tuple[int, str, Any]] = []
-    for index in range(prompts):
-        for which, how in (("step", step_read), ("sequence", read)):
-            _read(model, how)
-            session = open_session(
+    batches: dict[str, list[Any]] = {}
+    for which, how in (("step", STEP_READ), ("sequence", read)):
+        _read(model, how)
+        batches[which] = [
+            open_session(
                 model, system_prompt=prompt_text(index), seed=0, max_streaming_seconds=None
             )
-            rows.append((index, which, session))
-    _read(model, step_read)
+            for index in range(prompts)
+        ]
+    _read(model, STEP_READ)
     audio = [noise_audio(100 + index, frames) for index in range(prompts)]
     codes: dict[tuple[int, str], dict[int, tuple[int, ...]]] = {}
     frame = model.figures.frame_samples
     for t in range(frames):
-        batch = [(s, audio[i][t * frame : (t + 1) * frame], 16000) for i, _, s in rows]
-        for (index, which, _), result in zip(rows, model.step(batch), strict=True):
-            if isinstance(result, Exception):
-                raise result
-            for event in result:
-                if isinstance(event, AudioDelta) and event.audio_codes is not None:
-                    held = codes.setdefault((index, which), {})
-                    held[event.frame_index] = tuple(int(c) for c in event.audio_codes)
+        for which, sessions in batches.items():
+            batch = [
+                (s, audio[i][t * frame : (t + 1) * frame], 16000) for i, s in enumerate(sessions)
+            ]
+            for index, result in enumerate(model.step(batch)):
+                if isinstance(result, Exception):
+                    raise result
+                for event in result:
+                    if isinstance(event, AudioDelta) and event.audio_codes is not None:
+                        held = codes.setdefault((index, which), {})
+                        held[event.frame_index] = tuple(int(c) for c in event.audio_codes)
     out = []
     for index in range(prompts):
-        pair = {which: s for i, which, s in rows if i == index}
+        pair = {which: sessions[index] for which, sessions in batches.items()}
         tokens = model.count_tokens(prompt_text(index))
         channels: dict[str, Any] = {}
         for name in ("text", "function"):
@@ -124,7 +129,14 @@ def difference(model: Any, read: Any, prompts: int, frames: int) -> dict[str, An
             [mine.get(k) for k in keys], [theirs.get(k) for k in keys], keys
         )
         out.append({"prompt": index, "tokens": tokens, **channels})
-    return {"prompts": prompts, "frames": frames, "rows": out}
+    figures = model.prompt_cache_figures()
+    return {
+        "prompts": prompts,
+        "frames": frames,
+        "misses": figures.misses,  # both reads of every prompt read it: 2 x prompts
+        "hits": figures.hits,
+        "rows": out,
+    }
 
 
 def _compare(

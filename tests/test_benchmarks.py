@@ -533,6 +533,7 @@ def test_prefill_benchmark_runs(demo_cache_dir: Path, tmp_path: Path) -> None:
     assert graph["sequence"]["compute_per_token"] < graph["step"]["compute_per_token"]
     (speed,) = result["speed"]
     assert speed["tokens"] == 12 and _positive(speed["speedup"])
+    assert (result["difference"]["misses"], result["difference"]["hits"]) == (2, 0)
     (row,) = result["difference"]["rows"]
     assert row["text"]["n"] == 2 and row["audio_codes"]["n"] >= 1
     assert "| prompt |" in done.stdout
