@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,7 @@ from realtime.models.base import AudioDelta, PromptUse, open_session
 from realtime.models.prompt_cache import STEP_READ, PrefillRead, prefill_read_from
 from realtime.models.voicechat.model import VoiceChatModel, VoiceChatSession
 from realtime.models.voicechat.prompt import LanguageKey, _language_name, prompt_ids
-from tests.models_fixtures import push_all
+from tests.models_fixtures import noise, push_all
 from tests.test_sessions_isolation import LONG_PROMPT, audio_for, digest
 
 # --- the setting (no model) ---------------------------------------------------------
@@ -171,3 +172,41 @@ def test_a_sequence_reads_state_file_is_not_a_step_reads(
     again = reading(demo_model, PrefillRead("sequence", 16))
     again.keep_states(tmp_path, 1 << 30, ahead_seed=0, ahead_tokens=0)
     assert opened(again, 5, LONG_PROMPT).prompt_use.cached > 0  # its own file
+
+
+# --- a tool result's feed ---------------------------------------------------------
+
+
+def fed(model: VoiceChatModel, output: str) -> tuple[list[Any], int, VoiceChatSession]:
+    """A session that heard two frames, then was fed ``output`` whole: the events of
+    its next two frames, and the slices the feed took."""
+    session = opened(model, 2, "Be brief.")
+    x = noise(6)
+    session.push_audio(x[:2560], 16000)
+    feed = session.begin_tool_result(model.tool_input(output))
+    slices = 1
+    while not feed.advance():
+        slices += 1
+    assert session._inner._function_tokens[-1] == feed.closed_with
+    return digest(session.push_audio(x[2560:], 16000)), slices, session
+
+
+def test_a_tool_result_is_fed_a_few_steps_a_slice_and_a_chunk_of_one_is_the_step_feed(
+    demo_model: VoiceChatModel, step_model: VoiceChatModel
+) -> None:
+    """The feed's language-model inputs never depend on its outputs: the sequence read's
+    sessions feed a tool result four inserted steps a slice (their language model's in
+    one pass), leaving the same timeline (tokens, index); with a chunk of one it is the
+    step feed bit for bit."""
+    output = '{"temperature": 21, "unit": "C"}'
+    expected, step_slices, step_session = fed(step_model, output)
+    single = reading(demo_model, PrefillRead("sequence", 1))
+    assert fed(single, output)[:2] == (expected, step_slices)
+    chunked = reading(demo_model, PrefillRead("sequence", 64))
+    events, slices, session = fed(chunked, output)
+    assert slices == -(-step_slices // 4)  # four inserted steps a slice
+    inner, theirs = session._inner, step_session._inner
+    assert inner._timeline_index == theirs._timeline_index
+    assert inner._text_tokens == theirs._text_tokens
+    assert inner._function_tokens[:-1] == theirs._function_tokens[:-1]
+    assert [e[0] for e in events] == [e[0] for e in expected]  # the frames go on

@@ -58,7 +58,14 @@ from realtime.models.prompt_cache import STEP_READ, AheadSlice, CacheFigures, Pr
 from realtime.models.voicechat.cast import cast_once
 from realtime.models.voicechat.codes import compile_rounds
 from realtime.models.voicechat.fused import fuse, trace
-from realtime.models.voicechat.prompt import LanguagePart, Prefill, PromptStates, VoicePart
+from realtime.models.voicechat.prompt import (
+    STEPS_PER_SLICE,
+    LanguagePart,
+    Prefill,
+    PromptStates,
+    VoicePart,
+)
+from realtime.models.voicechat.sequence import SequenceToolResult
 
 if TYPE_CHECKING:
     from realtime.models.state_files import StateFiles
@@ -195,7 +202,13 @@ class VoiceChatSession:
     """
 
     def __init__(
-        self, inner: Any, figures: ModelFigures, key: SessionKey, prompt_use: PromptUse
+        self,
+        inner: Any,
+        figures: ModelFigures,
+        key: SessionKey,
+        prompt_use: PromptUse,
+        *,
+        tool_chunk: int = 0,
     ) -> None:
         from realtime.models.voicechat.row import Seat
         from realtime.models.voicechat.step import check_state
@@ -207,6 +220,9 @@ class VoiceChatSession:
         self._key = key
         self._seat = Seat(inner)
         """Its place in a frame batch (released before anything reads its caches alone)."""
+        self._tool_chunk = tool_chunk
+        """Inserted steps a tool result's slice runs, its language model's in one pass
+        (``--prefill sequence``; 0: one step a slice, bit for bit as always)."""
         self._failed: str | None = None
         self._at_limit = False
         self._pending = np.zeros(0, dtype=np.float32)
@@ -352,13 +368,15 @@ class VoiceChatSession:
             self._seat.release()
         return [_convert(e, self._figures) for e in self._inner.cancel()]
 
-    def begin_tool_result(self, tool: ToolInput) -> VoiceChatToolResult:
+    def begin_tool_result(self, tool: ToolInput) -> VoiceChatToolResult | SequenceToolResult:
         """Start feeding a tool's output (:meth:`VoiceChatModel.tool_input` made its
         tokens) to the model (:class:`VoiceChatToolResult`). InferenceError when the
         session cannot take it."""
         self._check_open()
         if self._reference:
             raise InferenceError("a session opened with profile=True cannot take tool results")
+        if self._tool_chunk:
+            return SequenceToolResult(self, list(tool.ids), self._tool_chunk)
         return VoiceChatToolResult(self, list(tool.ids))
 
     def profile_summary(self, drop_first: int = 1) -> dict[str, Any] | None:
@@ -685,7 +703,9 @@ class VoiceChatOpening:
             self._use.tokens,
             self._use.cached,
         )
-        return VoiceChatSession(inner, self._figures, key, self._use)
+        read = self._prompts.read
+        chunk = min(read.chunk, STEPS_PER_SLICE) if read.sequence else 0
+        return VoiceChatSession(inner, self._figures, key, self._use, tool_chunk=chunk)
 
     def abandon(self) -> None:
         self._parts = None
