@@ -210,3 +210,17 @@ def test_a_tool_result_is_fed_a_few_steps_a_slice_and_a_chunk_of_one_is_the_step
     assert inner._text_tokens == theirs._text_tokens
     assert inner._function_tokens[:-1] == theirs._function_tokens[:-1]
     assert [e[0] for e in events] == [e[0] for e in expected]  # the frames go on
+
+
+def test_the_loader_hands_the_read_to_the_model(demo_path: Path) -> None:
+    """``realtime serve --prefill`` reaches the loaded model (the demo's wrapper too)."""
+    from realtime.models import load_model
+    from realtime.server import model_loader
+
+    read = PrefillRead("sequence", 8)
+    loaded = load_model(demo_path, prefill=read)
+    assert isinstance(loaded, VoiceChatModel) and loaded._prompts.read == read
+    assert isinstance(load_model(demo_path), VoiceChatModel)
+    assert load_model(demo_path)._prompts.read == STEP_READ  # type: ignore[attr-defined]
+    wrapped: Any = model_loader(None, None, prefill=read)()
+    assert wrapped.inner._prompts.read == read
