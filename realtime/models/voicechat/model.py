@@ -370,7 +370,8 @@ class VoiceChatSession:
 
     def begin_tool_result(self, tool: ToolInput) -> VoiceChatToolResult | SequenceToolResult:
         """Start feeding a tool's output (:meth:`VoiceChatModel.tool_input` made its
-        tokens) to the model (:class:`VoiceChatToolResult`). InferenceError when the
+        tokens) to the model (:class:`VoiceChatToolResult`; a few steps a slice under
+        ``--prefill sequence``, :class:`SequenceToolResult`). InferenceError when the
         session cannot take it."""
         self._check_open()
         if self._reference:
