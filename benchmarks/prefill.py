@@ -17,6 +17,10 @@ the step read (the default), in three parts.
   primitives other than views), read from the graphs as :mod:`benchmarks.graph` reads a
   frame step, for estimating what each read costs on an accelerator.
 
+``--slices 16,64``: the milliseconds one slice takes, the step read's (four tokens) and
+the sequence read's at each chunk (a conversation streaming beside an opening may wait
+behind one slice).
+
 ``--cpu-blas`` chooses MLX's CPU BLAS before MLX loads (the sequence read's gain on a
 CPU depends on it: MLX's bundled reference BLAS costs the same a row however many rows a
 multiply has). Figures are from whatever machine runs it: say how loaded it was.
@@ -231,6 +235,29 @@ def _spread(values: Sequence[float]) -> dict[str, Any]:
     }
 
 
+# --- slice costs ----------------------------------------------------------------------
+
+
+def slice_costs(model: Any, chunks: Sequence[int], tokens: int) -> list[dict[str, Any]]:
+    """Milliseconds a slice of each read takes (a ``tokens``-token prompt's language part
+    read whole, divided by its slices): the step read's (four steps a slice) and the
+    sequence read's at each chunk, the measure of how long a conversation streaming
+    beside an opening may wait behind one slice."""
+    from realtime.models.prompt_cache import STEP_READ, PrefillRead
+    from realtime.models.voicechat.prompt import STEPS_PER_SLICE
+
+    ids = long_ids(model.runtime, tokens)
+    reads = [("step", STEP_READ, STEPS_PER_SLICE)]
+    reads += [(f"sequence:{c}", PrefillRead("sequence", c), c) for c in chunks]
+    out = []
+    for name, how, per in reads:
+        seconds = _language(model.runtime, ids, how)[0]
+        slices = -(-tokens // per)
+        out.append({"read": name, "slice_ms": 1000 * seconds / slices, "seconds": seconds})
+        print(json.dumps(out[-1]), file=sys.stderr, flush=True)
+    return out
+
+
 # --- graph terms ---------------------------------------------------------------------
 
 
@@ -276,6 +303,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--speed", action="store_true")
     parser.add_argument("--graph", action="store_true")
     parser.add_argument(
+        "--slices",
+        type=_ints,
+        default=None,
+        metavar="N,N",
+        help="the milliseconds a slice takes, step read and sequence read at these chunks",
+    )
+    parser.add_argument(
         "--chunk", type=int, default=None, help="the sequence read's chunk (default: --prefill's)"
     )
     parser.add_argument("--prompts", type=int, default=20)
@@ -307,8 +341,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cpu_blas": args.cpu_blas or "bundled",
         "machine": machine(),
     }
-    if not (args.difference or args.speed or args.graph):
+    if not (args.difference or args.speed or args.graph or args.slices):
         args.difference = args.speed = args.graph = True
+    if args.slices:
+        figures["slices"] = slice_costs(model, args.slices, args.graph_tokens * 2)
     if args.graph:
         figures["graph"] = graph_terms(model, read, args.graph_tokens)
         print(json.dumps(figures["graph"]), file=sys.stderr, flush=True)
