@@ -7,9 +7,12 @@ two servers round by round, each prompt ``--repeats`` times per round; medians.
 Opening a session seeds, warms the TTS voice prompt, then prefills the prompt
 one full model step per token, so the slope is the per-token cost.
 
-``--states`` measures the prompt-state cache in this process; ``--second-start`` a
-first start that builds the voice chain ahead and writes it, then a second start (a
-new process on the same state directory) opening a never-seen ~4,000-character prompt.
+``--states`` measures the prompt-state cache in this process; ``--second-start``, side
+by side in one run: a fresh server (a new process on an empty state directory) whose
+first session opens a never-seen ~4,000-character prompt, a first start that builds the
+voice chain ahead and writes it, then a second start (a new process on that state
+directory) opening another never-seen prompt; with ``--prefill sequence`` also a second
+start whose openings read prompts in sequence (``realtime serve --prefill``).
 """
 
 from __future__ import annotations
@@ -242,14 +245,20 @@ def never_seen_prompt(chars: int, salt: int) -> str:
     return " ".join(words)[:chars]
 
 
-def _phase(path: Path, directory: Path, phase: str, ahead: int, chars: int) -> dict[str, Any]:
-    """One process's part: ``build`` (a first start: build seed 0's chain ahead to
-    ``ahead`` steps at idle and write it) or ``open`` (a second start: read what the
-    first left, then open a never-seen prompt of ``chars`` characters)."""
+def _phase(
+    path: Path, directory: Path, phase: str, ahead: int, chars: int, prefill: str = "step"
+) -> dict[str, Any]:
+    """One process's part: ``fresh`` (a fresh server, nothing on disk: its first session
+    opens a never-seen prompt of ``chars`` characters at once, extending the seed's chain
+    as it reads), ``build`` (a first start: build seed 0's chain ahead to ``ahead``
+    steps at idle and write it) or ``open`` (a second start: read what the first left,
+    then open a never-seen prompt of ``chars`` characters); openings read prompts as
+    ``prefill`` says (``--prefill``)."""
     from realtime.models import load_model
+    from realtime.models.prompt_cache import prefill_read_from
 
     began = time.perf_counter()
-    model: Any = load_model(path)
+    model: Any = load_model(path, prefill=prefill_read_from(prefill))
     model.keep_states(directory, 1 << 40, ahead_seed=0, ahead_tokens=ahead)
     if phase == "build":
         while model.ahead(16, True).more:
@@ -263,9 +272,11 @@ def _phase(path: Path, directory: Path, phase: str, ahead: int, chars: int) -> d
         }
     from realtime.models.base import open_session
 
-    read_s = _timed(lambda: model.ahead(16, True))[0]  # the first idle slice reads the chain
-    ready_s = time.perf_counter() - began  # loaded, the chain read back
-    prompt = never_seen_prompt(chars, int(time.time()))
+    read_s = 0.0
+    if phase == "open":  # the first idle slice reads the chain
+        read_s = _timed(lambda: model.ahead(16, True))[0]
+    ready_s = time.perf_counter() - began  # loaded (and the chain read back)
+    prompt = never_seen_prompt(chars, time.time_ns() % 10**9)
     tokens = model.count_tokens(prompt)
     seconds, session = _timed(
         lambda: open_session(model, system_prompt=prompt, seed=0, max_streaming_seconds=None)
@@ -283,19 +294,29 @@ def _phase(path: Path, directory: Path, phase: str, ahead: int, chars: int) -> d
         "per_token_frames": seconds / tokens / frame,
         "voice_chain_tokens": figures.voice_chain_tokens,
         "disk_reads": figures.disk_reads,
+        "prefill": prefill,
     }
 
 
-def second_start(path: Path, ahead: int, chars: int) -> dict[str, Any]:
-    """A first start that builds ahead, then a second start (a new process on the same
-    state directory) opening a never-seen prompt; each in a process of its own."""
+def second_start(path: Path, ahead: int, chars: int, prefill: str = "step") -> dict[str, Any]:
+    """Side by side: a fresh server's first session of a never-seen prompt (an empty
+    state directory of its own), a first start that builds ahead, then a second start (a
+    new process on the same state directory) opening a never-seen prompt (and, with
+    ``prefill`` other than step, a second start reading in sequence); each in a process
+    of its own."""
     import subprocess
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="realtime-states-") as directory:
+    phases = [("fresh", "fresh", "step"), ("build", "build", "step"), ("open", "open", "step")]
+    if prefill != "step":
+        phases.append(("open_sequence", "open", prefill))
+    with (
+        tempfile.TemporaryDirectory(prefix="realtime-states-") as directory,
+        tempfile.TemporaryDirectory(prefix="realtime-fresh-") as empty,
+    ):
         rows: dict[str, Any] = {}
-        for phase in ("build", "open"):
-            print(f"start --second-start: {phase}", file=sys.stderr, flush=True)
+        for row, phase, read in phases:
+            print(f"start --second-start: {row}", file=sys.stderr, flush=True)
             done = subprocess.run(
                 [
                     sys.executable,
@@ -306,17 +327,19 @@ def second_start(path: Path, ahead: int, chars: int) -> dict[str, Any]:
                     "--phase",
                     phase,
                     "--state-dir",
-                    directory,
+                    empty if phase == "fresh" else directory,
                     "--ahead",
                     str(ahead),
                     "--chars",
                     str(chars),
+                    "--prefill",
+                    read,
                 ],
                 capture_output=True,
                 text=True,
                 check=True,
             )
-            rows[phase] = json.loads(done.stdout.strip().splitlines()[-1])
+            rows[row] = json.loads(done.stdout.strip().splitlines()[-1])
     return {"ahead": ahead, **rows}
 
 
@@ -343,13 +366,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--second-start",
         action="store_true",
-        help="a first start that builds seed 0's voice chain ahead (to --ahead steps) and "
-        "writes it, then a second start (a new process) opening a never-seen prompt of "
-        "--chars characters: its cost a token in frame steps",
+        help="side by side: a fresh server's first session of a never-seen prompt of "
+        "--chars characters, a first start that builds seed 0's voice chain ahead (to "
+        "--ahead steps) and writes it, then a second start (a new process) opening "
+        "another never-seen prompt: each opening's cost a token in frame steps",
+    )
+    parser.add_argument(
+        "--prefill",
+        default="step",
+        metavar="step|sequence[:N]",
+        help="with --second-start: also a second start reading in sequence (default step)",
     )
     parser.add_argument("--ahead", type=int, default=4096, help="(default %(default)s)")
     parser.add_argument("--chars", type=int, default=SECOND_START_CHARS)
-    parser.add_argument("--phase", choices=["build", "open"], help=argparse.SUPPRESS)
+    parser.add_argument("--phase", choices=["fresh", "build", "open"], help=argparse.SUPPRESS)
     parser.add_argument("--state-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path)
     return parser
@@ -360,10 +390,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = model_path(args)
     started = time.perf_counter()
     if args.phase is not None:
-        print(json.dumps(_phase(path, args.state_dir, args.phase, args.ahead, args.chars)))
+        part = _phase(path, args.state_dir, args.phase, args.ahead, args.chars, args.prefill)
+        print(json.dumps(part))
         return 0
     if args.second_start:
-        result = second_start(path, args.ahead, args.chars)
+        result = second_start(path, args.ahead, args.chars, args.prefill)
         result["model"] = str(path)
         result["seconds"] = time.perf_counter() - started
         print(json.dumps(result))

@@ -85,6 +85,7 @@ def create_app_from_env() -> RealtimeApp:
     from realtime.launch.server import engine_for, model_loader
     from realtime.launch.warm import keeping_from, warm_prompts_from_env
     from realtime.models import ModelPathError
+    from realtime.models.prompt_cache import PREFILL_ENV, prefill_read_from
 
     try:
         level = os.environ.get("REALTIME_LOG_LEVEL", "info").lower()
@@ -99,7 +100,10 @@ def create_app_from_env() -> RealtimeApp:
         limits = limits_from_env(os.environ)
         batch_frames = batch_frames_from_env(os.environ)
         loader = model_loader(
-            os.environ.get("REALTIME_MODEL") or None, None, model_option="REALTIME_MODEL"
+            os.environ.get("REALTIME_MODEL") or None,
+            None,
+            model_option="REALTIME_MODEL",
+            prefill=prefill_read_from(os.environ.get(PREFILL_ENV)),
         )
         warm = warm_prompts_from_env(os.environ, limits.max_message_bytes)
         keeping = keeping_from(None, None, os.environ)

@@ -28,6 +28,7 @@ from realtime.limits import (
     limits_from,
 )
 from realtime.models.checkpoint import ModelLoadError, ModelPathError
+from realtime.models.prompt_cache import PREFILL_ENV, PrefillRead, prefill_read_from
 from realtime.tenants import share_from_env
 
 log = logging.getLogger(__name__)
@@ -182,6 +183,29 @@ def _add_compile_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_prefill_option(parser: argparse.ArgumentParser) -> None:
+    """``--prefill step|sequence[:N]`` (:class:`realtime.models.prompt_cache.PrefillRead`);
+    unset, ``REALTIME_PREFILL`` decides (a bad value is a usage error)."""
+    parser.add_argument(
+        "--prefill",
+        metavar="step|sequence[:N]",
+        default=os.environ.get(PREFILL_ENV) or "step",
+        type=_prefill,
+        help="how an opening reads its system prompt's language-model part: 'step', one "
+        "model step a token, bit for bit mlx-vlm's constructor; 'sequence', N tokens "
+        "(default 64) in one forward pass a slice, far fewer steps for a long prompt, "
+        "with other last bits (docs/performance.md says when to turn it on) "
+        f"(default: ${PREFILL_ENV}, else step)",
+    )
+
+
+def _prefill(text: str) -> PrefillRead:
+    try:
+        return prefill_read_from(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def batch_frames_from_args(args: argparse.Namespace) -> bool | None:
     """The flag, else ``REALTIME_BATCH_FRAMES`` (a bad value is a usage error), else
     ``None`` (the default: :func:`realtime.limits.batching`)."""
@@ -334,6 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_batch_option(serve)
     _add_warm_option(serve)
     _add_state_options(serve)
+    _add_prefill_option(serve)
     _add_cpu_blas_option(serve)
     _add_compile_option(serve)
 

@@ -41,6 +41,7 @@ from realtime.launch.warm import (
 )
 from realtime.limits import Limits, batching
 from realtime.models.base import RealtimeModel
+from realtime.models.prompt_cache import STEP_READ, PrefillRead
 from realtime.observe import Observer, Observers
 from realtime.telemetry.logs import SessionLog
 from realtime.telemetry.metrics import PrometheusObserver
@@ -110,6 +111,7 @@ def model_loader(
     *,
     model_option: str = "-m",
     demo_turns: bool | None = None,
+    prefill: PrefillRead = STEP_READ,
 ) -> Callable[[], RealtimeModel]:
     """The loader the engine thread runs: the given checkpoint (a folder, or a Hugging
     Face repo id downloaded here; checked here, before any thread starts, so a bad path
@@ -117,7 +119,8 @@ def model_loader(
     since building it runs MLX. ``model_option`` names the setting in messages
     (``REALTIME_MODEL`` under the Hypercorn CLI). The demo takes turns by the energy
     policy of :mod:`realtime.demo.turns` unless ``demo_turns`` is False (the raw
-    random network); a real checkpoint is never wrapped."""
+    random network); a real checkpoint is never wrapped. ``prefill``: how openings read
+    their system prompts (``--prefill``)."""
     from realtime.models import ModelPathError, check_model_path, load_model
     from realtime.models.hub import resolve_model
 
@@ -142,7 +145,7 @@ def model_loader(
 
             path = ensure_demo_checkpoint(quantize=quantize)
             log.info("demo checkpoint: %s%s", path, "" if turns else " (raw, no demo turns)")
-            loaded = load_model(path)
+            loaded = load_model(path, prefill=prefill)
             return with_turns(loaded) if turns else loaded
 
         return load_demo
@@ -154,7 +157,7 @@ def model_loader(
         info = check_model_path(resolve_model(model))
     except ModelPathError as exc:
         raise UsageError(str(exc)) from None
-    return lambda: load_model(info.path)
+    return lambda: load_model(info.path, prefill=prefill)
 
 
 def engine_for(
@@ -493,7 +496,12 @@ def tenants_from_args(args: argparse.Namespace) -> Tenants | None:
 def serve_command(args: argparse.Namespace, limits: Limits) -> int:
     tenants = tenants_from_args(args)  # a bad keys file exits 2 here
     # A bad path exits 2 here.
-    loader = model_loader(args.model, args.quantize, demo_turns=args.demo_turns)
+    loader = model_loader(
+        args.model,
+        args.quantize,
+        demo_turns=args.demo_turns,
+        prefill=getattr(args, "prefill", STEP_READ),
+    )
     warm = warm_prompts_from_args(getattr(args, "warm_prompt", None), limits.max_message_bytes)
     try:
         keeping = keeping_from(

@@ -19,6 +19,7 @@ from realtime.models.checkpoint import (
     model_id_for,
     one_line,
 )
+from realtime.models.prompt_cache import STEP_READ, PrefillRead
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
@@ -33,8 +34,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def load_model(path: str | os.PathLike[str]) -> RealtimeModel:
-    """Check, detect and load a checkpoint folder. Run it on the engine thread.
+def load_model(path: str | os.PathLike[str], *, prefill: PrefillRead = STEP_READ) -> RealtimeModel:
+    """Check, detect and load a checkpoint folder (``prefill``: how its openings read
+    their system prompts, ``--prefill``). Run it on the engine thread.
 
     Raises ModelPathError for a folder that is not a usable checkpoint and
     ModelLoadError (one line, with the library's message) when loading fails.
@@ -44,7 +46,7 @@ def load_model(path: str | os.PathLike[str]) -> RealtimeModel:
         from realtime.models.voicechat.load import load_voicechat
 
         try:
-            return load_voicechat(info.path, info=info)
+            return load_voicechat(info.path, info=info, prefill=prefill)
         except ModelLoadError:
             raise
         except Exception as exc:

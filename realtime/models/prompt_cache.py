@@ -17,9 +17,72 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar, runtime_checkable
+from typing import Final, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 import attrs
+
+PREFILL_ENV: Final = "REALTIME_PREFILL"
+"""``--prefill`` as an environment setting (``step``, or ``sequence`` with an optional
+``:N``, the chunk's tokens)."""
+
+SEQUENCE_CHUNK_TOKENS: Final = 64
+"""Prompt tokens one sequence-read slice reads in one forward pass, by default."""
+
+
+@attrs.frozen(slots=True)
+class PrefillRead:
+    """How an opening reads its system prompt's language-model part (``--prefill``).
+
+    ``step`` (the default): one language-model step a token, as mlx-vlm's constructor
+    runs them, bit for bit. ``sequence``: ``chunk`` tokens in one forward pass a slice,
+    as LLM servers read prompts (the prefill's language-model inputs never depend on its
+    outputs, so nothing is lost but the last bits a different summation order leaves)."""
+
+    mode: Literal["step", "sequence"] = "step"
+    chunk: int = SEQUENCE_CHUNK_TOKENS
+    """Tokens a slice reads in one pass (``sequence`` only)."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.mode not in ("step", "sequence"):
+            raise ValueError(f"the prefill read is 'step' or 'sequence', not {self.mode!r}")
+        if not 1 <= self.chunk <= 4096:
+            raise ValueError(f"the sequence read's chunk is 1..4096 tokens, not {self.chunk}")
+
+    @property
+    def sequence(self) -> bool:
+        return self.mode == "sequence"
+
+    @property
+    def tag(self) -> str | None:
+        """What its states are keyed by besides the prompt (``None``: the step read,
+        whose keys and file names are as they always were); the chunk is part of it,
+        since a state's last bits depend on where the chunks are cut."""
+        return f"sequence-{self.chunk}" if self.sequence else None
+
+    def describe(self) -> str:
+        return f"sequence, {self.chunk} tokens a pass" if self.sequence else "step"
+
+
+STEP_READ: Final = PrefillRead()
+"""Today's read, a language-model step a token (the default)."""
+
+
+def prefill_read_from(text: str | None) -> PrefillRead:
+    """``step``, ``sequence`` or ``sequence:N`` (``None`` or blank: the default);
+    ValueError (one line) otherwise."""
+    value = (text or "").strip().lower()
+    if not value or value == "step":
+        return STEP_READ
+    mode, _, chunk = value.partition(":")
+    if mode != "sequence":
+        raise ValueError(f"--prefill is 'step', 'sequence' or 'sequence:N', not {text!r}")
+    if not chunk:
+        return PrefillRead("sequence")
+    try:
+        tokens = int(chunk)
+    except ValueError:
+        raise ValueError(f"--prefill sequence:N needs a whole number N, not {chunk!r}") from None
+    return PrefillRead("sequence", tokens)
 
 
 @attrs.frozen(slots=True)
@@ -235,4 +298,14 @@ class AheadSlice:
     """Whether work is left."""
 
 
-__all__ = ["AheadSlice", "CacheFigures", "CachesPrompts", "KeepsStates", "PromptCache"]
+__all__ = [
+    "PREFILL_ENV",
+    "STEP_READ",
+    "AheadSlice",
+    "CacheFigures",
+    "CachesPrompts",
+    "KeepsStates",
+    "PrefillRead",
+    "PromptCache",
+    "prefill_read_from",
+]

@@ -488,12 +488,13 @@ def test_capacity_table_and_plot(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_start_second_start_row_runs(demo_cache_dir: Path, tmp_path: Path) -> None:
-    """``benchmarks.start --second-start``: a first start builds the chain ahead and
-    writes it, a second process reads it and opens a never-seen prompt."""
+    """``benchmarks.start --second-start``: a fresh server opens a never-seen prompt
+    with nothing on disk; a first start builds the chain ahead and writes it, a second
+    process reads it and opens a never-seen prompt, by each read."""
     out = tmp_path / "second.json"
     cmd = [sys.executable, "-m", "benchmarks.start", "--second-start", "--ahead", "12"]
     done = subprocess.run(
-        [*cmd, "--chars", "8", "--json", str(out)],
+        [*cmd, "--chars", "8", "--prefill", "sequence:4", "--json", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -505,3 +506,34 @@ def test_start_second_start_row_runs(demo_cache_dir: Path, tmp_path: Path) -> No
     opened = result["open"]
     assert opened["disk_reads"] == 1 and opened["tokens"] <= 12
     assert _positive(opened["per_token_frames"])
+    fresh = result["fresh"]
+    assert fresh["disk_reads"] == 0 and _positive(fresh["per_token_frames"])
+    assert fresh["voice_chain_tokens"] == fresh["tokens"]  # extended as it read
+    sequence = result["open_sequence"]
+    assert sequence["prefill"] == "sequence:4" and sequence["disk_reads"] == 1
+    assert _positive(sequence["per_token_frames"])
+
+
+@pytest.mark.slow
+def test_prefill_benchmark_runs(demo_cache_dir: Path, tmp_path: Path) -> None:
+    """``benchmarks.prefill``: the two reads' difference, speed and graph terms, each
+    part at its smallest."""
+    out = tmp_path / "prefill.json"
+    cmd = [sys.executable, "-m", "benchmarks.prefill", "--prompts", "1", "--frames", "2"]
+    cmd += ["--tokens", "12", "--rounds", "1", "--graph-tokens", "8", "--chunk", "4"]
+    done = subprocess.run(
+        [*cmd, "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["chunk"] == 4
+    graph = result["graph"]
+    assert graph["step"]["waits_per_token"] == 0.25  # four steps a wait
+    assert graph["sequence"]["waits_per_token"] == 0.25  # a chunk of four a wait
+    assert graph["sequence"]["compute_per_token"] < graph["step"]["compute_per_token"]
+    (speed,) = result["speed"]
+    assert speed["tokens"] == 12 and _positive(speed["speedup"])
+    assert (result["difference"]["misses"], result["difference"]["hits"]) == (2, 0)
+    (row,) = result["difference"]["rows"]
+    assert row["text"]["n"] == 2 and row["audio_codes"]["n"] >= 1
+    assert "| prompt |" in done.stdout

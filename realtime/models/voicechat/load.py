@@ -14,6 +14,7 @@ from mlx.utils import tree_flatten
 from mlx_vlm.utils import load as mlx_vlm_load
 
 from realtime.models.checkpoint import CheckpointInfo, check_model_path
+from realtime.models.prompt_cache import STEP_READ, PrefillRead
 from realtime.models.voicechat.cast import cast_once
 from realtime.models.voicechat.figures import loaded_figures
 from realtime.models.voicechat.fused import fuse
@@ -79,7 +80,11 @@ def _describe(info: CheckpointInfo) -> str:
 
 
 def load_voicechat(
-    path: str | os.PathLike[str], *, info: CheckpointInfo | None = None, cast_weights: bool = True
+    path: str | os.PathLike[str],
+    *,
+    info: CheckpointInfo | None = None,
+    cast_weights: bool = True,
+    prefill: PrefillRead = STEP_READ,
 ) -> VoiceChatModel:
     """Load a VoiceChat checkpoint folder with mlx-vlm. Run it on the engine thread.
 
@@ -88,6 +93,7 @@ def load_voicechat(
     once here (:mod:`realtime.models.voicechat.cast`; the same bits, fewer casts a frame),
     and their norms and rotary embeddings compiled for frame steps
     (:mod:`realtime.models.voicechat.fused`; the same bits, fewer kernels a frame).
+    ``prefill`` says how openings read their prompts (``--prefill``).
     """
 
     info = info or check_model_path(path)
@@ -104,4 +110,14 @@ def load_voicechat(
         log.debug("%d norms and rotary embeddings compiled for frame steps", fuse(model))
     runtime = model.create_session(processor)
     log.info("loaded %s in %.1f s", info.model_id, time.perf_counter() - started)
-    return VoiceChatModel(runtime, info.path, figures, cast=cast_weights)
+    if prefill.sequence:
+        log.info("system prompts are read in sequence: %s", prefill.describe())
+        from realtime import cpu_blas
+
+        if str(mx.default_device()).startswith("Device(cpu") and cpu_blas.active().path is None:
+            log.warning(
+                "--prefill sequence saves nothing on MLX's bundled reference BLAS (its cost "
+                "a row is the same however many rows a multiply has) and makes each slice "
+                "longer: add --cpu-blas openblas, or keep --prefill step"
+            )
+    return VoiceChatModel(runtime, info.path, figures, cast=cast_weights, prefill=prefill)

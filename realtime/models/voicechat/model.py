@@ -33,7 +33,7 @@ from realtime.models.base import (
     step_each,
 )
 from realtime.models.checkpoint import model_id_for, one_line
-from realtime.models.prompt_cache import AheadSlice, CacheFigures
+from realtime.models.prompt_cache import STEP_READ, AheadSlice, CacheFigures, PrefillRead
 from realtime.models.voicechat.codes import compile_rounds
 from realtime.models.voicechat.figures import figures_of
 from realtime.models.voicechat.fused import trace
@@ -63,10 +63,16 @@ class VoiceChatModel:
     """A loaded VoiceChat checkpoint (the RealtimeModel the engine serves)."""
 
     def __init__(
-        self, runtime: Any, path: Path, figures: ModelFigures | None = None, *, cast: bool = True
+        self,
+        runtime: Any,
+        path: Path,
+        figures: ModelFigures | None = None,
+        *,
+        cast: bool = True,
+        prefill: PrefillRead = STEP_READ,
     ) -> None:
         self._runtime = runtime  # mlx-vlm VoiceChatSession: model + tokenizer
-        self._prompts = PromptStates(PROMPT_CACHE_BYTES)
+        self._prompts = PromptStates(PROMPT_CACHE_BYTES, read=prefill)
         self._cast = cast
         """The load cast weights and fused modules (part of the state files' key)."""
         self._files: StateFiles | None = None
@@ -144,7 +150,7 @@ class VoiceChatModel:
         (its files and the chain built ahead stay as set); called on the engine thread
         before any session opens."""
         previous = self._prompts
-        self._prompts = PromptStates(max_bytes, self._files)
+        self._prompts = PromptStates(max_bytes, self._files, previous.read)
         self._prompts.ahead_seed = previous.ahead_seed
         self._prompts.ahead_tokens = previous.ahead_tokens
 

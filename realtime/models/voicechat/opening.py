@@ -12,7 +12,13 @@ import numpy as np
 
 from realtime.models.base import ModelFigures, PromptUse, SessionInitializationError
 from realtime.models.checkpoint import one_line
-from realtime.models.voicechat.prompt import LanguagePart, Prefill, PromptStates, VoicePart
+from realtime.models.voicechat.prompt import (
+    STEPS_PER_SLICE,
+    LanguagePart,
+    Prefill,
+    PromptStates,
+    VoicePart,
+)
 from realtime.models.voicechat.reference import ReferenceSession
 from realtime.models.voicechat.session import VoiceChatSession
 
@@ -125,7 +131,9 @@ class VoiceChatOpening:
         )
         if self._profile:
             return ReferenceSession(inner, self._figures, key, self._use)
-        return VoiceChatSession(inner, self._figures, key, self._use)
+        read = self._prompts.read
+        chunk = min(read.chunk, STEPS_PER_SLICE) if read.sequence else 0
+        return VoiceChatSession(inner, self._figures, key, self._use, tool_chunk=chunk)
 
     def abandon(self) -> None:
         self._parts = None

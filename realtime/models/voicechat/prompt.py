@@ -48,7 +48,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
-from realtime.models.prompt_cache import AheadSlice, CacheFigures, PromptCache
+from realtime.models.prompt_cache import (
+    STEP_READ,
+    AheadSlice,
+    CacheFigures,
+    PrefillRead,
+    PromptCache,
+)
 
 if TYPE_CHECKING:
     from realtime.models.state_files import StateFiles
@@ -68,6 +74,9 @@ class LanguageKey:
     scope: str | None = None
     """Whose entry it is (a tenant's name); None: the shared scope (warmed prompts, and
     every prompt when the server has no tenants)."""
+    read: str | None = None
+    """How it was read (:attr:`PrefillRead.tag`; None: the step read): a sequence read's
+    state has other last bits, so it never stands in for a step read's, nor the reverse."""
 
 
 @attrs.frozen(slots=True)
@@ -545,12 +554,23 @@ class Prefill:
         """Up to :data:`STEPS_PER_SLICE` of the language model's prefill steps as one
         graph: ``embed(pad) + prompt[i] + w * embed(pad)`` through the cache, as
         ``_run_timeline_step`` runs them (the heads' outputs are never evaluated: no
-        later step reads them)."""
+        later step reads them); the sequence read runs one chunk in one pass instead
+        (:mod:`realtime.models.voicechat.sequence`)."""
         import mlx.core as mx
 
         model = self._runtime.model
         stt = model.stt_model
         pad = mx.array([[model.config.pad_token_id]], dtype=mx.int32)
+        read = self._states.read
+        if read.sequence:
+            from realtime.models.voicechat.sequence import read_chunk
+
+            end = min(self._next + read.chunk, len(self.ids))
+            if end > self._next:
+                read_chunk(self._runtime, self._embeds, self._cache, self._next, end)
+                mx.eval(*arrays(self._cache))
+            self._next = end
+            return
         end = min(self._next + STEPS_PER_SLICE, len(self.ids))
         for index in range(self._next, end):
             fused = stt.embed_tokens(pad) + self._embeds[:, index : index + 1]
@@ -599,7 +619,11 @@ class PromptStates:
     file (and kept in memory again), and each new part is written at idle priority
     (:meth:`ahead`, with the voice chain built ahead of need)."""
 
-    def __init__(self, max_bytes: int, files: StateFiles | None = None) -> None:
+    def __init__(
+        self, max_bytes: int, files: StateFiles | None = None, read: PrefillRead = STEP_READ
+    ) -> None:
+        self.read = read
+        """How prompts are read (``--prefill``): language parts are keyed by it."""
         self.store: PromptCache[PromptKey, LanguagePart | VoiceChain] = PromptCache(max_bytes)
         self.pending: dict[tuple[tuple[int, ...], int, str | None], Prefill] = {}
         self.files = files
@@ -677,11 +701,12 @@ class PromptStates:
         ``scope`` or the shared scope (:func:`scopes`), never another tenant's."""
         language: LanguagePart | None = None
         for where in scopes(scope):
-            found = self.store.get(LanguageKey(ids, where))
+            key = LanguageKey(ids, where, self.read.tag)
+            found = self.store.get(key)
             if not isinstance(found, LanguagePart):
                 found = self._read_language(runtime, ids, where)
                 if found is not None:
-                    self.store.put(LanguageKey(ids, where), found, nbytes(found))
+                    self.store.put(key, found, nbytes(found))
             if isinstance(found, LanguagePart):
                 language = found
                 break
@@ -717,7 +742,7 @@ class PromptStates:
     def keep_language(
         self, ids: tuple[int, ...], part: LanguagePart, scope: str | None = None
     ) -> None:
-        key = LanguageKey(ids, scope)
+        key = LanguageKey(ids, scope, self.read.tag)
         if self.store.put(key, part, nbytes(part)) and self.files is not None:
             self._queue(key, ids)
 
@@ -896,7 +921,7 @@ class PromptStates:
         if isinstance(key, LanguageKey):
             part = self.store.peek(key)
             if isinstance(part, LanguagePart) and ids is not None:
-                _write_language(files, ids, part, key.scope)
+                _write_language(files, ids, part, key.scope, key.read)
             return
         chain = self._held_chain(key.seed, key.scope)
         if chain is None or chain.steps <= chain.stored_steps:
@@ -943,7 +968,7 @@ class PromptStates:
             cache = stored.layers_from_arrays(blank, arrays, meta["layers"])
             return LanguagePart(cache), header
 
-        return files.read(_language_name(ids, scope), load)
+        return files.read(_language_name(ids, scope, self.read.tag), load)
 
 
 def _scoped(name: str, scope: str | None) -> str:
@@ -960,11 +985,13 @@ def _chain_name(seed: int, scope: str | None = None) -> str:
     return _scoped(f"voice-chain/seed-{seed}", scope)
 
 
-def _language_name(ids: tuple[int, ...], scope: str | None = None) -> str:
+def _language_name(ids: tuple[int, ...], scope: str | None = None, read: str | None = None) -> str:
+    """A language part's file (a sequence read's under a folder of its own)."""
     import hashlib
 
     digest = hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()
-    return _scoped(f"language/{len(ids)}-{digest}", scope)
+    folder = "language" if read is None else f"language-{read}"
+    return _scoped(f"{folder}/{len(ids)}-{digest}", scope)
 
 
 def _stored_steps(files: StateFiles, seed: int, scope: str | None = None) -> int:
@@ -995,14 +1022,19 @@ def _write_chain(files: StateFiles, chain: VoiceChain) -> bool:
 
 
 def _write_language(
-    files: StateFiles, ids: tuple[int, ...], part: LanguagePart, scope: str | None = None
+    files: StateFiles,
+    ids: tuple[int, ...],
+    part: LanguagePart,
+    scope: str | None = None,
+    read: str | None = None,
 ) -> bool:
     from realtime.models.voicechat import stored
 
     arrays, layers = stored.layers_to_arrays(list(part.cache))
     meta = {"ids": list(ids), "layers": layers}
     return files.write(
-        _language_name(ids, scope), lambda path, header: stored.save(path, arrays, header, meta)
+        _language_name(ids, scope, read),
+        lambda path, header: stored.save(path, arrays, header, meta),
     )
 
 

@@ -26,6 +26,7 @@ from realtime.models.base import (
 )
 from realtime.models.checkpoint import one_line
 from realtime.models.voicechat.events import convert
+from realtime.models.voicechat.sequence import SequenceToolResult
 from realtime.models.voicechat.tools import tool_response_text
 
 if TYPE_CHECKING:
@@ -94,7 +95,13 @@ class VoiceChatSession(Timeline):
     :class:`~realtime.models.voicechat.reference.ReferenceSession`.)"""
 
     def __init__(
-        self, inner: Any, figures: ModelFigures, key: SessionKey, prompt_use: PromptUse
+        self,
+        inner: Any,
+        figures: ModelFigures,
+        key: SessionKey,
+        prompt_use: PromptUse,
+        *,
+        tool_chunk: int = 0,
     ) -> None:
         from realtime.models.voicechat.row import Seat
         from realtime.models.voicechat.step import check_state
@@ -102,6 +109,9 @@ class VoiceChatSession(Timeline):
         super().__init__(inner, figures, key, prompt_use)
         self._seat = Seat(inner)
         """Its place in a frame batch (released before anything reads its caches alone)."""
+        self._tool_chunk = tool_chunk
+        """Inserted steps a tool result's slice runs, its language model's in one pass
+        (``--prefill sequence``; 0: one step a slice, bit for bit as always)."""
         self._pending = np.zeros(0, dtype=np.float32)
         check_state(inner)
 
@@ -168,11 +178,15 @@ class VoiceChatSession(Timeline):
         self._seat.release()
         return [convert(e, self._figures) for e in self._inner.cancel()]
 
-    def begin_tool_result(self, tool: ToolInput) -> VoiceChatToolResult:
+    def begin_tool_result(self, tool: ToolInput) -> VoiceChatToolResult | SequenceToolResult:
         """Start feeding a tool's output (its tokens made by
         :meth:`~realtime.models.voicechat.model.VoiceChatModel.tool_input`) to the model
-        (:class:`VoiceChatToolResult`). InferenceError when the session cannot take it."""
+        (:class:`VoiceChatToolResult`; a few steps a slice under ``--prefill sequence``,
+        :class:`~realtime.models.voicechat.sequence.SequenceToolResult`). InferenceError
+        when the session cannot take it."""
         self._check_open()
+        if self._tool_chunk:
+            return SequenceToolResult(self, list(tool.ids), self._tool_chunk)
         return VoiceChatToolResult(self, list(tool.ids))
 
 
