@@ -605,15 +605,19 @@ class RealtimeApp:
             state.observer.session_resumed(
                 link.session_id, trio.current_time() - started, result.replayed
             )
+            timeout = state.limits.send_timeout
             try:
                 async with trio.open_nursery() as nursery:
-                    if result.replaced is not None:
-                        nursery.start_soon(
-                            _replace, result.replaced, error, state.limits.send_timeout
-                        )
-                    await result.released.wait()
+                    if result.replaced_opener is not None:
+                        # The opening handler runs the session: this one tells its
+                        # socket why it ends.
+                        nursery.start_soon(_replace, result.replaced_opener, error, timeout)
+                    await result.attachment.released.wait()
             finally:
                 link.release(socket)
+            if result.attachment.replaced:  # by a later resume: this socket is told why
+                with trio.CancelScope(shield=True):
+                    await _replace(socket, error, timeout)
 
 
 LIVE_NO_RESUME: Final = (

@@ -52,13 +52,25 @@ class Offer:
     grace: float
 
 
+@attrs.define(slots=True, eq=False)
+class Attachment:
+    """One socket's time on the link: ``released`` is set when it is let go (dropped,
+    replaced by a resume, or the session over); ``replaced``: by a resume."""
+
+    socket: Transport
+    released: trio.Event = attrs.field(factory=trio.Event)
+    replaced: bool = False
+
+
 @attrs.frozen(slots=True)
 class Resumed:
-    """A resume that succeeded: the socket it replaced (None: none was attached), and
-    the event set when the new socket is let go (dropped, replaced, session over)."""
+    """A resume that succeeded: the opening connection's socket when the resume
+    replaced it (its handler runs the session, so the resume's handler tells it why it
+    ends; a resume connection's own handler does that itself), and the new socket's
+    attachment."""
 
-    replaced: Transport | None
-    released: trio.Event
+    replaced_opener: Transport | None
+    attachment: Attachment
     replayed: int
 
 
@@ -67,6 +79,8 @@ class Link:
 
     def __init__(self, socket: Transport, journal: Journal, offer: Offer, error: ErrorText) -> None:
         self.socket: Transport | None = socket
+        self._opener = socket
+        self._current: Attachment | None = Attachment(socket)
         self.journal = journal
         self.offer_ = offer
         self.error = error
@@ -83,9 +97,9 @@ class Link:
         self.expired = False
         self.notices: list[str] = []
         """Link messages (an ``error`` for a bad ack) waiting for the sender."""
-        self._attached = trio.Event()
-        self._attached.set()
-        self._released = trio.Event()
+        self._changed = trio.Event()
+        """Set (and renewed) whenever a socket is attached, the grace changes or the
+        session ends: what a detached receiver and timer wait on."""
         self._receiving: trio.CancelScope | None = None
         self._resuming = trio.Lock()
         self._digest: bytes | None = None
@@ -105,7 +119,7 @@ class Link:
     async def wait_attached(self) -> None:
         """Return once a socket is attached (at once when one is)."""
         while self.socket is None and not self.ended:
-            await self._attached.wait()
+            await self._changed.wait()
 
     @property
     def detached(self) -> bool:
@@ -161,9 +175,13 @@ class Link:
             self.received += 1
             return frame
 
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
     async def _wait_or_expire(self) -> None:
         with trio.move_on_at(self.deadline):
-            await self._attached.wait()
+            await self._changed.wait()
         if self.socket is None and trio.current_time() >= self.deadline:
             self.expired = True
             raise TransportClosed(None, outcome="resume_expired")
@@ -181,9 +199,9 @@ class Link:
         if kind == "session.resume":
             self.notices.append(
                 self.error(
-                    "invalid_request",
+                    "resume_failed",
                     "session.resume is only the first message of a resume connection "
-                    "(?resume=1); this session is already attached here",
+                    "(?resume=1); this connection already carries the session",
                 )
             )
             return True
@@ -198,17 +216,19 @@ class Link:
             )
         return True
 
-    def _let_go(self, now: float) -> None:
+    def _let_go(self, now: float, *, replaced: bool = False) -> None:
         """The attached socket is gone or replaced: detach (the timeline pauses)."""
         self.socket = None
-        if self.ended:
+        current, self._current = self._current, None
+        if current is not None:
+            current.replaced = replaced
+            current.released.set()
+        if self._receiving is not None:
+            self._receiving.cancel()
+        if self.ended or self.detached_at is not None:
             return
         self.detached_at = now
         self.deadline = now + self.offer_.grace
-        self._attached = trio.Event()
-        self._released.set()
-        if self._receiving is not None:
-            self._receiving.cancel()
 
     def release(self, socket: Transport) -> None:
         """``socket``'s handler is ending: detach it if it is still the attached one."""
@@ -239,8 +259,10 @@ class Link:
         if self._digest is not None:
             self.offer_.registry.remove(self._digest)
             self._digest = None
-        self._released.set()
-        self._attached.set()
+        current, self._current = self._current, None
+        if current is not None:
+            current.released.set()
+        self._wake()
 
     async def resume(self, socket: Transport, last_seq: int) -> Resumed | str:
         """Attach ``socket`` after ``session.resumed`` and the replay; the error code
@@ -253,37 +275,48 @@ class Link:
                 return "resync_required"
             replaced = self.socket
             if replaced is not None:
-                self._let_go(now)
+                self._let_go(now, replaced=True)
             deadline, self.deadline = self.deadline, math.inf  # no expiry while replaying
-            journal = self.journal
-            upto = journal.sent
-            replayed = upto - last_seq
-            resumed = {
-                "type": "session.resumed",
-                "session_id": self.session_id,
-                "last_seq": last_seq,
-                "next_seq": upto + 1,
-                "replayed": replayed,
-                "received": self.received,
-            }
-            await socket.send(json.dumps(resumed, separators=(",", ":")))
-            done = last_seq
-            # Events written while replaying are numbered after ``upto``: they follow.
-            while done < journal.sent:
-                if not journal.holds_after(done, trio.current_time()) or self.ended:
+            try:
+                replayed = await self._replay(socket, last_seq)
+                if replayed is None or self.ended:
+                    return "resync_required" if replayed is None else "resume_failed"
+                # No await from the replay's last check to here: no event slips between.
+                self.socket = socket
+                attachment = self._current = Attachment(socket)
+                if self.detached_at is not None:
+                    self.paused += trio.current_time() - self.detached_at
+                self.detached_at = None
+                self._wake()
+                opener = replaced if replaced is self._opener else None
+                return Resumed(opener, attachment, replayed)
+            finally:
+                if self.socket is not socket:  # failed or cancelled: the grace goes on
                     self.deadline = deadline
-                    return "resync_required"
-                upto = journal.sent
-                for text in journal.between(done, upto):
-                    await socket.send(text)
-                done = upto
-            if self.ended:
-                return "resume_failed"
-            # No await from the check above to here: no event can slip between.
-            self.socket = socket
-            assert self.detached_at is not None
-            self.paused += trio.current_time() - self.detached_at
-            self.detached_at = None
-            self._released = trio.Event()
-            self._attached.set()
-            return Resumed(replaced, self._released, replayed)
+                    self._wake()
+
+    async def _replay(self, socket: Transport, last_seq: int) -> int | None:
+        """``session.resumed`` and the journal after ``last_seq`` to ``socket``, with the
+        events written meanwhile; how many were replayed (None: the journal lost one)."""
+        journal = self.journal
+        upto = journal.sent
+        replayed = upto - last_seq
+        resumed = {
+            "type": "session.resumed",
+            "session_id": self.session_id,
+            "last_seq": last_seq,
+            "next_seq": upto + 1,
+            "replayed": replayed,
+            "received": self.received,
+        }
+        await socket.send(json.dumps(resumed, separators=(",", ":")))
+        done = last_seq
+        # Events written while replaying are numbered after ``upto``: they follow.
+        while done < journal.sent:
+            if not journal.holds_after(done, trio.current_time()):
+                return None
+            upto = journal.sent
+            for text in journal.between(done, upto):
+                await socket.send(text)
+            done = upto
+        return replayed

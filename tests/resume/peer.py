@@ -13,7 +13,8 @@ from wsproto.events import CloseConnection
 
 from tests.reliability.rawws import RawClient
 
-LINK_TYPES = ("session.resumable", "session.resumed")
+LINK_ERRORS = ("resume_failed", "resync_required", "invalid_ack", "session_replaced")
+"""The codes of the link's own ``error`` events: not numbered."""
 AUDIO_TYPES = ("response.audio.delta", "response.output_audio.delta")
 
 
@@ -34,6 +35,7 @@ class Resuming:
         self.events: list[dict[str, Any]] = []
         self.resumable: dict[str, Any] | None = None
         self.resumed: dict[str, Any] | None = None
+        self.link_errors: list[str] = []
 
     def _url(self, query: str) -> str:
         return self.path + ("&" if "?" in self.path else "?") + query
@@ -57,6 +59,8 @@ class Resuming:
             self.resumable = event
         elif event["type"] == "session.resumed":
             self.resumed = event
+        elif event["type"] == "error" and event["error"].get("code") in LINK_ERRORS:
+            self.link_errors.append(event["error"]["code"])
         else:
             self.seen += 1
             self.events.append(event)
