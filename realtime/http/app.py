@@ -33,7 +33,7 @@ from realtime.observe import HTTPRefusalReason, Observer, Observers, RefusalReas
 from realtime.openai import events as openai_events
 from realtime.openai.connection import OpenAIConnection
 from realtime.session.close_codes import CLOSE_POLICY
-from realtime.session.lifetime import Transport, TransportClosed
+from realtime.session.lifetime import Transport, TransportClosed, busy_message
 from realtime.session.link import CLOSE_REPLACED, ErrorText, Link, Offer, Resumed
 from realtime.session.resume import (
     RESUME_FIRST_MESSAGE_SECONDS,
@@ -472,6 +472,16 @@ class RealtimeApp:
         if wants_resume:
             await self._resume(scope, receive, send, dialect, tenant)
             return
+        if state.detached() and state.engine.refusal() == "busy":
+            # A detached session holds a slot with no TCP connection, which a balancer's
+            # per-server connection count cannot see: refused before the upgrade, a
+            # balancer retries this client on another replica (docs/resume.md).
+            state.observer.connection_refused("busy")
+            message = busy_message(state.engine, "busy") + " (a conversation waits for a resume)"
+            await _refuse_upgrade(
+                scope, send, 503, "server_busy", message, headers=[(b"retry-after", b"1")]
+            )
+            return
         seat = state.tenants.seat(tenant) if state.tenants is not None and tenant else None
         socket = ASGITransport(receive, send, scope, state.tcp)
         link: Link | None = None
@@ -735,7 +745,13 @@ _REFUSAL_REASONS: Final[dict[str, RefusalReason]] = {
 
 
 async def _refuse_upgrade(
-    scope: ASGIScope, send: ASGISend, status: int, code: str, message: str
+    scope: ASGIScope,
+    send: ASGISend,
+    status: int,
+    code: str,
+    message: str,
+    *,
+    headers: Sequence[tuple[bytes, bytes]] = (),
 ) -> None:
     """An HTTP error before the upgrade where the server supports it (Hypercorn does)."""
     if "websocket.http.response" not in (scope.get("extensions") or {}):
@@ -749,6 +765,7 @@ async def _refuse_upgrade(
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
+                *headers,
             ],
         }
     )

@@ -5,6 +5,7 @@ operators see (outcomes, the resume histogram, /health, admission)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -287,12 +288,16 @@ async def test_a_detached_session_holds_its_slot_and_shows_in_health(engine: Eng
                 await trio.sleep(0.01)
         status, health = await ahttp("GET", server.http + "/health")
         assert status == 200 and health["detached"] == 1 and health["sessions_active"] == 1
-        other = Resuming(server.http, NATIVE)
-        raw = await other.open("plain=1")
+        # A new client is refused before the upgrade (a balancer retries it elsewhere).
+        raw = await Resuming(server.http, NATIVE).open("plain=1")
+        assert raw.rejected_status == 503
+        assert json.loads(raw.rejected_body)["error"]["code"] == "server_busy"
+        assert (await peer.resume())["type"] == "session.resumed"
+        # Attached again: the default answer, server_busy and 1013 after the upgrade.
+        raw = await Resuming(server.http, NATIVE).open("plain=1")
         busy = await raw.recv_json()
         assert busy is not None and busy["error"]["code"] == "server_busy"
         assert await raw.drain_to_close() == 1013
-        assert (await peer.resume())["type"] == "session.resumed"
         status, health = await ahttp("GET", server.http + "/health")
         assert health["detached"] == 0
         await peer.close()
