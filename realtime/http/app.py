@@ -34,7 +34,7 @@ from realtime.openai import events as openai_events
 from realtime.openai.connection import OpenAIConnection
 from realtime.session.close_codes import CLOSE_POLICY
 from realtime.session.lifetime import Transport, TransportClosed, busy_message
-from realtime.session.link import CLOSE_REPLACED, ErrorText, Link, Offer, Resumed
+from realtime.session.link import CLOSE_REPLACED, Attachment, ErrorText, Link, Offer, Resumed
 from realtime.session.resume import (
     RESUME_FIRST_MESSAGE_SECONDS,
     FailedResumes,
@@ -607,7 +607,6 @@ class RealtimeApp:
             if isinstance(result, str):
                 if result == "resume_failed":
                     state.failed_resumes.failed(address, trio.current_time())
-                state.observer.resume_failed(result)
                 state.observer.error_sent(result)
                 await _resume_refused(socket, error, result, RESUME_MESSAGES[result])
                 return
@@ -627,7 +626,7 @@ class RealtimeApp:
                 link.release(socket)
             if result.attachment.replaced:  # by a later resume: this socket is told why
                 with trio.CancelScope(shield=True):
-                    await _replace(socket, error, timeout)
+                    await _replace(result.attachment, error, timeout)
 
 
 LIVE_NO_RESUME: Final = (
@@ -699,11 +698,13 @@ async def _resume_refused(socket: Transport, error: ErrorText, code: str, messag
             pass
 
 
-async def _replace(old: Transport, error: ErrorText, seconds: float) -> None:
+async def _replace(replaced: Attachment, error: ErrorText, seconds: float) -> None:
     """Tell the connection a resume replaced why it ends (``session_replaced``, close
-    4000); bounded: a half-open socket may take nothing, so it is aborted then."""
+    4000); bounded: a half-open socket may take nothing, so it is aborted then, or at
+    once when a write to it was already stuck."""
+    old = replaced.socket
     message = "session resumed on another connection"
-    with trio.move_on_after(seconds):
+    with trio.move_on_after(0 if replaced.stuck else seconds):
         try:
             await old.send(error("session_replaced", message))
             await old.close(CLOSE_REPLACED, message)

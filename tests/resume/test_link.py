@@ -205,7 +205,8 @@ async def test_a_resume_replaces_a_half_open_socket(
         nursery.start_soon(reader)
         await trio.sleep(1)
         result = await link.resume(second, 1)
-        assert isinstance(result, Resumed) and result.replaced_opener is first
+        assert isinstance(result, Resumed) and result.replaced_opener is not None
+        assert result.replaced_opener.socket is first and not result.replaced_opener.stuck
         first.feed("late, from the old socket")
         second.feed("from the new one")
     assert got == ["from the new one"]

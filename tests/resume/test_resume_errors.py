@@ -206,6 +206,9 @@ async def test_a_flood_of_guesses_gets_429(engine: Engine) -> None:
             assert await refused(peer, token=new_token()) == ("resume_failed", 1008)
         raw = await peer.open("resume=1")
         assert raw.rejected_status == 429
+        metrics = server.state.metrics.exposition().decode()
+        assert 'realtime_connections_refused_total{reason="resume_limit"} 1.0' in metrics
+        assert 'realtime_error_events_total{code="resume_failed"} 10.0' in metrics
         # The conversation whose token was guessed at goes on untouched.
         await victim.send(append_msg(noise(1280, seed=9)))
         await victim.until("response.audio.delta")
@@ -332,3 +335,36 @@ async def test_a_resume_connection_replaced_in_turn_is_told_why(engine: Engine) 
         await again.until("response.audio.delta")
         assert await again.close() == 1000
         await until_released(engine)
+
+
+async def test_a_resume_frees_a_session_stuck_writing_to_a_half_open_socket(
+    fake_model: FakeModel, engine: Engine
+) -> None:
+    """The old socket takes nothing (its writes block, as on a network that vanished
+    without a reset): the resume aborts it at once, so the session's sender, held in
+    that write, goes on and the stalled-reader clock does not end the conversation."""
+    fake_model.options.audio_samples = 200_000  # ~530 KB a frame: the socket fills
+    limits = Limits(send_timeout=4.0)
+    async with running_server(engine, limits=limits) as server:
+        old = Resuming(server.http, NATIVE)
+        await old.open(receive_buffer=4096)
+        await old.until("session.created")
+        await old.until("session.resumable")
+        await old.send({"type": "session.update", "session": {"seed": 1}})
+        await old.until("session.updated")
+        for i in range(6):
+            await old.send(append_msg(noise(1280, seed=30 + i)))
+        await trio.sleep(0.5)  # the server's writes to it are stuck by now
+        new = Resuming(server.http, NATIVE)
+        new.resumable, new.seen, new.sent = old.resumable, old.seen, list(old.sent)
+        answer = await new.resume()
+        assert answer["type"] == "session.resumed"
+        with trio.fail_after(20):
+            while len([e for e in new.events if e["type"] == "response.audio.delta"]) < 6:
+                assert await new.recv() is not None, new.ws.close_code
+        assert await new.close() == 1000
+        await until_released(engine)
+        metrics = server.state.metrics.exposition().decode()
+        old.drop()
+    assert 'realtime_sessions_total{outcome="stalled_client"} 0.0' in metrics
+    assert 'realtime_sessions_total{outcome="closed"} 1.0' in metrics
