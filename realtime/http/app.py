@@ -32,7 +32,7 @@ from realtime.native.connection import NativeConnection
 from realtime.observe import HTTPRefusalReason, Observer, Observers, RefusalReason
 from realtime.openai import events as openai_events
 from realtime.openai.connection import OpenAIConnection
-from realtime.session.close_codes import CLOSE_POLICY
+from realtime.session.close_codes import CLOSE_GOING_AWAY, CLOSE_POLICY
 from realtime.session.lifetime import Transport, TransportClosed, busy_message
 from realtime.session.link import CLOSE_REPLACED, Attachment, ErrorText, Link, Offer, Resumed
 from realtime.session.resume import (
@@ -604,6 +604,10 @@ class RealtimeApp:
             result: Resumed | str = "resume_failed"
             if link is not None:
                 result = await link.resume(socket, last_seq)
+            if isinstance(result, str) and state.shutdown.is_set():
+                with trio.move_on_after(1.0):
+                    await socket.close(CLOSE_GOING_AWAY, "server shutting down")
+                return
             if isinstance(result, str):
                 if result == "resume_failed":
                     state.failed_resumes.failed(address, trio.current_time())

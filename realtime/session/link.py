@@ -171,8 +171,10 @@ class Link:
                 except TransportClosed as closed:
                     if socket is not self.socket:
                         continue  # replaced meanwhile: read the new one
-                    if closed.code == CLOSE_NORMAL:
-                        raise  # the client hung up: no grace
+                    if closed.code == CLOSE_NORMAL or not self.received:
+                        # The client hung up, or left before saying anything (it may
+                        # never have read the token): no grace, the slot is freed.
+                        raise
                     self._let_go(trio.current_time())
                     log.info("session %s: connection lost; waiting for a resume", self.session_id)
                     continue

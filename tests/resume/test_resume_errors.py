@@ -37,6 +37,9 @@ async def opened(http: str, path: str = NATIVE, **kwargs: Any) -> Resuming:
         await peer.until("session.updated")
         await peer.send(append_msg(noise(1280)))
         await peer.until("response.audio.delta")
+    else:
+        await peer.send({"type": "session.update", "session": {"type": "realtime"}})
+        await peer.until("session.updated")
     return peer
 
 
@@ -368,3 +371,27 @@ async def test_a_resume_frees_a_session_stuck_writing_to_a_half_open_socket(
         old.drop()
     assert 'realtime_sessions_total{outcome="stalled_client"} 0.0' in metrics
     assert 'realtime_sessions_total{outcome="closed"} 1.0' in metrics
+
+
+async def test_a_drop_before_the_first_message_frees_the_slot_at_once(engine: Engine) -> None:
+    async with running_server(engine) as server:
+        peer = Resuming(server.http, NATIVE)
+        await peer.open()
+        await peer.until("session.resumable")
+        peer.drop()
+        await until_released(engine, timeout=2)
+        assert server.state.detached() == 0
+        assert await refused(peer) == ("resume_failed", 1008)
+
+
+async def test_shutdown_closes_a_resumed_connection_with_1001(engine: Engine) -> None:
+    with trio.fail_after(15):
+        async with running_server(engine) as server:
+            peer = await opened(server.http)
+            peer.drop()
+            assert (await peer.resume())["type"] == "session.resumed"
+            await peer.send({"type": "session.ping"})
+            await peer.until("session.pong")
+            server.state.shutdown.set()
+            assert await peer.ws.drain_to_close() == 1001
+    await until_released(engine)
