@@ -14,6 +14,7 @@ import trio
 
 from realtime.engine.runner import Engine
 from realtime.limits import Limits
+from realtime.models.voicechat.model import VoiceChatModel
 from realtime.testing.fake import FakeModel
 from tests.helpers import append_msg, noise, running_engine, running_server
 from tests.resume.peer import Resuming
@@ -45,21 +46,30 @@ OPENAI_AUDIO = FRAMES - 6
 share frame for frame)."""
 
 
-def finished(peer: Resuming, path: str) -> bool:
-    if path == NATIVE:
+def finished(peer: Resuming, path: str, whole_turn: bool = False) -> bool:
+    if path == NATIVE or whole_turn:
         return any(e["type"] == "response.done" for e in peer.events)
     return len(_audio_events(peer)) >= OPENAI_AUDIO
 
 
-def compared(peer: Resuming, path: str) -> bytes:
-    events = _audio_events(peer)
-    if path != NATIVE:
+def compared(peer: Resuming, path: str, whole_turn: bool = False) -> bytes:
+    """The audio compared: every delta up to the turn's end (``response.done``), or on
+    the OpenAI endpoint the first ``OPENAI_AUDIO`` deltas."""
+    done = next((n for n, e in enumerate(peer.events) if e["type"] == "response.done"), None)
+    events = [e for e in peer.events[:done] if e["type"].endswith("audio.delta")]
+    if path != NATIVE and not whole_turn:
         events = events[:OPENAI_AUDIO]
     return b"".join(base64.b64decode(e["delta"]) for e in events)
 
 
 async def converse(
-    http: str, path: str, messages: list[str], *, drop_after_audio: int | None, resumable: bool
+    http: str,
+    path: str,
+    messages: list[str],
+    *,
+    drop_after_audio: int | None,
+    resumable: bool,
+    whole_turn: bool = False,
 ) -> Resuming:
     """Send ``messages``; with ``drop_after_audio`` cut the connection once that many
     audio deltas came and resume; return the client once the answer is done."""
@@ -89,7 +99,7 @@ async def converse(
             if await peer.recv(timeout=2.0) is None:
                 break
     with trio.fail_after(20):
-        while not finished(peer, path):
+        while not finished(peer, path, whole_turn):
             assert await peer.recv() is not None, peer.ws.close_code
     return peer
 
@@ -159,4 +169,26 @@ async def test_a_batched_conversation_resumes_bit_for_bit(path: str) -> None:
                 stop.set()
             await cut.close()
     assert compared(cut, path) == compared(plain, path)
+    assert cut.resumed is not None
+
+
+@pytest.mark.parametrize("path", [NATIVE, OPENAI])
+async def test_the_demo_model_resumes_bit_for_bit(demo_model: VoiceChatModel, path: str) -> None:
+    """The real model (the demo checkpoint, on MLX): its sampled audio of a whole turn
+    after a drop and a resume is the audio of the same conversation without the drop
+    (on the OpenAI endpoint the model ends its own turn, within the client's audio)."""
+    messages = native_messages() if path == NATIVE else openai_messages()
+    with running_engine(demo_model) as engine:
+        async with running_server(engine) as server:
+            plain = await converse(
+                server.http, path, messages, drop_after_audio=None, resumable=False, whole_turn=True
+            )
+            await plain.close()
+            await released(engine)
+            cut = await converse(
+                server.http, path, messages, drop_after_audio=3, resumable=True, whole_turn=True
+            )
+            await cut.close()
+    expected = compared(plain, path, whole_turn=True)
+    assert len(_audio_events(plain)) > 3 and compared(cut, path, whole_turn=True) == expected
     assert cut.resumed is not None
