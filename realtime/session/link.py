@@ -86,7 +86,7 @@ class Link:
         self._opener = socket
         self._current: Attachment | None = Attachment(socket)
         self.journal = journal
-        self.offer_ = offer
+        self.terms = offer
         self.error = error
         self.session_id = ""
         self.received = 0
@@ -241,7 +241,7 @@ class Link:
         if self.ended or self.detached_at is not None:
             return
         self.detached_at = now
-        self.deadline = now + self.offer_.grace
+        self.deadline = now + self.terms.grace
 
     def release(self, socket: Transport) -> None:
         """``socket``'s handler is ending: detach it if it is still the attached one."""
@@ -252,7 +252,7 @@ class Link:
 
     async def offer(self) -> None:
         """Register a fresh token and announce it (right after the greeting)."""
-        offer = self.offer_
+        offer = self.terms
         token = new_token()
         self._digest = offer.registry.add(token, self, offer.tenant, offer.path)
         journal = self.journal
@@ -270,7 +270,7 @@ class Link:
         """The session is over: its token resumes nothing any more (idempotent)."""
         self.ended = True
         if self._digest is not None:
-            self.offer_.registry.remove(self._digest)
+            self.terms.registry.remove(self._digest)
             self._digest = None
         current, self._current = self._current, None
         if current is not None:

@@ -395,3 +395,39 @@ async def test_shutdown_closes_a_resumed_connection_with_1001(engine: Engine) ->
             server.state.shutdown.set()
             assert await peer.ws.drain_to_close() == 1001
     await until_released(engine)
+
+
+async def test_a_storm_of_resumes_of_one_conversation_leaves_one_connection(
+    engine: Engine,
+) -> None:
+    async with running_server(engine) as server:
+        peer = await opened(server.http)
+        peer.drop()
+        peers = []
+        for _ in range(6):
+            p = Resuming(server.http, NATIVE)
+            p.resumable, p.seen, p.sent = peer.resumable, peer.seen, list(peer.sent)
+            peers.append(p)
+
+        async def resume(p: Resuming) -> None:
+            assert (await p.resume())["type"] == "session.resumed"
+
+        async with trio.open_nursery() as nursery:
+            for p in peers:
+                nursery.start_soon(resume, p)
+        closes = []
+        with trio.fail_after(10):
+            for p in peers:
+                with trio.move_on_after(1.0):
+                    while await p.recv() is not None:
+                        pass
+                closes.append(p.ws.close_code)
+        assert sorted(closes, key=str).count(4000) == 5 and closes.count(None) == 1
+        winner = peers[closes.index(None)]
+        await winner.send(append_msg(noise(1280, seed=8)))
+        await winner.until("response.audio.delta")
+        assert await winner.close() == 1000
+        await until_released(engine)
+        with trio.fail_after(5):
+            while server.state.connections:
+                await trio.sleep(0.02)
