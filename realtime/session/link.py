@@ -99,8 +99,9 @@ class Link:
         """Trio time the current detachment's grace ends."""
         self.ended = False
         self.expired = False
-        self.notices: list[str] = []
-        """Link messages (an ``error`` for a bad ack) waiting for the sender."""
+        self.notify: Callable[[str], None] = lambda text: None
+        """Hands a link message (an ``error`` for a bad ack) to the session's sender
+        (set by the session's lifetime), so it goes out in order with the events."""
         self._changed = trio.Event()
         """Set (and renewed) whenever a socket is attached, the grace changes or the
         session ends: what a detached receiver and timer wait on."""
@@ -209,7 +210,7 @@ class Link:
         if kind not in RESUME_TYPES:
             return False
         if kind == "session.resume":
-            self.notices.append(
+            self.notify(
                 self.error(
                     "resume_failed",
                     "session.resume is only the first message of a resume connection "
@@ -219,7 +220,7 @@ class Link:
             return True
         seq = message.get("seq")
         if isinstance(seq, bool) or not isinstance(seq, int) or not self.journal.ack(seq):
-            self.notices.append(
+            self.notify(
                 self.error(
                     "invalid_ack",
                     "session.event_ack needs 'seq': an integer from 0 to the last event "

@@ -141,8 +141,9 @@ async def test_acks_trim_the_journal_and_bad_ones_get_invalid_ack(engine: Engine
         await peer.ack(10_000)
         await peer.ws.send_json('{"type":"session.event_ack","seq":"3"}')
         await peer.ws.send_json('{"type":"session.resume","token":"t","last_seq":0}')
-        await peer.send({"type": "session.ping"})
-        await peer.until("session.pong")
+        with trio.fail_after(5):  # answered at once, with no other message after them
+            while len(peer.link_errors) < 3:
+                assert await peer.recv() is not None
         assert peer.link_errors == ["invalid_ack", "invalid_ack", "resume_failed"]
         peer.drop()
         assert await refused(peer, last_seq=1) == ("resync_required", 1008)  # acked: gone
