@@ -591,10 +591,12 @@ class RealtimeApp:
         socket = ASGITransport(receive, send, scope, state.tcp)
         error = _ERROR_TEXT[dialect]
         async with self._holding(socket):
-            asked = await _resume_request(socket, error)
+            asked = await _resume_request(socket)
             if asked is None:
                 return
             if isinstance(asked, str):
+                state.failed_resumes.failed(address, trio.current_time())
+                state.observer.error_sent("invalid_request")
                 await _resume_refused(socket, error, "invalid_request", asked)
                 return
             token, last_seq = asked
@@ -668,9 +670,9 @@ _ERROR_TEXT: Final[dict[type[Any], ErrorText]] = {
 }
 
 
-async def _resume_request(socket: ASGITransport, error: ErrorText) -> tuple[str, int] | str | None:
+async def _resume_request(socket: ASGITransport) -> tuple[str, int] | str | None:
     """The resume connection's first message as ``(token, last_seq)``; why it is not
-    a ``session.resume`` (a string); None when the client left or said nothing in time."""
+    a ``session.resume``, or none came in time (a string); None when the client left."""
     with trio.move_on_after(RESUME_FIRST_MESSAGE_SECONDS):
         try:
             frame = await socket.receive()
@@ -688,8 +690,7 @@ async def _resume_request(socket: ASGITransport, error: ErrorText) -> tuple[str,
         if isinstance(last_seq, bool) or not isinstance(last_seq, int) or last_seq < 0:
             return "session.resume needs 'last_seq': the highest event number received (0: none)"
         return token, last_seq
-    await _resume_refused(socket, error, "invalid_request", "no session.resume within 10 seconds")
-    return None
+    return f"no session.resume within {RESUME_FIRST_MESSAGE_SECONDS:g} seconds"
 
 
 async def _resume_refused(socket: Transport, error: ErrorText, code: str, message: str) -> None:
