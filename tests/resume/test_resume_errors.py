@@ -5,6 +5,7 @@ operators see (outcomes, the resume histogram, /health, admission)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from typing import Any
@@ -18,7 +19,9 @@ from realtime.limits import Limits
 from realtime.session.resume import new_token
 from realtime.tenants import Tenant, Tenants
 from realtime.testing.fake import FakeModel
-from tests.helpers import ahttp, append_msg, noise, running_server
+from tests.helpers import ahttp, append_msg, noise, running_engine, running_server
+from tests.openai.scripted import call_then_say, scripted
+from tests.openai.sdk_exchange import voice
 from tests.reliability.rawws import RawClient
 from tests.resume.peer import Resuming
 
@@ -432,3 +435,39 @@ async def test_a_storm_of_resumes_of_one_conversation_leaves_one_connection(
         with trio.fail_after(5):
             while server.state.connections:
                 await trio.sleep(0.02)
+
+
+async def test_a_pending_tool_call_carries_over_a_resume() -> None:
+    """The model asked for a tool, the connection dropped before the client answered:
+    after the resume the client's tool output reaches the same call, and the model
+    speaks its answer."""
+    with running_engine(scripted(call_then_say("Sunny."))) as engine:
+        async with running_server(engine) as server:
+            peer = await opened(server.http, OPENAI)
+            tool = {"type": "function", "name": "get_weather", "description": "Weather."}
+            await peer.send(
+                {"type": "session.update", "session": {"type": "realtime", "tools": [tool]}}
+            )
+            await peer.until("session.updated")
+            pcm = voice(0.6)
+            for i in range(0, len(pcm), 9600):
+                audio = base64.b64encode(pcm[i : i + 9600]).decode()
+                await peer.send({"type": "input_audio_buffer.append", "audio": audio})
+            args = await peer.until("response.function_call_arguments.done", timeout=20)
+            peer.drop()
+            await trio.sleep(0.3)
+            assert (await peer.resume())["type"] == "session.resumed"
+            output = {
+                "type": "function_call_output",
+                "call_id": args["call_id"],
+                "output": '{"sky": "clear"}',
+            }
+            await peer.send({"type": "conversation.item.create", "item": output})
+            with trio.fail_after(20):
+                while True:
+                    done = await peer.until("response.done", timeout=20)
+                    first = done["response"]["output"][0]
+                    if first["type"] == "message":
+                        break
+            assert first["content"][0]["transcript"] == "Sunny."
+            await peer.close()
