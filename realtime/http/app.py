@@ -337,10 +337,12 @@ def upgrade_refusal(
     server: Sequence[Any] | None = None,
     http_version: str = "1.1",
     tenant: Tenant | None = None,
+    resuming: bool = False,
 ) -> tuple[int, str, str] | None:
     """Why a WebSocket upgrade is refused (HTTP status, code, message), or None.
     ``key_prefix``: the subprotocol a browser carries the API key in; ``tenant``: whose
-    key the request carries (:func:`key_holder`), None for none; ``scheme``
+    key the request carries (:func:`key_holder`), None for none; ``resuming``: a
+    resume (``?resume=1``), let through while draining; ``scheme``
     (``http``/``https``), ``server`` (the local address) and ``http_version``: from
     the ASGI scope.
 
@@ -373,7 +375,8 @@ def upgrade_refusal(
             f"origin {origin!r} may not open /v1/realtime (it is not this server's own "
             "scheme, host and port); start the server with --allowed-origin to allow it",
         )
-    if state.draining.is_set() or state.shutdown.is_set():
+    # A resume during the drain is the open conversation going on: let it through.
+    if (state.draining.is_set() and not resuming) or state.shutdown.is_set():
         # 503 before the upgrade: a balancer retries it on another replica.
         return (
             503,
@@ -448,6 +451,8 @@ class RealtimeApp:
         offered = list(scope.get("subprotocols", []))
         prefix = OPENAI_KEY_SUBPROTOCOL_PREFIX if openai else KEY_SUBPROTOCOL_PREFIX
         tenant = key_holder(self.state, headers.get("authorization"), offered, prefix)
+        query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+        wants_resume = query.get("resume") in ("1", "true")
         refusal = upgrade_refusal(
             self.state,
             headers,
@@ -457,14 +462,13 @@ class RealtimeApp:
             server=scope.get("server"),
             http_version=str(scope.get("http_version", "1.1")),
             tenant=tenant,
+            resuming=wants_resume and dialect is not LiveConnection,
         )
         if refusal is not None:
             self.state.observer.connection_refused(_REFUSAL_REASONS.get(refusal[1], "unauthorized"))
             await _refuse_upgrade(scope, send, *refusal)
             return
         state = self.state
-        query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
-        wants_resume = query.get("resume") in ("1", "true")
         resumable = query.get("resumable") in ("1", "true")
         if dialect is LiveConnection and ("resume" in query or "resumable" in query):
             await _refuse_upgrade(scope, send, 400, "invalid_request", LIVE_NO_RESUME)

@@ -471,3 +471,16 @@ async def test_a_pending_tool_call_carries_over_a_resume() -> None:
                         break
             assert first["content"][0]["transcript"] == "Sunny."
             await peer.close()
+
+
+async def test_a_resume_gets_through_while_the_server_drains(engine: Engine) -> None:
+    async with running_server(engine) as server:
+        peer = await opened(server.http)
+        peer.drop()
+        server.state.draining.set()
+        raw = await Resuming(server.http, NATIVE).open("plain=1")
+        assert raw.rejected_status == 503  # a new conversation: no
+        assert (await peer.resume())["type"] == "session.resumed"  # the open one goes on
+        await peer.send(append_msg(noise(1280, seed=4)))
+        await peer.until("response.audio.delta")
+        assert await peer.close() == 1000
