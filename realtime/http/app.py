@@ -34,7 +34,15 @@ from realtime.openai import events as openai_events
 from realtime.openai.connection import OpenAIConnection
 from realtime.session.close_codes import CLOSE_GOING_AWAY, CLOSE_POLICY
 from realtime.session.lifetime import Transport, TransportClosed, busy_message
-from realtime.session.link import CLOSE_REPLACED, Attachment, ErrorText, Link, Offer, Resumed
+from realtime.session.link import (
+    CLOSE_REPLACED,
+    LINK_MESSAGE_CHARS,
+    Attachment,
+    ErrorText,
+    Link,
+    Offer,
+    Resumed,
+)
 from realtime.session.resume import (
     RESUME_FIRST_MESSAGE_SECONDS,
     FailedResumes,
@@ -683,8 +691,9 @@ async def _resume_request(socket: ASGITransport) -> tuple[str, int] | str | None
         except TransportClosed:
             return None
         try:
-            message: Any = json.loads(frame) if isinstance(frame, (str, bytes)) else None
-        except ValueError:
+            small = isinstance(frame, (str, bytes)) and len(frame) <= LINK_MESSAGE_CHARS
+            message: Any = json.loads(frame) if small and frame is not None else None
+        except (ValueError, RecursionError):
             message = None
         if not isinstance(message, dict) or message.get("type") != "session.resume":
             return "the first message of a resume connection must be session.resume"

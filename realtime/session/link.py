@@ -35,6 +35,9 @@ CLOSE_REPLACED: Final = 4000
 
 RESUME_TYPES: Final = ("session.event_ack", "session.resume")
 """The link's own client messages: never counted, never seen by the rules."""
+LINK_MESSAGE_CHARS: Final = 1024
+"""The link looks only at messages this short (an ack or a ``session.resume`` is well
+under it): anything longer goes to the rules, whose parser bounds what a client sends."""
 
 ErrorText = Callable[[str, str], str]
 """``(code, message) -> serialized error event`` in the endpoint's own error shape."""
@@ -183,7 +186,12 @@ class Link:
                     self._receiving = None
             if scope.cancelled_caught:
                 continue  # another socket was attached: read that one
-            if isinstance(frame, str) and '"session.' in frame and self._link_message(frame):
+            if (
+                isinstance(frame, str)
+                and len(frame) <= LINK_MESSAGE_CHARS
+                and '"session.' in frame
+                and self._link_message(frame)
+            ):
                 continue
             self.received += 1
             return frame
@@ -204,7 +212,7 @@ class Link:
         the rules (False)."""
         try:
             message: Any = json.loads(frame)
-        except ValueError:
+        except (ValueError, RecursionError):
             return False
         kind = message.get("type") if isinstance(message, dict) else None
         if kind not in RESUME_TYPES:

@@ -231,7 +231,10 @@ async def test_a_flood_of_guesses_gets_429(engine: Engine) -> None:
         '{"type":"session.resume","token":"t","last_seq":-1}',
         '{"type":"session.resume","token":"t","last_seq":true}',
         '{"type":"session.resume","token":"t"}',
+        "[" * 100_000 + '"session.resume"' + "]" * 100_000,  # hostile nesting
+        json.dumps({"type": "session.resume", "token": "t" * 5000, "last_seq": 0}),
     ],
+    ids=lambda first: first[:40],
 )
 async def test_a_malformed_resume_is_invalid_request(engine: Engine, first: str) -> None:
     async with running_server(engine) as server:
@@ -435,6 +438,20 @@ async def test_a_storm_of_resumes_of_one_conversation_leaves_one_connection(
         with trio.fail_after(5):
             while server.state.connections:
                 await trio.sleep(0.02)
+
+
+async def test_hostile_messages_that_look_like_link_messages_go_to_the_rules(
+    engine: Engine,
+) -> None:
+    async with running_server(engine) as server:
+        peer = await opened(server.http)
+        await peer.send("[" * 100_000 + '"session.event_ack"' + "]" * 100_000)
+        error = await peer.until("error")
+        assert error["error"]["code"] == "invalid_request"  # the rules' own answer
+        await peer.send({"type": "session.ping", "pad": "session.event_ack" * 100})
+        await peer.until("session.pong")  # long: not the link's, the rules'
+        assert peer.link_errors == []
+        assert await peer.close() == 1000
 
 
 async def test_a_pending_tool_call_carries_over_a_resume() -> None:
