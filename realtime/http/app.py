@@ -9,10 +9,11 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path, PurePath
-from typing import Any, Final
-from urllib.parse import urlsplit
+from typing import Any, Final, cast
+from urllib.parse import parse_qsl, urlsplit
 
 import attrs
 import trio
@@ -26,10 +27,28 @@ from realtime.http.guard import ConnectionTable, absorb, install
 from realtime.limits import Limits
 from realtime.live.connection import LiveConnection
 from realtime.models.prompt_cache import CachesPrompts
+from realtime.native import wire as native_wire
 from realtime.native.connection import NativeConnection
 from realtime.observe import HTTPRefusalReason, Observer, Observers, RefusalReason
+from realtime.openai import events as openai_events
 from realtime.openai.connection import OpenAIConnection
-from realtime.session.lifetime import TransportClosed
+from realtime.session.close_codes import CLOSE_GOING_AWAY, CLOSE_POLICY
+from realtime.session.lifetime import Transport, TransportClosed, busy_message
+from realtime.session.link import (
+    CLOSE_REPLACED,
+    LINK_MESSAGE_CHARS,
+    Attachment,
+    ErrorText,
+    Link,
+    Offer,
+    Resumed,
+)
+from realtime.session.resume import (
+    RESUME_FIRST_MESSAGE_SECONDS,
+    FailedResumes,
+    Journal,
+    Registry,
+)
 from realtime.telemetry.logs import SessionLog
 from realtime.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from realtime.telemetry.metrics import PrometheusObserver
@@ -97,10 +116,21 @@ class ServerState:
     observer: Observer = attrs.field(default=attrs.Factory(_default_observer, takes_self=True))
     """What connections and the engine report to: metrics and the session log.
     The engine takes the same object at construction (``Engine(..., observer=)``)."""
+    replica_id: str | None = None
+    """``--replica-id``: this replica's name, carried in ``session.resumable`` so a
+    balancer can route a resume back here (docs/resume.md)."""
+    resumes: Registry[Link] = attrs.field(factory=Registry)
+    """The resumable sessions, by their tokens' SHA-256."""
+    failed_resumes: FailedResumes = attrs.field(factory=FailedResumes)
+    """Failed resumes per client address (a flood gets HTTP 429)."""
 
     tcp: ConnectionTable = attrs.field(init=False)
     """Every open TCP connection (HTTP too), for the connection bound, the write
     bound and the shutdown bound (realtime.http.guard)."""
+
+    def detached(self) -> int:
+        """Resumable sessions waiting for a resume now (each holds its slot)."""
+        return sum(link.detached for link in self.resumes.holders())
 
     def abort_connections(self) -> int:
         """Reset every open WebSocket's TCP connection; how many were found."""
@@ -315,10 +345,12 @@ def upgrade_refusal(
     server: Sequence[Any] | None = None,
     http_version: str = "1.1",
     tenant: Tenant | None = None,
+    resuming: bool = False,
 ) -> tuple[int, str, str] | None:
     """Why a WebSocket upgrade is refused (HTTP status, code, message), or None.
     ``key_prefix``: the subprotocol a browser carries the API key in; ``tenant``: whose
-    key the request carries (:func:`key_holder`), None for none; ``scheme``
+    key the request carries (:func:`key_holder`), None for none; ``resuming``: a
+    resume (``?resume=1``), let through while draining; ``scheme``
     (``http``/``https``), ``server`` (the local address) and ``http_version``: from
     the ASGI scope.
 
@@ -351,7 +383,8 @@ def upgrade_refusal(
             f"origin {origin!r} may not open /v1/realtime (it is not this server's own "
             "scheme, host and port); start the server with --allowed-origin to allow it",
         )
-    if state.draining.is_set() or state.shutdown.is_set():
+    # A resume during the drain is the open conversation going on: let it through.
+    if (state.draining.is_set() and not resuming) or state.shutdown.is_set():
         # 503 before the upgrade: a balancer retries it on another replica.
         return (
             503,
@@ -426,6 +459,8 @@ class RealtimeApp:
         offered = list(scope.get("subprotocols", []))
         prefix = OPENAI_KEY_SUBPROTOCOL_PREFIX if openai else KEY_SUBPROTOCOL_PREFIX
         tenant = key_holder(self.state, headers.get("authorization"), offered, prefix)
+        query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+        wants_resume = query.get("resume") in ("1", "true")
         refusal = upgrade_refusal(
             self.state,
             headers,
@@ -435,14 +470,46 @@ class RealtimeApp:
             server=scope.get("server"),
             http_version=str(scope.get("http_version", "1.1")),
             tenant=tenant,
+            resuming=wants_resume and dialect is not LiveConnection,
         )
         if refusal is not None:
             self.state.observer.connection_refused(_REFUSAL_REASONS.get(refusal[1], "unauthorized"))
             await _refuse_upgrade(scope, send, *refusal)
             return
         state = self.state
+        resumable = query.get("resumable") in ("1", "true")
+        if dialect is LiveConnection and ("resume" in query or "resumable" in query):
+            await _refuse_upgrade(scope, send, 400, "invalid_request", LIVE_NO_RESUME)
+            return
+        if wants_resume:
+            await self._resume(scope, receive, send, dialect, tenant)
+            return
+        if state.detached() and state.engine.refusal() == "busy":
+            # A detached session holds a slot with no TCP connection, which a balancer's
+            # per-server connection count cannot see: refused before the upgrade, a
+            # balancer retries this client on another replica (docs/resume.md).
+            state.observer.connection_refused("busy")
+            message = busy_message(state.engine, "busy") + " (a conversation waits for a resume)"
+            await _refuse_upgrade(
+                scope, send, 503, "server_busy", message, headers=[(b"retry-after", b"1")]
+            )
+            return
         seat = state.tenants.seat(tenant) if state.tenants is not None and tenant else None
-        transport = ASGITransport(receive, send, scope, state.tcp)
+        socket = ASGITransport(receive, send, scope, state.tcp)
+        link: Link | None = None
+        transport: Transport = socket
+        if resumable and state.limits.resume_grace > 0:
+            limits = state.limits
+            offer = Offer(
+                state.resumes,
+                tenant.name if tenant is not None else None,
+                scope.get("path", ""),
+                state.replica_id,
+                limits.resume_grace,
+            )
+            journal = Journal(limits.resume_journal_bytes, limits.resume_journal_seconds)
+            link = Link(socket, journal, offer, _ERROR_TEXT[dialect])
+            transport = link
         try:
             # Before the upgrade: a connection needs descriptors of its own (the
             # engine's waker), and running out must refuse it with 503, not end it 1011.
@@ -466,6 +533,8 @@ class RealtimeApp:
                 "no resources for another connection now; retry",
             )
             return
+        if link is not None:
+            link.session_id = connection.session_id
         try:
             await send(
                 {
@@ -476,17 +545,193 @@ class RealtimeApp:
         except BaseException:
             connection.lifetime.waker.close()
             raise
+        async with self._holding(socket):
+            try:
+                await connection.run()
+            finally:
+                if link is not None:
+                    link.end()
+
+    @asynccontextmanager
+    async def _holding(self, socket: ASGITransport) -> AsyncIterator[None]:
+        """Count an accepted WebSocket as open (shutdown waits for it, and may abort it)."""
+        state = self.state
         state.connections += 1
         if state.idle.is_set():
             state.idle = trio.Event()
-        state.transports.add(transport)
+        state.transports.add(socket)
         try:
-            await connection.run()
+            yield
         finally:
-            state.transports.discard(transport)
+            state.transports.discard(socket)
             state.connections -= 1
             if state.connections == 0:
                 state.idle.set()
+
+    async def _resume(
+        self,
+        scope: ASGIScope,
+        receive: ASGIReceive,
+        send: ASGISend,
+        dialect: type[NativeConnection | OpenAIConnection | LiveConnection],
+        tenant: Tenant | None,
+    ) -> None:
+        """A resume connection (``?resume=1``): its first message names the session
+        (``session.resume``); on success its socket is attached to that session's link
+        until it is let go again (docs/resume.md)."""
+        state = self.state
+        started = trio.current_time()
+        address = str((scope.get("client") or ("?",))[0])
+        if not state.failed_resumes.allowed(address, started):
+            state.observer.connection_refused("resume_limit")
+            state.tcp.note("resume-limit", "refused a resume from %s: too many failed", address)
+            await _refuse_upgrade(
+                scope,
+                send,
+                429,
+                "too_many_requests",
+                "too many failed resumes from this address; wait a minute",
+            )
+            return
+        offered = list(scope.get("subprotocols", []))
+        await send(
+            {
+                "type": "websocket.accept",
+                "subprotocol": SUBPROTOCOL if SUBPROTOCOL in offered else None,
+            }
+        )
+        socket = ASGITransport(receive, send, scope, state.tcp)
+        error = _ERROR_TEXT[dialect]
+        async with self._holding(socket):
+            asked = await _resume_request(socket)
+            if asked is None:
+                return
+            if isinstance(asked, str):
+                state.failed_resumes.failed(address, trio.current_time())
+                state.observer.error_sent("invalid_request")
+                await _resume_refused(socket, error, "invalid_request", asked)
+                return
+            token, last_seq = asked
+            link = state.resumes.find(
+                token, tenant.name if tenant is not None else None, scope.get("path", "")
+            )
+            result: Resumed | str = "resume_failed"
+            if link is not None:
+                result = await link.resume(socket, last_seq)
+            if isinstance(result, str) and state.shutdown.is_set():
+                with trio.move_on_after(1.0):
+                    await socket.close(CLOSE_GOING_AWAY, "server shutting down")
+                return
+            if isinstance(result, str):
+                if result == "resume_failed":
+                    state.failed_resumes.failed(address, trio.current_time())
+                state.observer.error_sent(result)
+                await _resume_refused(socket, error, result, RESUME_MESSAGES[result])
+                return
+            assert link is not None
+            state.observer.session_resumed(
+                link.session_id, trio.current_time() - started, result.replayed
+            )
+            timeout = state.limits.send_timeout
+            try:
+                async with trio.open_nursery() as nursery:
+                    if result.replaced_opener is not None:
+                        # The opening handler runs the session: this one tells its
+                        # socket why it ends.
+                        nursery.start_soon(_replace, result.replaced_opener, error, timeout)
+                    await result.attachment.released.wait()
+            finally:
+                link.release(socket)
+            if result.attachment.replaced:  # by a later resume: this socket is told why
+                with trio.CancelScope(shield=True):
+                    await _replace(result.attachment, error, timeout)
+
+
+LIVE_NO_RESUME: Final = (
+    "the Live API has no resume (a dropped connection ends its session, as OpenAI "
+    "defines it): drop resumable/resume from the URL; /v1/realtime and "
+    "/openai/v1/realtime resume (docs/resume.md)"
+)
+
+RESUME_MESSAGES: Final = {
+    "resume_failed": (
+        "no session to resume: the token is unknown, expired or already used up, "
+        "belongs to another key or endpoint, or its grace period is over"
+    ),
+    "resync_required": (
+        "the session's journal no longer holds every event after last_seq (past its "
+        "byte or age bound, or acknowledged): start a new session"
+    ),
+}
+
+
+def _native_error(code: str, message: str) -> str:
+    return native_wire.serialize(
+        native_wire.error_event(cast("native_wire.ErrorCode", code), message)
+    )
+
+
+def _openai_error(code: str, message: str) -> str:
+    return openai_events.serialize(openai_events.error(message, code=code))
+
+
+_ERROR_TEXT: Final[dict[type[Any], ErrorText]] = {
+    NativeConnection: _native_error,
+    OpenAIConnection: _openai_error,
+    LiveConnection: _openai_error,
+}
+
+
+async def _resume_request(socket: ASGITransport) -> tuple[str, int] | str | None:
+    """The resume connection's first message as ``(token, last_seq)``; why it is not
+    a ``session.resume``, or none came in time (a string); None when the client left."""
+    with trio.move_on_after(RESUME_FIRST_MESSAGE_SECONDS):
+        try:
+            frame = await socket.receive()
+        except TransportClosed:
+            return None
+        try:
+            small = isinstance(frame, (str, bytes)) and len(frame) <= LINK_MESSAGE_CHARS
+            message: Any = json.loads(frame) if small and frame is not None else None
+        except (ValueError, RecursionError):
+            message = None
+        if not isinstance(message, dict) or message.get("type") != "session.resume":
+            return "the first message of a resume connection must be session.resume"
+        token, last_seq = message.get("token"), message.get("last_seq")
+        if not isinstance(token, str) or not token:
+            return "session.resume needs 'token': the string session.resumable gave"
+        if isinstance(last_seq, bool) or not isinstance(last_seq, int) or last_seq < 0:
+            return "session.resume needs 'last_seq': the highest event number received (0: none)"
+        return token, last_seq
+    return f"no session.resume within {RESUME_FIRST_MESSAGE_SECONDS:g} seconds"
+
+
+async def _resume_refused(socket: Transport, error: ErrorText, code: str, message: str) -> None:
+    """One ``error`` event, then close 1008."""
+    with trio.move_on_after(5.0):
+        try:
+            await socket.send(error(code, message))
+            await socket.close(CLOSE_POLICY, message[:120])
+        except TransportClosed:
+            pass
+
+
+async def _replace(replaced: Attachment, error: ErrorText, seconds: float) -> None:
+    """Tell the connection a resume replaced why it ends (``session_replaced``, close
+    4000); bounded: a half-open socket may take nothing, so it is aborted then, or at
+    once when a write to it was already stuck."""
+    old = replaced.socket
+    message = "session resumed on another connection"
+    with trio.move_on_after(0 if replaced.stuck else seconds):
+        try:
+            await old.send(error("session_replaced", message))
+            await old.close(CLOSE_REPLACED, message)
+            return
+        except TransportClosed:
+            return
+    abort: Callable[[], object] | None = getattr(old, "abort", None)
+    if abort is not None:
+        abort()
 
 
 def _finish_shielded(send: ASGISend) -> ASGISend:
@@ -519,7 +764,13 @@ _REFUSAL_REASONS: Final[dict[str, RefusalReason]] = {
 
 
 async def _refuse_upgrade(
-    scope: ASGIScope, send: ASGISend, status: int, code: str, message: str
+    scope: ASGIScope,
+    send: ASGISend,
+    status: int,
+    code: str,
+    message: str,
+    *,
+    headers: Sequence[tuple[bytes, bytes]] = (),
 ) -> None:
     """An HTTP error before the upgrade where the server supports it (Hypercorn does)."""
     if "websocket.http.response" not in (scope.get("extensions") or {}):
@@ -533,6 +784,7 @@ async def _refuse_upgrade(
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
+                *headers,
             ],
         }
     )
@@ -594,6 +846,7 @@ def create_http_app(state: ServerState) -> QuartTrio:
             "engine_alive": alive,
             "session_active": engine.is_reserved(),
             "sessions_active": engine.reserved,
+            "detached": state.detached(),
             "capacity": engine.capacity,
             "batch_frames": engine.batch_frames,
             "cpu_blas": cpu_blas.active().name,

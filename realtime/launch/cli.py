@@ -29,6 +29,7 @@ from realtime.limits import (
 )
 from realtime.models.checkpoint import ModelLoadError, ModelPathError
 from realtime.models.prompt_cache import PREFILL_ENV, PrefillRead, prefill_read_from
+from realtime.session.resume import replica_id
 from realtime.tenants import share_from_env
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,14 @@ _non_negative_float = _number(float, 0.0, sys.float_info.max, "a number >= 0")
 _seed = _number(int, 0, math.inf, "an integer >= 0")
 _port = _number(int, 0, 65535, "a port number in 0..65535")
 _positive_int = _number(int, 1, math.inf, "an integer > 0")
+
+
+def _replica_id(text: str) -> str | None:
+    """``--replica-id``'s value (empty: none)."""
+    try:
+        return replica_id(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _env_list(name: str) -> list[str]:
@@ -327,6 +336,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="Host header name (or name:port) accepted besides loopback names, which "
         "are all a server on a loopback address answers otherwise (repeatable; '*' "
         "allows any; default: $REALTIME_ALLOWED_HOSTS, comma-separated)",
+    )
+    serve.add_argument(
+        "--replica-id",
+        metavar="NAME",
+        type=_replica_id,
+        default=os.environ.get("REALTIME_REPLICA_ID") or None,
+        help="this replica's name behind a balancer: resumable conversations announce it "
+        "(session.resumable's 'replica'), and a resume asks for it (?replica=NAME) so the "
+        "balancer routes it here (default: $REALTIME_REPLICA_ID, else none)",
     )
     serve.add_argument(
         "--quantize",
