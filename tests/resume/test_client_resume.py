@@ -174,7 +174,8 @@ class FakeSession:
 class FakeServer:
     """Serves one resumable session (native shapes, a frame of audio per append) and
     cuts the TCP connection (no close frame) each time it has taken another
-    ``drop_after`` messages, ``drops`` times. ``refuse`` answers every resume with that error code."""
+    ``drop_after`` messages, ``drops`` times. ``refuse`` answers every resume with
+    that error code."""
 
     drop_after: int = 5
     drops: int = 1
