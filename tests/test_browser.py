@@ -873,6 +873,7 @@ def test_browser_app_units(demo_server: ServerProcess, browser: _Browser) -> Non
         "live",
         "finishing",
         "committing",
+        "reconnecting",
         "done",
     }
     assert units["states"]["done"] == [] and units["walk"] == "done"
