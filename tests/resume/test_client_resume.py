@@ -32,7 +32,7 @@ from realtime.client import (
     ServerUnreachable,
     connect,
 )
-from realtime.client.cli import report
+from realtime.client.cli import TranscriptPrinter, report
 from realtime.client.files import run_file_client
 from realtime.client.resume import (
     ACK_EVERY_EVENTS,
@@ -45,7 +45,12 @@ from realtime.client.resume import (
     resumable_url,
     resume_url,
 )
+from realtime.engine.runner import Engine
 from realtime.models.base import VOICECHAT_FIGURES
+from tests.helpers import running_server
+from tests.resume.cut_proxy import cut_proxy
+
+FRAME = VOICECHAT_FIGURES.frame_samples
 
 # --- the rules ------------------------------------------------------------------------
 
@@ -380,3 +385,39 @@ async def test_reconnects_back_off_until_the_grace_runs_out(
     with pytest.raises(ResumeExpired, match=r"10 s grace period \(6 tries; last: cannot connect"):
         await link.resume(None)  # type: ignore[arg-type]  # no try gets that far
     assert tries == pytest.approx([0.0, 0.25, 0.75, 1.75, 3.75, 7.75])
+
+
+# --- through a real server ------------------------------------------------------------
+
+
+async def test_the_file_client_through_a_server_is_the_same_with_drops(engine: Engine) -> None:
+    """A drop mid-answer, twice: the answer, its text and its events equal a run with
+    no drop, byte for byte."""
+    pcm = (np.random.default_rng(5).standard_normal(30 * FRAME) * 3000).astype(np.int16)
+    async with running_server(engine) as server:
+        port = int(server.http.rsplit(":", 1)[1])
+        clean_out = io.StringIO()
+        clean = await run_file_client(server.url, pcm, seed=3, printer=TranscriptPrinter(clean_out))
+        async with cut_proxy(port) as proxy:
+            audio = 0
+
+            def on_event(event: dict[str, Any]) -> None:
+                nonlocal audio
+                if event["type"] == "response.audio.delta":
+                    audio += 1
+                    if audio in (6, 17):
+                        proxy.cut()
+
+            out = io.StringIO()
+            dropped = await run_file_client(
+                f"ws://127.0.0.1:{proxy.port}/v1/realtime",
+                pcm,
+                seed=3,
+                on_event=on_event,
+                printer=TranscriptPrinter(out),
+            )
+        assert proxy.cuts == 2 and proxy.connections == 3
+    assert dropped.pcm.tobytes() == clean.pcm.tobytes()
+    assert dropped.frames == clean.frames == 30
+    assert dropped.texts == clean.texts and out.getvalue() == clean_out.getvalue()
+    assert dropped.event_counts == clean.event_counts
