@@ -15,9 +15,16 @@ import trio
 
 from tests.helpers import ServerProcess
 from tests.resume.cut_proxy import proxy_thread
-from tests.test_browser import _Browser, _open_browser, _speech_mic_wav, _stats, _wait_stat
+from tests.test_browser import (
+    _Browser,
+    _evaluate,
+    _open_browser,
+    _speech_mic_wav,
+    _stats,
+    _wait_stat,
+)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 
 @pytest.fixture
@@ -64,3 +71,51 @@ def test_the_page_resumes_after_a_drop_mid_answer(
         assert final["closeCode"] == "1000" and final["errors"] == "0", final
         assert int(final["lastFrameIndex"]) + 1 == int(final["audioDeltas"]), final
         assert speaking_browser.page_errors == []
+
+
+NET_UNITS = """
+async (url) => {
+  const m = await import(url);
+  const box = new m.Outbox(10, 5000);
+  for (let i = 0; i < 4; i++) box.add("abcd", 0);  // 4 bytes each: two fit
+  const kept = box.since(0).length;
+  const lost = box.confirm(1);  // the server needs message 2: gone
+  const fine = box.confirm(2);
+  const aged = new m.Outbox(1000, 5000);
+  aged.add("a", 0);
+  aged.add("b", 6000);
+  const counter = new m.EventCounter(0);
+  const acks = [];
+  for (let i = 0; i < 130; i++) { const a = counter.received(0); if (a !== null) acks.push(a); }
+  acks.push(counter.received(500), counter.received(1000));
+  return {
+    kept, lost, fine, agedDropped: aged.dropped, acks,
+    backoff: [0, 1, 2, 3, 4, 5, 6, 7].map(m.backoffMs),
+    urls: [
+      m.resumeUrl("ws://h:1/openai/v1/realtime?model=x&resumable=1", "replica2"),
+      m.resumeUrl("ws://h:1/v1/realtime?resumable=1", null),
+    ],
+    offers: [
+      m.parseOffer({ token: "t", replica: "r1", grace_seconds: 30 }),
+      m.parseOffer({ token: "", grace_seconds: 30 }),
+      m.parseOffer({ token: "t", grace_seconds: 0 }),
+      m.parseOffer({ token: "t", replica: 5, grace_seconds: 30 }),
+    ],
+  };
+}
+"""
+
+
+def test_the_pages_resume_rules(demo_server: ServerProcess, speaking_browser: _Browser) -> None:
+    """net.js's rules are the Python client's (realtime.client.resume)."""
+    units = _evaluate(demo_server, speaking_browser, NET_UNITS, "/static/net.js")
+    assert units["kept"] == 2 and units["lost"] is False and units["fine"] is True
+    assert units["agedDropped"] == 1
+    assert units["acks"] == [64, 128, None, 132]  # the second after the ack at 128
+    assert units["backoff"] == [0, 250, 500, 1000, 2000, 4000, 4000, 4000]
+    assert units["urls"] == [
+        "ws://h:1/openai/v1/realtime?model=x&resume=1&replica=replica2",
+        "ws://h:1/v1/realtime?resume=1",
+    ]
+    assert units["offers"] == [{"token": "t", "replica": "r1", "graceMs": 30000}, None, None, None]
+    assert speaking_browser.page_errors == []
