@@ -786,8 +786,11 @@ class Link:
         opener: Opener,
         outbox: Outbox,
         connect_timeout: float,
+        on_change: Callable[[str], None] | None = None,
     ) -> None:
         self.url = url
+        self.on_change = on_change
+        """Told ``"reconnecting"`` when a drop is seen, ``"resumed"`` once it is over."""
         self.opener = opener
         self.outbox = outbox
         self.connect_timeout = connect_timeout
@@ -817,6 +820,8 @@ class Link:
         everything the server had not taken is sent again; then swap it in."""
         offer = self.offer
         assert offer is not None
+        if self.on_change is not None:
+            self.on_change("reconnecting")
         deadline = trio.current_time() + offer.grace_seconds
         url = resume_url(self.url, offer.replica)
         last = "no try yet"
@@ -843,6 +848,8 @@ class Link:
                 continue
             try:
                 if await self._resumed_on(client, ws, offer):
+                    if self.on_change is not None:
+                        self.on_change("resumed")
                     return
                 last = "the new connection dropped too"
             except BaseException:
@@ -1068,6 +1075,7 @@ async def connect(
     resume: bool = True,
     outbox_max_bytes: int = OUTBOX_MAX_BYTES,
     outbox_max_seconds: float = OUTBOX_MAX_SECONDS,
+    on_link: Callable[[str], None] | None = None,
 ) -> AsyncIterator[RealtimeClient]:
     """Open ``url`` (``ws://HOST:PORT/v1/realtime``) and yield a :class:`RealtimeClient`.
 
@@ -1080,7 +1088,9 @@ async def connect(
     (``resumable=1``): where the server offers it, a dropped connection is resumed
     within the server's grace period without the caller seeing it (the client keeps
     what it sent, up to ``outbox_max_bytes`` and ``outbox_max_seconds``, to send it
-    again). A server that offers nothing is served as without it.
+    again). A server that offers nothing is served as without it. ``on_link`` is told
+    ``"reconnecting"`` when a drop is seen and ``"resumed"`` when it is over (a
+    terminal client says so).
     """
     check_url(url)
     headers = auth_headers(api_key)
@@ -1108,7 +1118,7 @@ async def connect(
                 link = None
                 if resume:
                     outbox = Outbox(outbox_max_bytes, outbox_max_seconds)
-                    link = Link(url, opener, outbox, connect_timeout)
+                    link = Link(url, opener, outbox, connect_timeout, on_link)
                 ws = await opener(resumable_url(url) if resume else url)
                 client = RealtimeClient(ws, raise_errors=raise_errors, link=link)
                 try:

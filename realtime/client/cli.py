@@ -226,6 +226,21 @@ async def retrying_busy(
     raise AssertionError("not reached")  # pragma: no cover
 
 
+class LinkNotices:
+    """One line on ``err`` when the connection drops and when the session is resumed
+    (``on_link`` of :func:`realtime.client.connect`)."""
+
+    def __init__(self, err: TextIO | None = None) -> None:
+        self.err = err
+
+    def __call__(self, change: str) -> None:
+        text = {
+            "reconnecting": "connection lost: reconnecting to resume the session",
+            "resumed": "session resumed",
+        }.get(change, change)
+        print(text, file=self.err if self.err is not None else sys.stderr, flush=True)
+
+
 def redact_audio(event: Event) -> Event:
     """A copy fit for a log: base64 audio replaced by its sample count."""
     if event.get("type") != "response.audio.delta" or not isinstance(event.get("delta"), str):

@@ -32,6 +32,7 @@ from realtime.client.cli import (
     AudioDeltaChecker,
     Event,
     FrameFramer,
+    LinkNotices,
     TranscriptPrinter,
     open_session,
 )
@@ -188,7 +189,9 @@ async def run_file_client(
         if on_event is not None:
             on_event(event)
 
-    async with connect(url, api_key=api_key, origin=origin, resume=resume) as conn:
+    async with connect(
+        url, api_key=api_key, origin=origin, resume=resume, on_link=LinkNotices()
+    ) as conn:
         updated = await open_session(conn, open_timeout, system_prompt=system_prompt, seed=seed)
         assert conn.created is not None
         seen(conn.created.raw)

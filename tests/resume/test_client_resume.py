@@ -356,7 +356,9 @@ async def test_a_refused_resume_is_one_clear_error(code: str) -> None:
     assert err.getvalue().count("\n") == 1
 
 
-async def test_the_file_client_output_is_the_same_with_a_drop() -> None:
+async def test_the_file_client_output_is_the_same_with_a_drop(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     outputs = []
     for drops in (0, 2):
         server = FakeServer(drop_after=3, drops=drops)
@@ -367,6 +369,8 @@ async def test_the_file_client_output_is_the_same_with_a_drop() -> None:
         counts = {k: v for k, v in result.event_counts.items() if k != "session.pong"}
         outputs.append((result.pcm.tobytes(), counts, result.texts))
     assert outputs[0] == outputs[1]  # the fake's own event during a drop aside
+    said = capsys.readouterr().err  # stderr: one line per drop, one per resume
+    assert said.count("connection lost: reconnecting") == 2 and said.count("session resumed") == 2
 
 
 async def test_reconnects_back_off_until_the_grace_runs_out(
