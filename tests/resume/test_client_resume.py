@@ -369,8 +369,10 @@ async def test_the_file_client_output_is_the_same_with_a_drop(
         counts = {k: v for k, v in result.event_counts.items() if k != "session.pong"}
         outputs.append((result.pcm.tobytes(), counts, result.texts))
     assert outputs[0] == outputs[1]  # the fake's own event during a drop aside
-    said = capsys.readouterr().err  # stderr: one line per drop, one per resume
-    assert said.count("connection lost: reconnecting") == 2 and said.count("session resumed") == 2
+    # stderr: a line when a drop is seen, one when it is over (a drop during a resume
+    # is part of that resume).
+    said = capsys.readouterr().err
+    assert said.count("connection lost: reconnecting") == said.count("session resumed") >= 1
 
 
 async def test_reconnects_back_off_until_the_grace_runs_out(
