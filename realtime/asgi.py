@@ -121,6 +121,7 @@ def create_app_from_env() -> RealtimeApp:
         allowed_hosts=tuple(
             h.strip() for h in os.environ.get("REALTIME_ALLOWED_HOSTS", "").split(",") if h.strip()
         ),
+        replica_id=os.environ.get("REALTIME_REPLICA_ID") or None,
     )
     app = create_app(state)
 

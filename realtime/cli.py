@@ -10,11 +10,12 @@ import argparse
 import logging
 import math
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn, TypeVar
+from typing import Final, NoReturn, TypeVar
 
 from realtime import __version__
 from realtime.errors import UsageError
@@ -59,6 +60,22 @@ _non_negative_float = _number(float, 0.0, sys.float_info.max, "a number >= 0")
 _seed = _number(int, 0, math.inf, "an integer >= 0")
 _port = _number(int, 0, 65535, "a port number in 0..65535")
 _positive_int = _number(int, 1, math.inf, "an integer > 0")
+
+
+REPLICA_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""A replica's name: it travels in URLs and in balancer rules, so plain and short."""
+
+
+def _replica_id(text: str) -> str | None:
+    """``--replica-id``'s value (empty: none); ArgumentTypeError for anything else."""
+    if not text:
+        return None
+    if REPLICA_ID.fullmatch(text) is None:
+        raise argparse.ArgumentTypeError(
+            f"expected letters, digits, '.', '_' or '-' (at most 64, a letter or digit "
+            f"first), got {text!r}"
+        )
+    return text
 
 
 def _env_list(name: str) -> list[str]:
@@ -303,6 +320,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="Host header name (or name:port) accepted besides loopback names, which "
         "are all a server on a loopback address answers otherwise (repeatable; '*' "
         "allows any; default: $REALTIME_ALLOWED_HOSTS, comma-separated)",
+    )
+    serve.add_argument(
+        "--replica-id",
+        metavar="NAME",
+        type=_replica_id,
+        default=os.environ.get("REALTIME_REPLICA_ID") or None,
+        help="this replica's name behind a balancer: resumable conversations announce it "
+        "(session.resumable's 'replica'), and a resume asks for it (?replica=NAME) so the "
+        "balancer routes it here (default: $REALTIME_REPLICA_ID, else none)",
     )
     serve.add_argument(
         "--quantize",

@@ -17,7 +17,14 @@ LIVE_PATH: Final = "/openai/v1/live/sessions"
 """OpenAI's Live API (GPT-Live): ``base_url=http://HOST:PORT/openai/v1`` reaches it."""
 
 ErrorCode = Literal[
-    "invalid_request", "server_busy", "session_initialization_failed", "inference_error"
+    "invalid_request",
+    "server_busy",
+    "session_initialization_failed",
+    "inference_error",
+    "resume_failed",
+    "resync_required",
+    "invalid_ack",
+    "session_replaced",
 ]
 """The native endpoint's ``error.code`` values (SPEC). Here, below the dialects, so the
 metrics declare a series for each without importing the native dialect (which stands

@@ -209,6 +209,29 @@ class Limits:
     request is read, so descriptors never run out under a live session (0: a third of
     the descriptors left free at start, less a reserve; see realtime.http.guard)."""
 
+    resume_grace: float = _limit(
+        float,
+        30.0,
+        "seconds a resumable conversation (resumable=1) waits for its client after its "
+        "connection drops, holding its slot with its timeline paused; 0 turns resume off",
+        zero_allowed=True,
+    )
+    """A detached session keeps its slot this long (docs/resume.md); then it ends with
+    outcome ``resume_expired``."""
+    resume_journal_bytes: int = _limit(
+        int,
+        8 * 1024 * 1024,
+        "bytes of events a resumable conversation keeps until its client acknowledges "
+        "them; a resume that needs an event dropped past this gets resync_required",
+    )
+    """The replay journal's byte bound (realtime.session.resume.Journal)."""
+    resume_journal_seconds: float = _limit(
+        float,
+        60.0,
+        "seconds an unacknowledged event of a resumable conversation is kept for a replay",
+    )
+    """The replay journal's age bound."""
+
 
 BATCH_FRAMES_ENV: Final = "REALTIME_BATCH_FRAMES"
 """``--batch-frames`` / ``--no-batch-frames`` as an environment setting (``realtime.asgi``;

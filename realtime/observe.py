@@ -28,10 +28,12 @@ RefusalReason = Literal[
     "connection_limit",
     "http_version",
     "tenant_limit",
+    "resume_limit",
 ]
 """Why a connection got no session: a busy slot (1013), a refused upgrade (401/403/503;
 505 for a WebSocket over HTTP/2), too many open connections (503 before any request
-is read), its tenant's own ``max_sessions`` held already (1013)."""
+is read), its tenant's own ``max_sessions`` held already (1013), a client address
+past its failed-resume bound (429)."""
 
 HTTPRefusalReason = Literal["unauthorized", "forbidden_host"]
 """Why a plain HTTP request was refused (401, 403)."""
@@ -60,10 +62,15 @@ SessionOutcome = Literal[
     "timeout",
     "stalled_client",
     "shutdown",
+    "resumed",
+    "resume_expired",
 ]
 """How a session ended: committed and answered, cancelled, the client hung up (its close
 frame), the client's connection dropped (no close frame), a server error, a timeout
-(configure/idle), a client that stopped reading, server shutdown."""
+(configure/idle), a client that stopped reading, server shutdown; a connection whose
+resumable session went on over another connection (``resumed``, counted per resume, the
+session's own end is counted when it ends), a resumable session that nobody resumed
+within its grace period (``resume_expired``)."""
 
 
 @attrs.frozen(slots=True)
@@ -141,6 +148,13 @@ class Observer:
 
     def session_ended(self, report: SessionReport) -> None:
         """The connection is closed and the slot released."""
+
+    def session_resumed(self, session_id: str, seconds: float, replayed: int) -> None:
+        """A resumable session went on over a new connection, ``seconds`` after its
+        upgrade, ``replayed`` journal events sent again."""
+
+    def resume_failed(self, code: str) -> None:
+        """A resume was refused (``resume_failed``, ``resync_required``)."""
 
     def error_sent(self, code: str) -> None:
         """An ``error`` event went to a client."""

@@ -529,6 +529,7 @@ def serve_command(args: argparse.Namespace, limits: Limits) -> int:
         allowed_origins=tuple(args.allowed_origin),
         bind_hosts=(args.host,),
         allowed_hosts=tuple(args.allowed_host),
+        replica_id=getattr(args, "replica_id", None),
         metrics=metrics,
         observer=observer,
         recording=recording,

@@ -9,10 +9,11 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path, PurePath
-from typing import Any, Final
-from urllib.parse import urlsplit
+from typing import Any, Final, cast
+from urllib.parse import parse_qsl, urlsplit
 
 import attrs
 import trio
@@ -26,10 +27,20 @@ from realtime.http.guard import ConnectionTable, absorb, install
 from realtime.limits import Limits
 from realtime.live.connection import LiveConnection
 from realtime.models.prompt_cache import CachesPrompts
+from realtime.native import wire as native_wire
 from realtime.native.connection import NativeConnection
 from realtime.observe import HTTPRefusalReason, Observer, Observers, RefusalReason
+from realtime.openai import events as openai_events
 from realtime.openai.connection import OpenAIConnection
-from realtime.session.lifetime import TransportClosed
+from realtime.session.close_codes import CLOSE_POLICY
+from realtime.session.lifetime import Transport, TransportClosed
+from realtime.session.link import CLOSE_REPLACED, ErrorText, Link, Offer, Resumed
+from realtime.session.resume import (
+    RESUME_FIRST_MESSAGE_SECONDS,
+    FailedResumes,
+    Journal,
+    Registry,
+)
 from realtime.telemetry.logs import SessionLog
 from realtime.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from realtime.telemetry.metrics import PrometheusObserver
@@ -97,10 +108,21 @@ class ServerState:
     observer: Observer = attrs.field(default=attrs.Factory(_default_observer, takes_self=True))
     """What connections and the engine report to: metrics and the session log.
     The engine takes the same object at construction (``Engine(..., observer=)``)."""
+    replica_id: str | None = None
+    """``--replica-id``: this replica's name, carried in ``session.resumable`` so a
+    balancer can route a resume back here (docs/resume.md)."""
+    resumes: Registry[Link] = attrs.field(factory=Registry)
+    """The resumable sessions, by their tokens' SHA-256."""
+    failed_resumes: FailedResumes = attrs.field(factory=FailedResumes)
+    """Failed resumes per client address (a flood gets HTTP 429)."""
 
     tcp: ConnectionTable = attrs.field(init=False)
     """Every open TCP connection (HTTP too), for the connection bound, the write
     bound and the shutdown bound (realtime.http.guard)."""
+
+    def detached(self) -> int:
+        """Resumable sessions waiting for a resume now (each holds its slot)."""
+        return sum(link.detached for link in self.resumes.holders())
 
     def abort_connections(self) -> int:
         """Reset every open WebSocket's TCP connection; how many were found."""
@@ -441,8 +463,31 @@ class RealtimeApp:
             await _refuse_upgrade(scope, send, *refusal)
             return
         state = self.state
+        query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+        wants_resume = query.get("resume") in ("1", "true")
+        resumable = query.get("resumable") in ("1", "true")
+        if dialect is LiveConnection and ("resume" in query or "resumable" in query):
+            await _refuse_upgrade(scope, send, 400, "invalid_request", LIVE_NO_RESUME)
+            return
+        if wants_resume:
+            await self._resume(scope, receive, send, dialect, tenant)
+            return
         seat = state.tenants.seat(tenant) if state.tenants is not None and tenant else None
-        transport = ASGITransport(receive, send, scope, state.tcp)
+        socket = ASGITransport(receive, send, scope, state.tcp)
+        link: Link | None = None
+        transport: Transport = socket
+        if resumable and state.limits.resume_grace > 0:
+            limits = state.limits
+            offer = Offer(
+                state.resumes,
+                tenant.name if tenant is not None else None,
+                scope.get("path", ""),
+                state.replica_id,
+                limits.resume_grace,
+            )
+            journal = Journal(limits.resume_journal_bytes, limits.resume_journal_seconds)
+            link = Link(socket, journal, offer, _ERROR_TEXT[dialect])
+            transport = link
         try:
             # Before the upgrade: a connection needs descriptors of its own (the
             # engine's waker), and running out must refuse it with 503, not end it 1011.
@@ -466,6 +511,8 @@ class RealtimeApp:
                 "no resources for another connection now; retry",
             )
             return
+        if link is not None:
+            link.session_id = connection.session_id
         try:
             await send(
                 {
@@ -476,17 +523,186 @@ class RealtimeApp:
         except BaseException:
             connection.lifetime.waker.close()
             raise
+        async with self._holding(socket):
+            try:
+                await connection.run()
+            finally:
+                if link is not None:
+                    link.end()
+
+    @asynccontextmanager
+    async def _holding(self, socket: ASGITransport) -> AsyncIterator[None]:
+        """Count an accepted WebSocket as open (shutdown waits for it, and may abort it)."""
+        state = self.state
         state.connections += 1
         if state.idle.is_set():
             state.idle = trio.Event()
-        state.transports.add(transport)
+        state.transports.add(socket)
         try:
-            await connection.run()
+            yield
         finally:
-            state.transports.discard(transport)
+            state.transports.discard(socket)
             state.connections -= 1
             if state.connections == 0:
                 state.idle.set()
+
+    async def _resume(
+        self,
+        scope: ASGIScope,
+        receive: ASGIReceive,
+        send: ASGISend,
+        dialect: type[NativeConnection | OpenAIConnection | LiveConnection],
+        tenant: Tenant | None,
+    ) -> None:
+        """A resume connection (``?resume=1``): its first message names the session
+        (``session.resume``); on success its socket is attached to that session's link
+        until it is let go again (docs/resume.md)."""
+        state = self.state
+        started = trio.current_time()
+        address = str((scope.get("client") or ("?",))[0])
+        if not state.failed_resumes.allowed(address, started):
+            state.observer.connection_refused("resume_limit")
+            state.tcp.note("resume-limit", "refused a resume from %s: too many failed", address)
+            await _refuse_upgrade(
+                scope,
+                send,
+                429,
+                "too_many_requests",
+                "too many failed resumes from this address; wait a minute",
+            )
+            return
+        offered = list(scope.get("subprotocols", []))
+        await send(
+            {
+                "type": "websocket.accept",
+                "subprotocol": SUBPROTOCOL if SUBPROTOCOL in offered else None,
+            }
+        )
+        socket = ASGITransport(receive, send, scope, state.tcp)
+        error = _ERROR_TEXT[dialect]
+        async with self._holding(socket):
+            asked = await _resume_request(socket, error)
+            if asked is None:
+                return
+            if isinstance(asked, str):
+                await _resume_refused(socket, error, "invalid_request", asked)
+                return
+            token, last_seq = asked
+            link = state.resumes.find(
+                token, tenant.name if tenant is not None else None, scope.get("path", "")
+            )
+            result: Resumed | str = "resume_failed"
+            if link is not None:
+                result = await link.resume(socket, last_seq)
+            if isinstance(result, str):
+                if result == "resume_failed":
+                    state.failed_resumes.failed(address, trio.current_time())
+                state.observer.resume_failed(result)
+                state.observer.error_sent(result)
+                await _resume_refused(socket, error, result, RESUME_MESSAGES[result])
+                return
+            assert link is not None
+            state.observer.session_resumed(
+                link.session_id, trio.current_time() - started, result.replayed
+            )
+            timeout = state.limits.send_timeout
+            try:
+                async with trio.open_nursery() as nursery:
+                    if result.replaced_opener is not None:
+                        # The opening handler runs the session: this one tells its
+                        # socket why it ends.
+                        nursery.start_soon(_replace, result.replaced_opener, error, timeout)
+                    await result.attachment.released.wait()
+            finally:
+                link.release(socket)
+            if result.attachment.replaced:  # by a later resume: this socket is told why
+                with trio.CancelScope(shield=True):
+                    await _replace(socket, error, timeout)
+
+
+LIVE_NO_RESUME: Final = (
+    "the Live API has no resume (a dropped connection ends its session, as OpenAI "
+    "defines it): drop resumable/resume from the URL; /v1/realtime and "
+    "/openai/v1/realtime resume (docs/resume.md)"
+)
+
+RESUME_MESSAGES: Final = {
+    "resume_failed": (
+        "no session to resume: the token is unknown, expired or already used up, "
+        "belongs to another key or endpoint, or its grace period is over"
+    ),
+    "resync_required": (
+        "the session's journal no longer holds every event after last_seq (past its "
+        "byte or age bound, or acknowledged): start a new session"
+    ),
+}
+
+
+def _native_error(code: str, message: str) -> str:
+    return native_wire.serialize(
+        native_wire.error_event(cast("native_wire.ErrorCode", code), message)
+    )
+
+
+def _openai_error(code: str, message: str) -> str:
+    return openai_events.serialize(openai_events.error(message, code=code))
+
+
+_ERROR_TEXT: Final[dict[type[Any], ErrorText]] = {
+    NativeConnection: _native_error,
+    OpenAIConnection: _openai_error,
+    LiveConnection: _openai_error,
+}
+
+
+async def _resume_request(socket: ASGITransport, error: ErrorText) -> tuple[str, int] | str | None:
+    """The resume connection's first message as ``(token, last_seq)``; why it is not
+    a ``session.resume`` (a string); None when the client left or said nothing in time."""
+    with trio.move_on_after(RESUME_FIRST_MESSAGE_SECONDS):
+        try:
+            frame = await socket.receive()
+        except TransportClosed:
+            return None
+        try:
+            message: Any = json.loads(frame) if isinstance(frame, (str, bytes)) else None
+        except ValueError:
+            message = None
+        if not isinstance(message, dict) or message.get("type") != "session.resume":
+            return "the first message of a resume connection must be session.resume"
+        token, last_seq = message.get("token"), message.get("last_seq")
+        if not isinstance(token, str) or not token:
+            return "session.resume needs 'token': the string session.resumable gave"
+        if isinstance(last_seq, bool) or not isinstance(last_seq, int) or last_seq < 0:
+            return "session.resume needs 'last_seq': the highest event number received (0: none)"
+        return token, last_seq
+    await _resume_refused(socket, error, "invalid_request", "no session.resume within 10 seconds")
+    return None
+
+
+async def _resume_refused(socket: Transport, error: ErrorText, code: str, message: str) -> None:
+    """One ``error`` event, then close 1008."""
+    with trio.move_on_after(5.0):
+        try:
+            await socket.send(error(code, message))
+            await socket.close(CLOSE_POLICY, message[:120])
+        except TransportClosed:
+            pass
+
+
+async def _replace(old: Transport, error: ErrorText, seconds: float) -> None:
+    """Tell the connection a resume replaced why it ends (``session_replaced``, close
+    4000); bounded: a half-open socket may take nothing, so it is aborted then."""
+    message = "session resumed on another connection"
+    with trio.move_on_after(seconds):
+        try:
+            await old.send(error("session_replaced", message))
+            await old.close(CLOSE_REPLACED, message)
+            return
+        except TransportClosed:
+            return
+    abort: Callable[[], object] | None = getattr(old, "abort", None)
+    if abort is not None:
+        abort()
 
 
 def _finish_shielded(send: ASGISend) -> ASGISend:
@@ -594,6 +810,7 @@ def create_http_app(state: ServerState) -> QuartTrio:
             "engine_alive": alive,
             "session_active": engine.is_reserved(),
             "sessions_active": engine.reserved,
+            "detached": state.detached(),
             "capacity": engine.capacity,
             "batch_frames": engine.batch_frames,
             "cpu_blas": cpu_blas.active().name,

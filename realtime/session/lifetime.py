@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import Final, Protocol, TypedDict, Unpack
+from typing import Final, Protocol, TypedDict, Unpack, runtime_checkable
 
 import attrs
 import trio
@@ -24,7 +24,7 @@ import trio
 from realtime.engine.runner import AdmissionRefusal, Engine, EngineError, Waker
 from realtime.engine.runner import Close as CloseCommand
 from realtime.limits import Limits
-from realtime.observe import Observer, SessionReport
+from realtime.observe import Observer, SessionOutcome, SessionReport
 from realtime.session.close_codes import CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_TRY_AGAIN
 from realtime.session.rules import Refusal, Rules, WatchesWrites
 from realtime.telemetry.recording import Recorder, Recording
@@ -46,11 +46,13 @@ RECORDING_CLOSE_SECONDS: Final = 10.0
 
 class TransportClosed(Exception):
     """The peer has gone away: ``code`` is the close code of the client's own close
-    frame (it hung up), None when the connection dropped without one."""
+    frame (it hung up), None when the connection dropped without one; ``outcome``:
+    the session's outcome when the transport decided it (a resume grace that ran out)."""
 
-    def __init__(self, code: int | None = None) -> None:
+    def __init__(self, code: int | None = None, outcome: SessionOutcome | None = None) -> None:
         super().__init__(code)
         self.code = code
+        self.outcome = outcome
 
 
 class Transport(Protocol):
@@ -61,6 +63,28 @@ class Transport(Protocol):
     async def send(self, text: str) -> None: ...
 
     async def close(self, code: int, reason: str) -> None: ...
+
+
+@runtime_checkable
+class Resumable(Protocol):
+    """A transport that outlives its sockets (:class:`realtime.session.link.Link`): the
+    session's clock pauses while no socket is attached, and it sends link messages."""
+
+    notices: list[str]
+
+    def now(self) -> float: ...
+    def real_time(self, at: float) -> float: ...
+    async def wait_attached(self) -> None: ...
+    async def offer(self) -> None: ...
+    async def send_notice(self, text: str) -> None: ...
+
+
+@attrs.frozen(slots=True)
+class Notice:
+    """A link message for the sender (an ``error`` answering a bad ack): written to the
+    attached socket in order with the events, neither numbered nor journaled."""
+
+    text: str
 
 
 class CloseOrder(Protocol):
@@ -87,7 +111,7 @@ class Audio:
     runs on, and the one ``_write`` reads when the event is handed to the socket."""
 
 
-Outgoing = str | Audio | CloseOrder
+Outgoing = str | Audio | Notice | CloseOrder
 
 
 class Serving(TypedDict, total=False):
@@ -138,6 +162,12 @@ class Lifetime:
         self.prompt_scope = self.tenant.prompt_scope if self.tenant is not None else None
         """The prompt-cache scope this session's openings use (None: the shared one)."""
         self.transport = transport
+        self.link = transport if isinstance(transport, Resumable) else None
+        """The transport again when it is resumable (None: a plain socket)."""
+        self.now: Callable[[], float] = (
+            self.link.now if self.link is not None else trio.current_time
+        )
+        """The session's clock: trio's, less the seconds a resumable one was detached."""
         self.engine = engine
         self.limits = limits
         self.rules = rules
@@ -258,6 +288,8 @@ class Lifetime:
                 created = self.rules.serialize(greeting)
                 self.recorder.event("server", created)
                 await self.transport.send(created)
+            if self.link is not None:
+                await self.link.offer()
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self.until_gone, self._sender, name=self.task_name("sender"))
@@ -268,7 +300,7 @@ class Lifetime:
                 self.rules.connection_lost("shutdown", "server shutting down")
                 nursery.cancel_scope.cancel()
         except TransportClosed as closed:
-            self.client_gone(closed.code)
+            self.client_gone(closed.code, closed.outcome)
         finally:
             self.release()
             if going_away and self.close_code is None:
@@ -323,10 +355,15 @@ class Lifetime:
         except EngineError:
             pass  # a dead engine has freed the slot already
 
-    def client_gone(self, code: int | None = None) -> None:
+    def client_gone(self, code: int | None = None, outcome: SessionOutcome | None = None) -> None:
         """The client hung up (its close frame's ``code``: ``closed``) or its connection
-        dropped (``client_gone``); an outcome the rules decided first (``done``, ...)
-        stands, and only a session that really lost its client logs it."""
+        dropped (``client_gone``; ``outcome``: the transport's own word, a resume grace
+        that ran out); an outcome the rules decided first (``done``, ...) stands, and
+        only a session that really lost its client logs it."""
+        if outcome is not None:
+            self.rules.connection_lost(outcome, "no resume within the grace period")
+            log.info("session %s: no resume within the grace period", self.session_id)
+            return
         if code is not None:
             if self.close_code is None:
                 self.close_code = code
@@ -346,7 +383,7 @@ class Lifetime:
         try:
             await task()
         except TransportClosed as closed:
-            self.client_gone(closed.code)
+            self.client_gone(closed.code, closed.outcome)
             self.finish()
 
     async def _close_transport(self, code: int, reason: str) -> None:
@@ -435,16 +472,16 @@ class Lifetime:
             self._written.unpark_all()
 
     async def _write(self, item: str | Audio) -> None:
-        self._sending(trio.current_time())
+        self._sending(self.now())
         self.recorder.event("server", item if isinstance(item, str) else item.text)
         if isinstance(item, str):
             await self.transport.send(item)
-            self._sent(trio.current_time())
+            self._sent(self.now())
             return
         self.observer.hop("audio_sending", time.perf_counter())
         await self.transport.send(item.text)
         self.observer.hop("audio_sent", time.perf_counter())
-        now = trio.current_time()
+        now = self.now()
         # Trio's clock, like ``received_at``: the frame latency is one clock's difference,
         # measured here for both dialects (append received until handed to the socket).
         self.frames_sent += 1
@@ -459,6 +496,9 @@ class Lifetime:
                 await self._written.park()
             if isinstance(item, (str, Audio)):
                 await self._write(item)
+            elif isinstance(item, Notice):
+                if self.link is not None:
+                    await self.link.send_notice(item.text)
             else:
                 self.close_code = item.code
                 await self._release_and_wait()

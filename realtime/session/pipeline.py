@@ -50,7 +50,14 @@ from realtime.engine.runner import ToolResult as ToolResultCommand
 from realtime.limits import Limits
 from realtime.models.base import InferenceError, PreparesToolResults, Samples
 from realtime.observe import SessionOutcome
-from realtime.session.lifetime import PIPELINE_DEPTH, Audio, Lifetime, Serving, Transport
+from realtime.session.lifetime import (
+    PIPELINE_DEPTH,
+    Audio,
+    Lifetime,
+    Notice,
+    Serving,
+    Transport,
+)
 from realtime.session.rules import (
     CountsText,
     DialectFactory,
@@ -153,6 +160,8 @@ class Connection:
         rules = type(self).dialect(engine.model, limits, trio.current_time())
         self.rules: Rules = rules
         self.lifetime = Lifetime(transport, engine, limits, rules, **serving)
+        self._now = self.lifetime.now
+        """The session's clock (trio's; a resumable session's stands still while detached)."""
         self.session_id = rules.session_id
         self.engine = engine
         self.observer = self.lifetime.observer
@@ -185,7 +194,8 @@ class Connection:
 
     def _start_tasks(self, nursery: trio.Nursery) -> None:
         life = self.lifetime
-        nursery.start_soon(life.until_gone, self._receiver, name=life.task_name("receiver"))
+        receiver = self._receiver if life.link is None else self._resumable_receiver
+        nursery.start_soon(life.until_gone, receiver, name=life.task_name("receiver"))
         nursery.start_soon(self._submitter, name=life.task_name("submitter"))
         nursery.start_soon(life.until_gone, self._collector, name=life.task_name("collector"))
         nursery.start_soon(self._timer, name=life.task_name("timer"))
@@ -218,9 +228,7 @@ class Connection:
             elif isinstance(out, CountTokens):
                 counts = self._counts or lacking(self.rules, out, CountsText)
                 tokens = await self._count(out)
-                await self._apply(
-                    counts.counted(out.text, tokens, trio.current_time()), direct=direct
-                )
+                await self._apply(counts.counted(out.text, tokens, self._now()), direct=direct)
             elif isinstance(out, StopModel):
                 self.lifetime.stop.set()
             elif isinstance(out, LimitRefused):
@@ -246,7 +254,7 @@ class Connection:
     def _clock_moved(self) -> None:
         """Wake the timer if the rules now want it sooner than it waits (a deadline
         set, a silence frame due); a later time it finds out when it wakes anyway."""
-        if self.rules.next_check(trio.current_time()) < self._timer_at:
+        if self.rules.next_check(self._now()) < self._timer_at:
             self._wake.set()
 
     async def _send_event(self, event: Event, direct: bool) -> None:
@@ -266,19 +274,38 @@ class Connection:
             # Queued for the sender, never written here: a write that finds the socket
             # dead makes Hypercorn put the disconnect into its (full) receive queue from
             # inside the write, which only this task drains.
-            outputs = rules.receive(frame, trio.current_time())
+            outputs = rules.receive(frame, self._now())
             if frame is not None:  # recorded as the rules took it, never parsed again
                 self.lifetime.recorder.received(frame, refusal(outputs))
             await self._apply(outputs, arrived)
 
-    async def _timer(self) -> None:
-        rules = self.rules
+    async def _resumable_receiver(self) -> None:
+        """The receiver of a resumable session: the same, and the link's own answers (an
+        ``error`` for a bad ack) go to the sender in order."""
+        rules, life = self.rules, self.lifetime
+        link = life.link
+        assert link is not None
         while True:
+            frame = await life.transport.receive()
+            arrived = time.perf_counter()
+            while link.notices:
+                await life.queue(Notice(link.notices.pop(0)))
+            outputs = rules.receive(frame, self._now())
+            if frame is not None:
+                life.recorder.received(frame, refusal(outputs))
+            await self._apply(outputs, arrived)
+
+    async def _timer(self) -> None:
+        rules, link = self.rules, self.lifetime.link
+        while True:
+            if link is not None:
+                await link.wait_attached()  # no timer fires while detached
             self._timer_at = math.inf  # its own outputs need no wake
-            await self._apply(rules.check_timeouts(trio.current_time()))
+            await self._apply(rules.check_timeouts(self._now()))
             self._wake = trio.Event()
-            self._timer_at = rules.next_check(trio.current_time())
-            with trio.move_on_at(self._timer_at):
+            self._timer_at = rules.next_check(self._now())
+            at = self._timer_at if link is None else link.real_time(self._timer_at)
+            with trio.move_on_at(at):
                 await self._wake.wait()
 
     async def _submitter(self) -> None:
@@ -349,11 +376,11 @@ class Connection:
                 try:
                     step = await self.lifetime.waker.result(stage.future)
                 except EngineError as exc:
-                    now = trio.current_time()
+                    now = self._now()
                     self.backlog.frame_back(now)
                     await self._apply(rules.slice_failed(stage.tag, Failure.of(exc), now))
                     continue
-                now = trio.current_time()
+                now = self._now()
                 self.backlog.frame_back(now)
                 self.observer.hop("slice_collected", time.perf_counter())
                 if step is None:
@@ -414,8 +441,8 @@ class Connection:
             failure, tokens = await self._feed(work.output)
             if failure is None:
                 self.lifetime.recorder.tool_result(work.output)
-            self.backlog.finished(trio.current_time())
-            await self._apply(feeds.fed(failure, trio.current_time(), tokens))
+            self.backlog.finished(self._now())
+            await self._apply(feeds.fed(failure, self._now(), tokens))
             return
         if isinstance(work, OpenModel):
             started = time.perf_counter()
@@ -430,13 +457,13 @@ class Connection:
             try:
                 await self.engine.run(command)
             except EngineError as exc:
-                self.backlog.finished(trio.current_time())
-                await self._apply(rules.opened(Failure.of(exc), trio.current_time()))
+                self.backlog.finished(self._now())
+                await self._apply(rules.opened(Failure.of(exc), self._now()))
                 return
             self.observer.session_opened(time.perf_counter() - started)
-            self.backlog.finished(trio.current_time())
+            self.backlog.finished(self._now())
             prompt = self.engine.prompt_use(sid)
-            await self._apply(rules.opened(None, trio.current_time(), prompt=prompt))
+            await self._apply(rules.opened(None, self._now(), prompt=prompt))
             return
         ends = self._ends or lacking(rules, work, EndsTurns)
         result: Ended = None
@@ -450,7 +477,7 @@ class Connection:
                 result = await self.engine.run(ending)
             except EngineError as exc:
                 result = Failure.of(exc)
-        now = trio.current_time()
+        now = self._now()
         self.backlog.finished(now)
         if isinstance(work, FlushModel):
             await self._apply(ends.flushed(result, now))

@@ -246,6 +246,15 @@ class SessionLog(Observer):
             fields["tenant"] = report.tenant
         session_log.info("session ended", extra={EXTRA: fields})
 
+    def session_resumed(self, session_id: str, seconds: float, replayed: int) -> None:
+        fields = {
+            "session_id": session_id,
+            "outcome": "resumed",
+            "resume_ms": round(1000 * seconds, 1),
+            "replayed": replayed,
+        }
+        session_log.info("session resumed", extra={EXTRA: fields})
+
     def connection_refused(self, reason: RefusalReason, tenant: str | None = None) -> None:
         fields = {"reason": reason} if tenant is None else {"reason": reason, "tenant": tenant}
         session_log.info("connection refused", extra={EXTRA: fields})

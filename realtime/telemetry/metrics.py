@@ -228,6 +228,13 @@ class PrometheusObserver(Observer):
             buckets=OPEN_BUCKETS,
             registry=r,
         )
+        self.resume_seconds = Histogram(
+            "realtime_resume_seconds",
+            "Time to resume a conversation: the resume connection's upgrade until its "
+            "session.resumed was sent (the journal's replay follows).",
+            buckets=OPEN_BUCKETS,
+            registry=r,
+        )
         self._pending_audio: dict[str, float] = {}
         self._send_queue: dict[str, int] = {}
         self._frames = 0
@@ -300,6 +307,10 @@ class PrometheusObserver(Observer):
         # Nothing is pending or queued once the session is gone.
         self._pending_audio.pop(report.session_id, None)
         self._send_queue.pop(report.session_id, None)
+
+    def session_resumed(self, session_id: str, seconds: float, replayed: int) -> None:
+        self.sessions.labels("resumed").inc()
+        self.resume_seconds.observe(seconds)
 
     def error_sent(self, code: str) -> None:
         self.errors.labels(code).inc()

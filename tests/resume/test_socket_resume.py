@@ -1,0 +1,160 @@
+"""Resuming a conversation through a real socket: the connection is cut mid-answer,
+a new one resumes, and the output is the same audio, byte for byte, as without the
+drop (both endpoints, alone and beside another conversation)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+
+from realtime.engine.runner import Engine
+from realtime.limits import Limits
+from realtime.testing.fake import FakeModel
+from tests.helpers import append_msg, noise, running_engine, running_server
+from tests.resume.peer import Resuming
+
+NATIVE = "/v1/realtime"
+OPENAI = "/openai/v1/realtime?model=x"
+FRAMES = 24
+
+
+def native_messages() -> list[str]:
+    update = json.dumps({"type": "session.update", "session": {"seed": 7}})
+    appends = [append_msg(noise(1280, seed=i)) for i in range(FRAMES)]
+    return [update, *appends, json.dumps({"type": "input_audio_buffer.commit"})]
+
+
+def openai_messages() -> list[str]:
+    update = json.dumps({"type": "session.update", "session": {"type": "realtime"}})
+    out = [update]
+    for i in range(FRAMES):
+        pcm = (np.clip(noise(1920, seed=i), -1, 1) * 32767).astype("<i2").tobytes()
+        audio = base64.b64encode(pcm).decode()
+        out.append(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+    return out
+
+
+OPENAI_AUDIO = FRAMES - 6
+"""Audio deltas compared on the OpenAI endpoint: the answer to the client's own frames
+(after them the model's clock goes on in real time, fed silence, which no two runs
+share frame for frame)."""
+
+
+def finished(peer: Resuming, path: str) -> bool:
+    if path == NATIVE:
+        return any(e["type"] == "response.done" for e in peer.events)
+    return len(_audio_events(peer)) >= OPENAI_AUDIO
+
+
+def compared(peer: Resuming, path: str) -> bytes:
+    events = _audio_events(peer)
+    if path != NATIVE:
+        events = events[:OPENAI_AUDIO]
+    return b"".join(base64.b64decode(e["delta"]) for e in events)
+
+
+async def converse(
+    http: str, path: str, messages: list[str], *, drop_after_audio: int | None, resumable: bool
+) -> Resuming:
+    """Send ``messages``; with ``drop_after_audio`` cut the connection once that many
+    audio deltas came and resume; return the client once the answer is done."""
+    peer = Resuming(http, path)
+    await peer.open("resumable=1" if resumable else "plain=1")
+    await peer.until("session.created")
+    if resumable:
+        await peer.until("session.resumable")
+    dropped = drop_after_audio is None
+    for text in messages:
+        await peer.send(text)
+        if (
+            drop_after_audio is not None
+            and not dropped
+            and (len(_audio_events(peer)) >= drop_after_audio)
+        ):
+            peer.drop()
+            dropped = True
+            await trio.sleep(0.05)
+            resumed = await peer.resume()
+            assert resumed["type"] == "session.resumed", resumed
+            continue
+        # Read what is there without waiting for it (the stream goes on).
+        while peer.ws.events or await _readable(peer):
+            if await peer.recv(timeout=2.0) is None:
+                break
+    with trio.fail_after(20):
+        while not finished(peer, path):
+            assert await peer.recv() is not None, peer.ws.close_code
+    return peer
+
+
+def _audio_events(peer: Resuming) -> list[dict[str, Any]]:
+    return [e for e in peer.events if e["type"].endswith("audio.delta")]
+
+
+async def released(engine: Engine) -> None:
+    with trio.fail_after(5):
+        while engine.reserved:
+            await trio.sleep(0.01)
+
+
+async def _readable(peer: Resuming) -> bool:
+    with trio.move_on_after(0.02):
+        peer.ws.events.extend(await peer.ws._read())
+        return True
+    return False
+
+
+@pytest.mark.parametrize("path", [NATIVE, OPENAI])
+async def test_a_dropped_conversation_resumes_bit_for_bit(engine: Engine, path: str) -> None:
+    messages = native_messages() if path == NATIVE else openai_messages()
+    async with running_server(engine) as server:
+        plain = await converse(server.http, path, messages, drop_after_audio=None, resumable=False)
+        await plain.close()
+        await released(engine)
+        cut = await converse(server.http, path, messages, drop_after_audio=4, resumable=True)
+        await cut.close()
+    assert compared(plain, path) and compared(cut, path) == compared(plain, path)
+    assert cut.resumed is not None and cut.resumed["received"] <= len(messages)
+    assert cut.resumed["replayed"] >= 0 and cut.resumed["last_seq"] > 0
+
+
+async def chatter(http: str, stop: trio.Event) -> None:
+    """Another conversation beside: streams audio until ``stop``."""
+    other = Resuming(http, NATIVE)
+    await other.open("plain=1")
+    await other.until("session.created")
+    await other.send({"type": "session.update", "session": {"seed": 3}})
+    i = 0
+    while not stop.is_set():
+        await other.send(append_msg(noise(1280, seed=100 + i)))
+        await other.until("response.audio.delta")
+        i += 1
+    await other.close()
+
+
+@pytest.mark.parametrize("path", [NATIVE, OPENAI])
+async def test_a_batched_conversation_resumes_bit_for_bit(path: str) -> None:
+    messages = native_messages() if path == NATIVE else openai_messages()
+    limits = Limits(max_sessions=2, admission_margin=0.0)
+    with running_engine(FakeModel(), capacity=2) as engine:
+        async with running_server(engine, limits=limits) as server:
+            plain = await converse(
+                server.http, path, messages, drop_after_audio=None, resumable=False
+            )
+            await plain.close()
+            await released(engine)
+            stop = trio.Event()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(chatter, server.http, stop)
+                cut = await converse(
+                    server.http, path, messages, drop_after_audio=6, resumable=True
+                )
+                stop.set()
+            await cut.close()
+    assert compared(cut, path) == compared(plain, path)
+    assert cut.resumed is not None
