@@ -403,7 +403,10 @@ async def test_the_file_client_through_a_server_is_the_same_with_drops(engine: E
     async with running_server(engine) as server:
         port = int(server.http.rsplit(":", 1)[1])
         clean_out = io.StringIO()
-        clean = await run_file_client(server.url, pcm, seed=3, printer=TranscriptPrinter(clean_out))
+        # Paced like a live stream, so both drops come while the question is still sent.
+        clean = await run_file_client(
+            server.url, pcm, seed=3, realtime=True, printer=TranscriptPrinter(clean_out)
+        )
         async with cut_proxy(port) as proxy:
             audio = 0
 
@@ -419,6 +422,7 @@ async def test_the_file_client_through_a_server_is_the_same_with_drops(engine: E
                 f"ws://127.0.0.1:{proxy.port}/v1/realtime",
                 pcm,
                 seed=3,
+                realtime=True,
                 on_event=on_event,
                 printer=TranscriptPrinter(out),
             )
