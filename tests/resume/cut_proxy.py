@@ -21,10 +21,15 @@ class CutProxy:
         """Connections accepted so far."""
         self.cuts = 0
         self._open: set[trio.CancelScope] = set()
+        self._silent = False
+        self._held: list[trio.SocketStream] = []
 
-    def cut(self) -> int:
+    def cut(self, *, silent_upstream: bool = False) -> int:
         """End every connection open now (synchronous: callable from an event
-        callback); how many were cut."""
+        callback); how many were cut. With ``silent_upstream`` only the client's side
+        is closed: the server's side stays open and silent until the proxy ends, as
+        when a phone's network vanishes (nothing reaches the server or its balancer)."""
+        self._silent = silent_upstream
         scopes = list(self._open)
         for scope in scopes:
             scope.cancel()
@@ -55,7 +60,10 @@ class CutProxy:
                 self._open.discard(scope)
                 with trio.CancelScope(shield=True):
                     await client.aclose()
-                    await server.aclose()
+                    if self._silent:
+                        self._held.append(server)
+                    else:
+                        await server.aclose()
         self._open.discard(scope)
 
 
@@ -66,8 +74,13 @@ async def cut_proxy(target_port: int) -> AsyncIterator[CutProxy]:
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(partial(trio.serve_tcp, proxy._serve, 0, host="127.0.0.1"))
         proxy.port = listeners[0].socket.getsockname()[1]
-        yield proxy
-        nursery.cancel_scope.cancel()
+        try:
+            yield proxy
+        finally:
+            nursery.cancel_scope.cancel()
+            for stream in proxy._held:
+                with trio.CancelScope(shield=True):
+                    await stream.aclose()
 
 
 @contextmanager

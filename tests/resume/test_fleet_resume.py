@@ -11,6 +11,7 @@ Skips like tests/test_fleet.py without ``haproxy``.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from pathlib import Path
 
@@ -18,11 +19,12 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import trio
+from trio_websocket import ConnectionRejected, open_websocket_url
 
 from realtime.client import AudioDelta, ResponseDone, connect
 from realtime.models.base import VOICECHAT_FIGURES
 from realtime.testing.servers import ServerProcess
-from tests.helpers import start_realtime_server
+from tests.helpers import http, start_realtime_server
 from tests.resume.cut_proxy import CutProxy, cut_proxy
 from tests.test_fleet import (
     free_port,
@@ -63,6 +65,7 @@ async def _answer(
     pcm: npt.NDArray[np.int16],
     cut_at: tuple[int, ...] = (),
     proxy: CutProxy | None = None,
+    silent_upstream: bool = False,
 ) -> tuple[bytes, str | None, int]:
     """One conversation: the question's frames, then commit; the answer's audio, the
     replica the server named, and how often it was resumed."""
@@ -85,29 +88,95 @@ async def _answer(
                 if isinstance(event, AudioDelta):
                     chunks.append(event.pcm().tobytes())
                     if proxy is not None and len(chunks) in cut_at:
-                        proxy.cut()
+                        proxy.cut(silent_upstream=silent_upstream)
                 elif isinstance(event, ResponseDone):
                     break
         resumes = conn.resumes
     return b"".join(chunks), replica, resumes
 
 
-async def test_a_resume_through_haproxy_lands_on_its_replica_bit_for_bit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("silent_upstream", [False, True], ids=["closed", "vanished"])
+async def test_a_resume_through_haproxy_lands_on_its_replica_bit_for_bit(
+    tmp_path: Path, silent_upstream: bool
+) -> None:
+    """Two drops mid-answer: the client's connection closed (HAProxy sees it end), or
+    vanished (HAProxy still holds the old connection, and so the replica's one slot
+    by its count: the resume goes past maxconn, and the replica replaces the old one)."""
     pcm = (np.random.default_rng(11).standard_normal(24 * FRAME) * 3000).astype(np.int16)
     with contextlib.ExitStack() as stack:
         _, front, log = await start_named_fleet(stack, tmp_path)
         url = f"ws://127.0.0.1:{front}/v1/realtime"
         clean, _, _ = await _answer(url, pcm)
         async with cut_proxy(front) as proxy:
-            dropped, replica, resumes = await _answer(
-                f"ws://127.0.0.1:{proxy.port}/v1/realtime", pcm, cut_at=(5, 14), proxy=proxy
-            )
+            with trio.fail_after(60):
+                dropped, replica, resumes = await _answer(
+                    f"ws://127.0.0.1:{proxy.port}/v1/realtime",
+                    pcm,
+                    cut_at=(5, 14),
+                    proxy=proxy,
+                    silent_upstream=silent_upstream,
+                )
         assert replica in ("replica1", "replica2") and resumes == 2
         assert dropped == clean  # bit for bit, with two drops
         await trio.sleep(0.5)  # HAProxy logs a request once it ends
-    # HAProxy sent both resumes to the server the conversation's replica id names.
-    lines = [line for line in log.read_text().splitlines() if "resume=1" in line]
-    assert len(lines) == 2, log.read_text()
+    # HAProxy sent both resumes to the server the conversation's replica id names,
+    # past maxconn where it still counted the old connection.
+    text = log.read_text()
+    lines = [line for line in text.splitlines() if "resume=1" in line]
+    assert len(lines) == 2, text
     for line in lines:
         assert f"replica={replica}" in line
-        assert re.search(rf"conversations/{replica}\b", line), line
+        assert re.search(rf"(conversations|resumes)/{replica}\b", line), line
+        waited = int(line.split(" 101 ")[0].split()[-1].split("/")[1])  # Tw: queued ms
+        assert waited < 1500, line
+    if silent_upstream:
+        assert any(f"resumes/{replica}" in line for line in lines), text
+
+
+async def _open_outcome(url: str) -> str:
+    """What a new client gets: its first event's type or error code, or the HTTP
+    status of a refused upgrade (then the socket is closed with 1000)."""
+    try:
+        async with open_websocket_url(url) as ws:
+            with trio.fail_after(15):
+                first = json.loads(await ws.get_message())
+            await ws.aclose(1000)
+    except ConnectionRejected as exc:
+        return f"HTTP {exc.status_code}"
+    if first["type"] == "error":
+        return str(first["error"]["code"])
+    return str(first["type"])
+
+
+async def test_new_clients_beside_a_detached_and_a_resumed_conversation(tmp_path: Path) -> None:
+    """A conversation whose client dropped holds its replica's one slot with no TCP
+    connection, which HAProxy's maxconn cannot see; after its resume (past maxconn
+    while HAProxy still counted the old connection) it holds it uncounted. New
+    clients meanwhile are served, or told the fleet is busy (server_busy, HTTP 503),
+    never anything else; the resume lands on its replica whatever came meanwhile."""
+    outcomes: dict[str, list[str]] = {}
+    with contextlib.ExitStack() as stack:
+        replicas, front, _ = await start_named_fleet(stack, tmp_path)
+        new = f"ws://127.0.0.1:{front}/v1/realtime"
+        async with cut_proxy(front) as proxy:
+            opening = f"ws://127.0.0.1:{proxy.port}/v1/realtime?resumable=1"
+            async with open_websocket_url(opening) as ws:
+                assert json.loads(await ws.get_message())["type"] == "session.created"
+                offer = json.loads(await ws.get_message())
+                assert offer["type"] == "session.resumable"
+                proxy.cut()
+        held = replicas[int(offer["replica"][-1]) - 1]
+        await wait_for(lambda: http("GET", held.http + "/health")[1].get("detached") == 1, "")
+        outcomes["detached"] = [await _open_outcome(new) for _ in range(6)]
+        resume = f"{new}?resume=1&replica={offer['replica']}"
+        async with open_websocket_url(resume) as ws:
+            hello = {"type": "session.resume", "token": offer["token"], "last_seq": 1}
+            await ws.send_message(json.dumps(hello))
+            answer = json.loads(await ws.get_message())
+            assert answer["type"] == "session.resumed", answer
+            outcomes["resumed"] = [await _open_outcome(new) for _ in range(6)]
+            await ws.aclose(1000)
+    print("new clients beside a detached, then a resumed conversation:", outcomes)
+    for seen in outcomes.values():
+        assert set(seen) <= {"session.created", "server_busy", "HTTP 503"}, outcomes
+        assert "session.created" in seen, outcomes  # the other replica is free
