@@ -153,9 +153,6 @@ class Observer:
         """A resumable session went on over a new connection, ``seconds`` after its
         upgrade, ``replayed`` journal events sent again."""
 
-    def resume_failed(self, code: str) -> None:
-        """A resume was refused (``resume_failed``, ``resync_required``)."""
-
     def error_sent(self, code: str) -> None:
         """An ``error`` event went to a client."""
 

@@ -32,9 +32,9 @@ from realtime.native.connection import NativeConnection
 from realtime.observe import HTTPRefusalReason, Observer, Observers, RefusalReason
 from realtime.openai import events as openai_events
 from realtime.openai.connection import OpenAIConnection
-from realtime.session.close_codes import CLOSE_POLICY
-from realtime.session.lifetime import Transport, TransportClosed
-from realtime.session.link import CLOSE_REPLACED, ErrorText, Link, Offer, Resumed
+from realtime.session.close_codes import CLOSE_GOING_AWAY, CLOSE_POLICY
+from realtime.session.lifetime import Transport, TransportClosed, busy_message
+from realtime.session.link import CLOSE_REPLACED, Attachment, ErrorText, Link, Offer, Resumed
 from realtime.session.resume import (
     RESUME_FIRST_MESSAGE_SECONDS,
     FailedResumes,
@@ -472,6 +472,16 @@ class RealtimeApp:
         if wants_resume:
             await self._resume(scope, receive, send, dialect, tenant)
             return
+        if state.detached() and state.engine.refusal() == "busy":
+            # A detached session holds a slot with no TCP connection, which a balancer's
+            # per-server connection count cannot see: refused before the upgrade, a
+            # balancer retries this client on another replica (docs/resume.md).
+            state.observer.connection_refused("busy")
+            message = busy_message(state.engine, "busy") + " (a conversation waits for a resume)"
+            await _refuse_upgrade(
+                scope, send, 503, "server_busy", message, headers=[(b"retry-after", b"1")]
+            )
+            return
         seat = state.tenants.seat(tenant) if state.tenants is not None and tenant else None
         socket = ASGITransport(receive, send, scope, state.tcp)
         link: Link | None = None
@@ -594,10 +604,13 @@ class RealtimeApp:
             result: Resumed | str = "resume_failed"
             if link is not None:
                 result = await link.resume(socket, last_seq)
+            if isinstance(result, str) and state.shutdown.is_set():
+                with trio.move_on_after(1.0):
+                    await socket.close(CLOSE_GOING_AWAY, "server shutting down")
+                return
             if isinstance(result, str):
                 if result == "resume_failed":
                     state.failed_resumes.failed(address, trio.current_time())
-                state.observer.resume_failed(result)
                 state.observer.error_sent(result)
                 await _resume_refused(socket, error, result, RESUME_MESSAGES[result])
                 return
@@ -617,7 +630,7 @@ class RealtimeApp:
                 link.release(socket)
             if result.attachment.replaced:  # by a later resume: this socket is told why
                 with trio.CancelScope(shield=True):
-                    await _replace(socket, error, timeout)
+                    await _replace(result.attachment, error, timeout)
 
 
 LIVE_NO_RESUME: Final = (
@@ -689,11 +702,13 @@ async def _resume_refused(socket: Transport, error: ErrorText, code: str, messag
             pass
 
 
-async def _replace(old: Transport, error: ErrorText, seconds: float) -> None:
+async def _replace(replaced: Attachment, error: ErrorText, seconds: float) -> None:
     """Tell the connection a resume replaced why it ends (``session_replaced``, close
-    4000); bounded: a half-open socket may take nothing, so it is aborted then."""
+    4000); bounded: a half-open socket may take nothing, so it is aborted then, or at
+    once when a write to it was already stuck."""
+    old = replaced.socket
     message = "session resumed on another connection"
-    with trio.move_on_after(seconds):
+    with trio.move_on_after(0 if replaced.stuck else seconds):
         try:
             await old.send(error("session_replaced", message))
             await old.close(CLOSE_REPLACED, message)
@@ -735,7 +750,13 @@ _REFUSAL_REASONS: Final[dict[str, RefusalReason]] = {
 
 
 async def _refuse_upgrade(
-    scope: ASGIScope, send: ASGISend, status: int, code: str, message: str
+    scope: ASGIScope,
+    send: ASGISend,
+    status: int,
+    code: str,
+    message: str,
+    *,
+    headers: Sequence[tuple[bytes, bytes]] = (),
 ) -> None:
     """An HTTP error before the upgrade where the server supports it (Hypercorn does)."""
     if "websocket.http.response" not in (scope.get("extensions") or {}):
@@ -749,6 +770,7 @@ async def _refuse_upgrade(
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
+                *headers,
             ],
         }
     )

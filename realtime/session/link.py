@@ -60,16 +60,20 @@ class Attachment:
     socket: Transport
     released: trio.Event = attrs.field(factory=trio.Event)
     replaced: bool = False
+    stuck: bool = False
+    """A write to it was under way when it was let go: a half-open socket whose writes
+    block takes no ``session_replaced`` either, so it is aborted at once (the session's
+    sender, held in that write, goes on as soon as it fails)."""
 
 
 @attrs.frozen(slots=True)
 class Resumed:
-    """A resume that succeeded: the opening connection's socket when the resume
+    """A resume that succeeded: the opening connection's attachment when the resume
     replaced it (its handler runs the session, so the resume's handler tells it why it
     ends; a resume connection's own handler does that itself), and the new socket's
     attachment."""
 
-    replaced_opener: Transport | None
+    replaced_opener: Attachment | None
     attachment: Attachment
     replayed: int
 
@@ -101,6 +105,8 @@ class Link:
         """Set (and renewed) whenever a socket is attached, the grace changes or the
         session ends: what a detached receiver and timer wait on."""
         self._receiving: trio.CancelScope | None = None
+        self._writing_to: Transport | None = None
+        """The socket a write is under way to (None: none)."""
         self._resuming = trio.Lock()
         self._digest: bytes | None = None
 
@@ -131,7 +137,11 @@ class Link:
         self.journal.append(text, trio.current_time())
         socket = self.socket
         if socket is not None:
-            await socket.send(text)
+            self._writing_to = socket
+            try:
+                await socket.send(text)
+            finally:
+                self._writing_to = None
 
     async def send_notice(self, text: str) -> None:
         """A link message: to the attached socket only, neither numbered nor kept."""
@@ -161,8 +171,10 @@ class Link:
                 except TransportClosed as closed:
                     if socket is not self.socket:
                         continue  # replaced meanwhile: read the new one
-                    if closed.code == CLOSE_NORMAL:
-                        raise  # the client hung up: no grace
+                    if closed.code == CLOSE_NORMAL or not self.received:
+                        # The client hung up, or left before saying anything (it may
+                        # never have read the token): no grace, the slot is freed.
+                        raise
                     self._let_go(trio.current_time())
                     log.info("session %s: connection lost; waiting for a resume", self.session_id)
                     continue
@@ -222,6 +234,7 @@ class Link:
         current, self._current = self._current, None
         if current is not None:
             current.replaced = replaced
+            current.stuck = self._writing_to is current.socket
             current.released.set()
         if self._receiving is not None:
             self._receiving.cancel()
@@ -273,7 +286,7 @@ class Link:
                 return "resume_failed"
             if not self.journal.holds_after(last_seq, now):
                 return "resync_required"
-            replaced = self.socket
+            replaced = self._current
             if replaced is not None:
                 self._let_go(now, replaced=True)
             deadline, self.deadline = self.deadline, math.inf  # no expiry while replaying
@@ -288,7 +301,7 @@ class Link:
                     self.paused += trio.current_time() - self.detached_at
                 self.detached_at = None
                 self._wake()
-                opener = replaced if replaced is self._opener else None
+                opener = replaced if replaced and replaced.socket is self._opener else None
                 return Resumed(opener, attachment, replayed)
             finally:
                 if self.socket is not socket:  # failed or cancelled: the grace goes on

@@ -45,9 +45,15 @@ class Resuming:
         assert self.raw is not None
         return self.raw
 
-    async def open(self, query: str = "resumable=1") -> RawClient:
+    async def open(
+        self, query: str = "resumable=1", receive_buffer: int | None = None
+    ) -> RawClient:
         self.raw = await RawClient.connect(
-            self.host, self.port, path=self._url(query), headers=self.headers
+            self.host,
+            self.port,
+            path=self._url(query),
+            headers=self.headers,
+            receive_buffer=receive_buffer,
         )
         return self.raw
 

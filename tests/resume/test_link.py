@@ -106,6 +106,8 @@ async def test_a_drop_detaches_and_the_grace_ends_the_session(
     socket = Socket()
     link, _ = make_link(socket, grace=30.0)
     start = trio.current_time()
+    socket.feed("session.update")
+    assert await link.receive() == "session.update"
     socket.feed(TransportClosed(None))
     with pytest.raises(TransportClosed) as raised:
         await link.receive()
@@ -118,10 +120,22 @@ async def test_a_drop_detaches_and_the_grace_ends_the_session(
 async def test_a_close_frame_with_1000_ends_at_once() -> None:
     socket = Socket()
     link, _ = make_link(socket)
+    socket.feed("hello")
+    assert await link.receive() == "hello"
     socket.feed(TransportClosed(1000))
     with pytest.raises(TransportClosed) as raised:
         await link.receive()
     assert raised.value.code == 1000 and raised.value.outcome is None
+
+
+async def test_a_drop_before_the_first_client_message_ends_at_once() -> None:
+    socket = Socket()
+    link, _ = make_link(socket)
+    socket.feed(TransportClosed(None))
+    with pytest.raises(TransportClosed) as raised:
+        await link.receive()
+    assert raised.value.code is None and raised.value.outcome is None
+    assert not link.detached
 
 
 async def test_a_resume_replays_after_last_seq_and_the_clock_skips_the_pause(
@@ -183,6 +197,8 @@ async def test_a_resume_past_the_journal_or_after_the_end_fails(
 async def test_a_resume_after_the_grace_fails(autojump_clock: trio.testing.MockClock) -> None:
     first = Socket()
     link, _ = make_link(first, grace=5.0)
+    first.feed("m1")
+    await link.receive()
     first.feed(TransportClosed(None))
     with pytest.raises(TransportClosed):
         await link.receive()
@@ -205,7 +221,8 @@ async def test_a_resume_replaces_a_half_open_socket(
         nursery.start_soon(reader)
         await trio.sleep(1)
         result = await link.resume(second, 1)
-        assert isinstance(result, Resumed) and result.replaced_opener is first
+        assert isinstance(result, Resumed) and result.replaced_opener is not None
+        assert result.replaced_opener.socket is first and not result.replaced_opener.stuck
         first.feed("late, from the old socket")
         second.feed("from the new one")
     assert got == ["from the new one"]
@@ -235,6 +252,8 @@ async def test_a_cancelled_resume_leaves_the_grace_running(
     first = Socket()
     link, _ = make_link(first, grace=30.0)
     await link.send("event 1")
+    first.feed("m1")
+    await link.receive()
     first.feed(TransportClosed(None))
     start = trio.current_time()
     async with trio.open_nursery() as nursery:

@@ -5,6 +5,7 @@ operators see (outcomes, the resume histogram, /health, admission)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -36,6 +37,9 @@ async def opened(http: str, path: str = NATIVE, **kwargs: Any) -> Resuming:
         await peer.until("session.updated")
         await peer.send(append_msg(noise(1280)))
         await peer.until("response.audio.delta")
+    else:
+        await peer.send({"type": "session.update", "session": {"type": "realtime"}})
+        await peer.until("session.updated")
     return peer
 
 
@@ -205,6 +209,9 @@ async def test_a_flood_of_guesses_gets_429(engine: Engine) -> None:
             assert await refused(peer, token=new_token()) == ("resume_failed", 1008)
         raw = await peer.open("resume=1")
         assert raw.rejected_status == 429
+        metrics = server.state.metrics.exposition().decode()
+        assert 'realtime_connections_refused_total{reason="resume_limit"} 1.0' in metrics
+        assert 'realtime_error_events_total{code="resume_failed"} 10.0' in metrics
         # The conversation whose token was guessed at goes on untouched.
         await victim.send(append_msg(noise(1280, seed=9)))
         await victim.until("response.audio.delta")
@@ -287,12 +294,16 @@ async def test_a_detached_session_holds_its_slot_and_shows_in_health(engine: Eng
                 await trio.sleep(0.01)
         status, health = await ahttp("GET", server.http + "/health")
         assert status == 200 and health["detached"] == 1 and health["sessions_active"] == 1
-        other = Resuming(server.http, NATIVE)
-        raw = await other.open("plain=1")
+        # A new client is refused before the upgrade (a balancer retries it elsewhere).
+        raw = await Resuming(server.http, NATIVE).open("plain=1")
+        assert raw.rejected_status == 503
+        assert json.loads(raw.rejected_body)["error"]["code"] == "server_busy"
+        assert (await peer.resume())["type"] == "session.resumed"
+        # Attached again: the default answer, server_busy and 1013 after the upgrade.
+        raw = await Resuming(server.http, NATIVE).open("plain=1")
         busy = await raw.recv_json()
         assert busy is not None and busy["error"]["code"] == "server_busy"
         assert await raw.drain_to_close() == 1013
-        assert (await peer.resume())["type"] == "session.resumed"
         status, health = await ahttp("GET", server.http + "/health")
         assert health["detached"] == 0
         await peer.close()
@@ -327,3 +338,60 @@ async def test_a_resume_connection_replaced_in_turn_is_told_why(engine: Engine) 
         await again.until("response.audio.delta")
         assert await again.close() == 1000
         await until_released(engine)
+
+
+async def test_a_resume_frees_a_session_stuck_writing_to_a_half_open_socket(
+    fake_model: FakeModel, engine: Engine
+) -> None:
+    """The old socket takes nothing (its writes block, as on a network that vanished
+    without a reset): the resume aborts it at once, so the session's sender, held in
+    that write, goes on and the stalled-reader clock does not end the conversation."""
+    fake_model.options.audio_samples = 200_000  # ~530 KB a frame: the socket fills
+    limits = Limits(send_timeout=4.0)
+    async with running_server(engine, limits=limits) as server:
+        old = Resuming(server.http, NATIVE)
+        await old.open(receive_buffer=4096)
+        await old.until("session.created")
+        await old.until("session.resumable")
+        await old.send({"type": "session.update", "session": {"seed": 1}})
+        await old.until("session.updated")
+        for i in range(6):
+            await old.send(append_msg(noise(1280, seed=30 + i)))
+        await trio.sleep(0.5)  # the server's writes to it are stuck by now
+        new = Resuming(server.http, NATIVE)
+        new.resumable, new.seen, new.sent = old.resumable, old.seen, list(old.sent)
+        answer = await new.resume()
+        assert answer["type"] == "session.resumed"
+        with trio.fail_after(20):
+            while len([e for e in new.events if e["type"] == "response.audio.delta"]) < 6:
+                assert await new.recv() is not None, new.ws.close_code
+        assert await new.close() == 1000
+        await until_released(engine)
+        metrics = server.state.metrics.exposition().decode()
+        old.drop()
+    assert 'realtime_sessions_total{outcome="stalled_client"} 0.0' in metrics
+    assert 'realtime_sessions_total{outcome="closed"} 1.0' in metrics
+
+
+async def test_a_drop_before_the_first_message_frees_the_slot_at_once(engine: Engine) -> None:
+    async with running_server(engine) as server:
+        peer = Resuming(server.http, NATIVE)
+        await peer.open()
+        await peer.until("session.resumable")
+        peer.drop()
+        await until_released(engine, timeout=2)
+        assert server.state.detached() == 0
+        assert await refused(peer) == ("resume_failed", 1008)
+
+
+async def test_shutdown_closes_a_resumed_connection_with_1001(engine: Engine) -> None:
+    with trio.fail_after(15):
+        async with running_server(engine) as server:
+            peer = await opened(server.http)
+            peer.drop()
+            assert (await peer.resume())["type"] == "session.resumed"
+            await peer.send({"type": "session.ping"})
+            await peer.until("session.pong")
+            server.state.shutdown.set()
+            assert await peer.ws.drain_to_close() == 1001
+    await until_released(engine)

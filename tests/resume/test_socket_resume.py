@@ -78,7 +78,9 @@ async def converse(
         ):
             peer.drop()
             dropped = True
-            await trio.sleep(0.05)
+            # Away for twenty frames' time: a clock that did not pause would have fed
+            # the model silence meanwhile (the OpenAI endpoint), and the audio differ.
+            await trio.sleep(1.6)
             resumed = await peer.resume()
             assert resumed["type"] == "session.resumed", resumed
             continue
