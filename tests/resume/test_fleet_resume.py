@@ -153,7 +153,9 @@ async def test_new_clients_beside_a_detached_and_a_resumed_conversation(tmp_path
     connection, which HAProxy's maxconn cannot see; after its resume (past maxconn
     while HAProxy still counted the old connection) it holds it uncounted. New
     clients meanwhile are served, or told the fleet is busy (server_busy, HTTP 503),
-    never anything else; the resume lands on its replica whatever came meanwhile."""
+    never anything else; with every other slot taken as well, a new client is told so
+    with HTTP 503 before the upgrade (the replica refuses it, HAProxy retries it
+    elsewhere); the resume lands on its replica whatever came meanwhile."""
     outcomes: dict[str, list[str]] = {}
     with contextlib.ExitStack() as stack:
         replicas, front, _ = await start_named_fleet(stack, tmp_path)
@@ -164,19 +166,30 @@ async def test_new_clients_beside_a_detached_and_a_resumed_conversation(tmp_path
                 assert json.loads(await ws.get_message())["type"] == "session.created"
                 offer = json.loads(await ws.get_message())
                 assert offer["type"] == "session.resumable"
+                # A session is held for a resume once its client has said something.
+                await ws.send_message(json.dumps({"type": "session.update", "session": {}}))
+                assert json.loads(await ws.get_message())["type"] == "session.updated"
                 proxy.cut()
         held = replicas[int(offer["replica"][-1]) - 1]
         await wait_for(lambda: http("GET", held.http + "/health")[1].get("detached") == 1, "")
         outcomes["detached"] = [await _open_outcome(new) for _ in range(6)]
+        # The other replica taken too: HAProxy sees the detached one's slot free, and
+        # sends the next client there; the replica refuses it before the upgrade (503),
+        # HAProxy tries the other (full: it queues), then answers 503 itself.
+        async with open_websocket_url(new) as other:
+            assert json.loads(await other.get_message())["type"] == "session.created"
+            outcomes["full"] = [await _open_outcome(new)]
+            await other.aclose(1000)
         resume = f"{new}?resume=1&replica={offer['replica']}"
         async with open_websocket_url(resume) as ws:
-            hello = {"type": "session.resume", "token": offer["token"], "last_seq": 1}
+            hello = {"type": "session.resume", "token": offer["token"], "last_seq": 2}
             await ws.send_message(json.dumps(hello))
             answer = json.loads(await ws.get_message())
             assert answer["type"] == "session.resumed", answer
             outcomes["resumed"] = [await _open_outcome(new) for _ in range(6)]
             await ws.aclose(1000)
     print("new clients beside a detached, then a resumed conversation:", outcomes)
-    for seen in outcomes.values():
+    assert outcomes["full"] == ["HTTP 503"], outcomes  # busy before the upgrade, not 1013
+    for seen in (outcomes["detached"], outcomes["resumed"]):
         assert set(seen) <= {"session.created", "server_busy", "HTTP 503"}, outcomes
         assert "session.created" in seen, outcomes  # the other replica is free
