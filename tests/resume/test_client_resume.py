@@ -47,7 +47,7 @@ from realtime.client.resume import (
 )
 from realtime.engine.runner import Engine
 from realtime.models.base import VOICECHAT_FIGURES
-from tests.helpers import running_server
+from tests.helpers import ServerProcess, running_server
 from tests.resume.cut_proxy import cut_proxy
 
 FRAME = VOICECHAT_FIGURES.frame_samples
@@ -396,38 +396,52 @@ async def test_reconnects_back_off_until_the_grace_runs_out(
 # --- through a real server ------------------------------------------------------------
 
 
-async def test_the_file_client_through_a_server_is_the_same_with_drops(engine: Engine) -> None:
-    """A drop mid-answer, twice: the answer, its text and its events equal a run with
-    no drop, byte for byte."""
+async def _with_and_without_drops(url: str, port: int) -> None:
+    """The file client on ``url`` and through a proxy to ``port`` that cuts the
+    connection twice mid-answer: the answer, its text and its events are the same,
+    byte for byte."""
     pcm = (np.random.default_rng(5).standard_normal(30 * FRAME) * 3000).astype(np.int16)
-    async with running_server(engine) as server:
-        port = int(server.http.rsplit(":", 1)[1])
-        clean_out = io.StringIO()
-        # Paced like a live stream, so both drops come while the question is still sent.
-        clean = await run_file_client(
-            server.url, pcm, seed=3, realtime=True, printer=TranscriptPrinter(clean_out)
+    clean_out = io.StringIO()
+    # Paced like a live stream, so both drops come while the question is still sent.
+    clean = await run_file_client(
+        url, pcm, seed=3, realtime=True, printer=TranscriptPrinter(clean_out)
+    )
+    async with cut_proxy(port) as proxy:
+        audio = 0
+
+        def on_event(event: dict[str, Any]) -> None:
+            nonlocal audio
+            if event["type"] == "response.audio.delta":
+                audio += 1
+                if audio in (6, 17):
+                    proxy.cut()
+
+        out = io.StringIO()
+        dropped = await run_file_client(
+            f"ws://127.0.0.1:{proxy.port}/v1/realtime",
+            pcm,
+            seed=3,
+            realtime=True,
+            on_event=on_event,
+            printer=TranscriptPrinter(out),
         )
-        async with cut_proxy(port) as proxy:
-            audio = 0
-
-            def on_event(event: dict[str, Any]) -> None:
-                nonlocal audio
-                if event["type"] == "response.audio.delta":
-                    audio += 1
-                    if audio in (6, 17):
-                        proxy.cut()
-
-            out = io.StringIO()
-            dropped = await run_file_client(
-                f"ws://127.0.0.1:{proxy.port}/v1/realtime",
-                pcm,
-                seed=3,
-                realtime=True,
-                on_event=on_event,
-                printer=TranscriptPrinter(out),
-            )
-        assert proxy.cuts == 2 and proxy.connections == 3
+    assert proxy.cuts == 2 and proxy.connections == 3
     assert dropped.pcm.tobytes() == clean.pcm.tobytes()
-    assert dropped.frames == clean.frames == 30
+    assert dropped.frames == clean.frames == 30  # one per append: none lost, none twice
     assert dropped.texts == clean.texts and out.getvalue() == clean_out.getvalue()
     assert dropped.event_counts == clean.event_counts
+
+
+async def test_the_file_client_through_a_server_is_the_same_with_drops(engine: Engine) -> None:
+    async with running_server(engine) as server:
+        await _with_and_without_drops(server.url, int(server.http.rsplit(":", 1)[1]))
+
+
+@pytest.mark.slow
+async def test_the_file_client_on_the_demo_model_is_the_same_with_drops(
+    demo_server: ServerProcess,
+) -> None:
+    """The same through the real model path (the demo checkpoint, a subprocess).
+    Each append is one frame of answer: 30 frames out means each of the 30 appends
+    was taken once across the resumes."""
+    await _with_and_without_drops(demo_server.url, int(demo_server.http.rsplit(":", 1)[1]))
