@@ -8,6 +8,7 @@ server refuses ends in one clear error.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import io
 import json
@@ -445,3 +446,10 @@ async def test_the_file_client_on_the_demo_model_is_the_same_with_drops(
     Each append is one frame of answer: 30 frames out means each of the 30 appends
     was taken once across the resumes."""
     await _with_and_without_drops(demo_server.url, int(demo_server.http.rsplit(":", 1)[1]))
+
+
+def test_the_clients_resume_unless_told_not_to() -> None:
+    parser = argparse.ArgumentParser()
+    add_connection_options(parser)
+    assert parser.parse_args([]).resume is True
+    assert parser.parse_args(["--no-resume"]).resume is False
