@@ -33,7 +33,7 @@ from realtime.client import (
     ServerUnreachable,
     connect,
 )
-from realtime.client.cli import TranscriptPrinter, report
+from realtime.client.cli import TranscriptPrinter, add_connection_options, report
 from realtime.client.files import run_file_client
 from realtime.client.resume import (
     ACK_EVERY_EVENTS,
