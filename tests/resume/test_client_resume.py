@@ -47,8 +47,10 @@ from realtime.client.resume import (
     resume_url,
 )
 from realtime.engine.runner import Engine
+from realtime.limits import Limits
 from realtime.models.base import VOICECHAT_FIGURES
-from tests.helpers import ServerProcess, running_server
+from realtime.testing.fake import FakeModel
+from tests.helpers import ServerProcess, running_engine, running_server
 from tests.resume.cut_proxy import cut_proxy
 
 FRAME = VOICECHAT_FIGURES.frame_samples
@@ -453,3 +455,39 @@ def test_the_clients_resume_unless_told_not_to() -> None:
     add_connection_options(parser)
     assert parser.parse_args([]).resume is True
     assert parser.parse_args(["--no-resume"]).resume is False
+
+
+async def test_a_resume_past_the_servers_journal_ends_in_one_clear_error(
+    fake_model: FakeModel,
+) -> None:
+    """A server whose journal keeps almost nothing (a few hundred bytes: less than one
+    audio frame) cannot replay what the client missed: the file client ends with
+    ``resync_required``, one line, exit 1."""
+    pcm = (np.random.default_rng(5).standard_normal(60 * FRAME) * 3000).astype(np.int16)
+    with running_engine(fake_model) as engine:
+        async with running_server(engine, limits=Limits(resume_journal_bytes=300)) as server:
+            async with cut_proxy(int(server.http.rsplit(":", 1)[1])) as proxy:
+                audio = 0
+
+                def on_event(event: dict[str, Any]) -> None:
+                    nonlocal audio
+                    if event["type"] == "response.audio.delta":
+                        audio += 1
+                        if audio == 6:
+                            proxy.cut()
+
+                with pytest.raises(ResumeFailed) as caught:
+                    await run_file_client(
+                        f"ws://127.0.0.1:{proxy.port}/v1/realtime",
+                        pcm,
+                        # As fast as the server takes it, at most 10 frames ahead:
+                        # events are on their way when the cut comes, and the
+                        # question is not over.
+                        max_ahead_seconds=0.8,
+                        on_event=on_event,
+                        printer=TranscriptPrinter(io.StringIO()),
+                    )
+    assert caught.value.code == "resync_required"
+    err = io.StringIO()
+    assert report(caught.value, err) == 1
+    assert err.getvalue().count("\n") == 1 and "resync_required" in err.getvalue()
