@@ -6,7 +6,7 @@ checkpoint),
 ``REALTIME_API_KEY`` or ``REALTIME_API_KEYS_FILE`` (read once at start: SIGHUP
 reloads it under ``realtime serve`` only), ``REALTIME_SHARE_PROMPT_CACHE`` (``1``),
 ``REALTIME_ALLOWED_ORIGINS`` and ``REALTIME_ALLOWED_HOSTS``
-(comma-separated) and one
+(comma-separated), ``REALTIME_REPLICA_ID`` for ``--replica-id``, and one
 ``REALTIME_<FIELD>`` per field of :class:`realtime.limits.Limits`, e.g.
 ``REALTIME_IDLE_TIMEOUT`` for ``--idle-timeout``, and ``REALTIME_BATCH_FRAMES``
 (``1``/``0``, ``on``/``off``; unset: batched when ``REALTIME_MAX_SESSIONS`` > 1) for
@@ -34,6 +34,7 @@ from realtime.engine.runner import EngineLoadError, watch_for_hung_calls
 from realtime.errors import UsageError
 from realtime.http.app import RealtimeApp, ServerState, create_app
 from realtime.limits import batch_frames_from_env, limits_from_env
+from realtime.session.resume import replica_id
 from realtime.telemetry.logs import setup_logging
 from realtime.tenants import share_from_env, tenants_from
 
@@ -102,6 +103,10 @@ def create_app_from_env() -> RealtimeApp:
         )
         warm = warm_prompts_from_env(os.environ, limits.max_message_bytes)
         keeping = keeping_from(None, None, os.environ)
+        try:
+            replica = replica_id(os.environ.get("REALTIME_REPLICA_ID", ""))
+        except ValueError as exc:
+            raise ValueError(f"REALTIME_REPLICA_ID: {exc}") from None
         tenants = tenants_from(
             os.environ.get("REALTIME_API_KEYS_FILE") or None,
             os.environ.get("REALTIME_API_KEY") or None,
@@ -121,7 +126,7 @@ def create_app_from_env() -> RealtimeApp:
         allowed_hosts=tuple(
             h.strip() for h in os.environ.get("REALTIME_ALLOWED_HOSTS", "").split(",") if h.strip()
         ),
-        replica_id=os.environ.get("REALTIME_REPLICA_ID") or None,
+        replica_id=replica,
     )
     app = create_app(state)
 

@@ -10,12 +10,11 @@ import argparse
 import logging
 import math
 import os
-import re
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 from realtime import __version__
 from realtime.errors import UsageError
@@ -29,6 +28,7 @@ from realtime.limits import (
     limits_from,
 )
 from realtime.models.checkpoint import ModelLoadError, ModelPathError
+from realtime.session.resume import replica_id
 from realtime.tenants import share_from_env
 
 log = logging.getLogger(__name__)
@@ -62,20 +62,12 @@ _port = _number(int, 0, 65535, "a port number in 0..65535")
 _positive_int = _number(int, 1, math.inf, "an integer > 0")
 
 
-REPLICA_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-"""A replica's name: it travels in URLs and in balancer rules, so plain and short."""
-
-
 def _replica_id(text: str) -> str | None:
-    """``--replica-id``'s value (empty: none); ArgumentTypeError for anything else."""
-    if not text:
-        return None
-    if REPLICA_ID.fullmatch(text) is None:
-        raise argparse.ArgumentTypeError(
-            f"expected letters, digits, '.', '_' or '-' (at most 64, a letter or digit "
-            f"first), got {text!r}"
-        )
-    return text
+    """``--replica-id``'s value (empty: none)."""
+    try:
+        return replica_id(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _env_list(name: str) -> list[str]:

@@ -34,7 +34,15 @@ from realtime.openai import events as openai_events
 from realtime.openai.connection import OpenAIConnection
 from realtime.session.close_codes import CLOSE_GOING_AWAY, CLOSE_POLICY
 from realtime.session.lifetime import Transport, TransportClosed, busy_message
-from realtime.session.link import CLOSE_REPLACED, Attachment, ErrorText, Link, Offer, Resumed
+from realtime.session.link import (
+    CLOSE_REPLACED,
+    LINK_MESSAGE_CHARS,
+    Attachment,
+    ErrorText,
+    Link,
+    Offer,
+    Resumed,
+)
 from realtime.session.resume import (
     RESUME_FIRST_MESSAGE_SECONDS,
     FailedResumes,
@@ -337,10 +345,12 @@ def upgrade_refusal(
     server: Sequence[Any] | None = None,
     http_version: str = "1.1",
     tenant: Tenant | None = None,
+    resuming: bool = False,
 ) -> tuple[int, str, str] | None:
     """Why a WebSocket upgrade is refused (HTTP status, code, message), or None.
     ``key_prefix``: the subprotocol a browser carries the API key in; ``tenant``: whose
-    key the request carries (:func:`key_holder`), None for none; ``scheme``
+    key the request carries (:func:`key_holder`), None for none; ``resuming``: a
+    resume (``?resume=1``), let through while draining; ``scheme``
     (``http``/``https``), ``server`` (the local address) and ``http_version``: from
     the ASGI scope.
 
@@ -373,7 +383,8 @@ def upgrade_refusal(
             f"origin {origin!r} may not open /v1/realtime (it is not this server's own "
             "scheme, host and port); start the server with --allowed-origin to allow it",
         )
-    if state.draining.is_set() or state.shutdown.is_set():
+    # A resume during the drain is the open conversation going on: let it through.
+    if (state.draining.is_set() and not resuming) or state.shutdown.is_set():
         # 503 before the upgrade: a balancer retries it on another replica.
         return (
             503,
@@ -448,6 +459,8 @@ class RealtimeApp:
         offered = list(scope.get("subprotocols", []))
         prefix = OPENAI_KEY_SUBPROTOCOL_PREFIX if openai else KEY_SUBPROTOCOL_PREFIX
         tenant = key_holder(self.state, headers.get("authorization"), offered, prefix)
+        query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+        wants_resume = query.get("resume") in ("1", "true")
         refusal = upgrade_refusal(
             self.state,
             headers,
@@ -457,14 +470,13 @@ class RealtimeApp:
             server=scope.get("server"),
             http_version=str(scope.get("http_version", "1.1")),
             tenant=tenant,
+            resuming=wants_resume and dialect is not LiveConnection,
         )
         if refusal is not None:
             self.state.observer.connection_refused(_REFUSAL_REASONS.get(refusal[1], "unauthorized"))
             await _refuse_upgrade(scope, send, *refusal)
             return
         state = self.state
-        query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
-        wants_resume = query.get("resume") in ("1", "true")
         resumable = query.get("resumable") in ("1", "true")
         if dialect is LiveConnection and ("resume" in query or "resumable" in query):
             await _refuse_upgrade(scope, send, 400, "invalid_request", LIVE_NO_RESUME)
@@ -591,10 +603,12 @@ class RealtimeApp:
         socket = ASGITransport(receive, send, scope, state.tcp)
         error = _ERROR_TEXT[dialect]
         async with self._holding(socket):
-            asked = await _resume_request(socket, error)
+            asked = await _resume_request(socket)
             if asked is None:
                 return
             if isinstance(asked, str):
+                state.failed_resumes.failed(address, trio.current_time())
+                state.observer.error_sent("invalid_request")
                 await _resume_refused(socket, error, "invalid_request", asked)
                 return
             token, last_seq = asked
@@ -668,17 +682,18 @@ _ERROR_TEXT: Final[dict[type[Any], ErrorText]] = {
 }
 
 
-async def _resume_request(socket: ASGITransport, error: ErrorText) -> tuple[str, int] | str | None:
+async def _resume_request(socket: ASGITransport) -> tuple[str, int] | str | None:
     """The resume connection's first message as ``(token, last_seq)``; why it is not
-    a ``session.resume`` (a string); None when the client left or said nothing in time."""
+    a ``session.resume``, or none came in time (a string); None when the client left."""
     with trio.move_on_after(RESUME_FIRST_MESSAGE_SECONDS):
         try:
             frame = await socket.receive()
         except TransportClosed:
             return None
         try:
-            message: Any = json.loads(frame) if isinstance(frame, (str, bytes)) else None
-        except ValueError:
+            small = isinstance(frame, (str, bytes)) and len(frame) <= LINK_MESSAGE_CHARS
+            message: Any = json.loads(frame) if small and frame is not None else None
+        except (ValueError, RecursionError):
             message = None
         if not isinstance(message, dict) or message.get("type") != "session.resume":
             return "the first message of a resume connection must be session.resume"
@@ -688,8 +703,7 @@ async def _resume_request(socket: ASGITransport, error: ErrorText) -> tuple[str,
         if isinstance(last_seq, bool) or not isinstance(last_seq, int) or last_seq < 0:
             return "session.resume needs 'last_seq': the highest event number received (0: none)"
         return token, last_seq
-    await _resume_refused(socket, error, "invalid_request", "no session.resume within 10 seconds")
-    return None
+    return f"no session.resume within {RESUME_FIRST_MESSAGE_SECONDS:g} seconds"
 
 
 async def _resume_refused(socket: Transport, error: ErrorText, code: str, message: str) -> None:

@@ -70,7 +70,7 @@ class Resumable(Protocol):
     """A transport that outlives its sockets (:class:`realtime.session.link.Link`): the
     session's clock pauses while no socket is attached, and it sends link messages."""
 
-    notices: list[str]
+    notify: Callable[[str], None]
 
     def now(self) -> float: ...
     def real_time(self, at: float) -> float: ...
@@ -202,6 +202,16 @@ class Lifetime:
         self._out_send, self._out_recv = trio.open_memory_channel[Outgoing](
             limits.send_queue_events
         )
+        if self.link is not None:
+            self.link.notify = self._notify
+
+    def _notify(self, text: str) -> None:
+        """Queue a link message for the sender; dropped when the queue is full (a client
+        that sends bad acks and reads nothing gets no answer to them)."""
+        try:
+            self._out_send.send_nowait(Notice(text))
+        except trio.WouldBlock:
+            pass
 
     # --- the rules' side of a socket write ------------------------------------------
 

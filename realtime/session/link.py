@@ -35,6 +35,9 @@ CLOSE_REPLACED: Final = 4000
 
 RESUME_TYPES: Final = ("session.event_ack", "session.resume")
 """The link's own client messages: never counted, never seen by the rules."""
+LINK_MESSAGE_CHARS: Final = 1024
+"""The link looks only at messages this short (an ack or a ``session.resume`` is well
+under it): anything longer goes to the rules, whose parser bounds what a client sends."""
 
 ErrorText = Callable[[str, str], str]
 """``(code, message) -> serialized error event`` in the endpoint's own error shape."""
@@ -86,7 +89,7 @@ class Link:
         self._opener = socket
         self._current: Attachment | None = Attachment(socket)
         self.journal = journal
-        self.offer_ = offer
+        self.terms = offer
         self.error = error
         self.session_id = ""
         self.received = 0
@@ -99,8 +102,9 @@ class Link:
         """Trio time the current detachment's grace ends."""
         self.ended = False
         self.expired = False
-        self.notices: list[str] = []
-        """Link messages (an ``error`` for a bad ack) waiting for the sender."""
+        self.notify: Callable[[str], None] = lambda text: None
+        """Hands a link message (an ``error`` for a bad ack) to the session's sender
+        (set by the session's lifetime), so it goes out in order with the events."""
         self._changed = trio.Event()
         """Set (and renewed) whenever a socket is attached, the grace changes or the
         session ends: what a detached receiver and timer wait on."""
@@ -182,7 +186,12 @@ class Link:
                     self._receiving = None
             if scope.cancelled_caught:
                 continue  # another socket was attached: read that one
-            if isinstance(frame, str) and '"session.' in frame and self._link_message(frame):
+            if (
+                isinstance(frame, str)
+                and len(frame) <= LINK_MESSAGE_CHARS
+                and '"session.' in frame
+                and self._link_message(frame)
+            ):
                 continue
             self.received += 1
             return frame
@@ -203,13 +212,13 @@ class Link:
         the rules (False)."""
         try:
             message: Any = json.loads(frame)
-        except ValueError:
+        except (ValueError, RecursionError):
             return False
         kind = message.get("type") if isinstance(message, dict) else None
         if kind not in RESUME_TYPES:
             return False
         if kind == "session.resume":
-            self.notices.append(
+            self.notify(
                 self.error(
                     "resume_failed",
                     "session.resume is only the first message of a resume connection "
@@ -219,7 +228,7 @@ class Link:
             return True
         seq = message.get("seq")
         if isinstance(seq, bool) or not isinstance(seq, int) or not self.journal.ack(seq):
-            self.notices.append(
+            self.notify(
                 self.error(
                     "invalid_ack",
                     "session.event_ack needs 'seq': an integer from 0 to the last event "
@@ -241,7 +250,7 @@ class Link:
         if self.ended or self.detached_at is not None:
             return
         self.detached_at = now
-        self.deadline = now + self.offer_.grace
+        self.deadline = now + self.terms.grace
 
     def release(self, socket: Transport) -> None:
         """``socket``'s handler is ending: detach it if it is still the attached one."""
@@ -252,7 +261,7 @@ class Link:
 
     async def offer(self) -> None:
         """Register a fresh token and announce it (right after the greeting)."""
-        offer = self.offer_
+        offer = self.terms
         token = new_token()
         self._digest = offer.registry.add(token, self, offer.tenant, offer.path)
         journal = self.journal
@@ -270,7 +279,7 @@ class Link:
         """The session is over: its token resumes nothing any more (idempotent)."""
         self.ended = True
         if self._digest is not None:
-            self.offer_.registry.remove(self._digest)
+            self.terms.registry.remove(self._digest)
             self._digest = None
         current, self._current = self._current, None
         if current is not None:

@@ -50,14 +50,7 @@ from realtime.engine.runner import ToolResult as ToolResultCommand
 from realtime.limits import Limits
 from realtime.models.base import InferenceError, PreparesToolResults, Samples
 from realtime.observe import SessionOutcome
-from realtime.session.lifetime import (
-    PIPELINE_DEPTH,
-    Audio,
-    Lifetime,
-    Notice,
-    Serving,
-    Transport,
-)
+from realtime.session.lifetime import PIPELINE_DEPTH, Audio, Lifetime, Serving, Transport
 from realtime.session.rules import (
     CountsText,
     DialectFactory,
@@ -194,8 +187,7 @@ class Connection:
 
     def _start_tasks(self, nursery: trio.Nursery) -> None:
         life = self.lifetime
-        receiver = self._receiver if life.link is None else self._resumable_receiver
-        nursery.start_soon(life.until_gone, receiver, name=life.task_name("receiver"))
+        nursery.start_soon(life.until_gone, self._receiver, name=life.task_name("receiver"))
         nursery.start_soon(self._submitter, name=life.task_name("submitter"))
         nursery.start_soon(life.until_gone, self._collector, name=life.task_name("collector"))
         nursery.start_soon(self._timer, name=life.task_name("timer"))
@@ -277,22 +269,6 @@ class Connection:
             outputs = rules.receive(frame, self._now())
             if frame is not None:  # recorded as the rules took it, never parsed again
                 self.lifetime.recorder.received(frame, refusal(outputs))
-            await self._apply(outputs, arrived)
-
-    async def _resumable_receiver(self) -> None:
-        """The receiver of a resumable session: the same, and the link's own answers (an
-        ``error`` for a bad ack) go to the sender in order."""
-        rules, life = self.rules, self.lifetime
-        link = life.link
-        assert link is not None
-        while True:
-            frame = await life.transport.receive()
-            arrived = time.perf_counter()
-            while link.notices:
-                await life.queue(Notice(link.notices.pop(0)))
-            outputs = rules.receive(frame, self._now())
-            if frame is not None:
-                life.recorder.received(frame, refusal(outputs))
             await self._apply(outputs, arrived)
 
     async def _timer(self) -> None:

@@ -8,6 +8,7 @@ the bounds are tested as plain functions. :mod:`realtime.session.link` drives th
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from collections import deque
 from typing import Final, Generic, TypeVar
@@ -27,6 +28,24 @@ FAILURE_REFILL_SECONDS: Final = 6.0
 FAILURE_ADDRESSES: Final = 4096
 """Client addresses whose failures are remembered at most (bounded memory under a
 flood from many addresses; the fullest buckets are forgotten first)."""
+
+
+REPLICA_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""A replica's name (``--replica-id``): it travels in URLs and in balancer rules, so
+plain and short."""
+
+
+def replica_id(text: str) -> str | None:
+    """A ``--replica-id`` / ``REALTIME_REPLICA_ID`` value (empty: none); ValueError
+    naming what is allowed for anything else."""
+    if not text:
+        return None
+    if REPLICA_ID.fullmatch(text) is None:
+        raise ValueError(
+            "expected letters, digits, '.', '_' or '-' (at most 64, a letter or digit "
+            f"first), got {text!r}"
+        )
+    return text
 
 
 def new_token() -> str:

@@ -86,6 +86,8 @@ async def test_acks_are_the_links_and_bad_ones_are_answered(
 ) -> None:
     socket = Socket()
     link, _ = make_link(socket)
+    notices: list[str] = []
+    link.notify = notices.append
     for i in range(3):
         await link.send(f'{{"n":{i}}}')
     socket.feed(json.dumps({"type": "session.event_ack", "seq": 2}))
@@ -96,7 +98,7 @@ async def test_acks_are_the_links_and_bad_ones_are_answered(
     socket.feed('{"type":"session.update"}')
     assert await link.receive() == '{"type":"session.update"}'
     assert link.received == 1 and link.journal.floor == 2
-    codes = [json.loads(text)["error"]["code"] for text in link.notices]
+    codes = [json.loads(text)["error"]["code"] for text in notices]
     assert codes == ["invalid_ack", "invalid_ack", "invalid_ack", "resume_failed"]
 
 

@@ -5,6 +5,7 @@ operators see (outcomes, the resume histogram, /health, admission)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from typing import Any
@@ -18,7 +19,9 @@ from realtime.limits import Limits
 from realtime.session.resume import new_token
 from realtime.tenants import Tenant, Tenants
 from realtime.testing.fake import FakeModel
-from tests.helpers import ahttp, append_msg, noise, running_server
+from tests.helpers import ahttp, append_msg, noise, running_engine, running_server
+from tests.openai.scripted import call_then_say, scripted
+from tests.openai.sdk_exchange import voice
 from tests.reliability.rawws import RawClient
 from tests.resume.peer import Resuming
 
@@ -141,8 +144,9 @@ async def test_acks_trim_the_journal_and_bad_ones_get_invalid_ack(engine: Engine
         await peer.ack(10_000)
         await peer.ws.send_json('{"type":"session.event_ack","seq":"3"}')
         await peer.ws.send_json('{"type":"session.resume","token":"t","last_seq":0}')
-        await peer.send({"type": "session.ping"})
-        await peer.until("session.pong")
+        with trio.fail_after(5):  # answered at once, with no other message after them
+            while len(peer.link_errors) < 3:
+                assert await peer.recv() is not None
         assert peer.link_errors == ["invalid_ack", "invalid_ack", "resume_failed"]
         peer.drop()
         assert await refused(peer, last_seq=1) == ("resync_required", 1008)  # acked: gone
@@ -227,7 +231,10 @@ async def test_a_flood_of_guesses_gets_429(engine: Engine) -> None:
         '{"type":"session.resume","token":"t","last_seq":-1}',
         '{"type":"session.resume","token":"t","last_seq":true}',
         '{"type":"session.resume","token":"t"}',
+        "[" * 100_000 + '"session.resume"' + "]" * 100_000,  # hostile nesting
+        json.dumps({"type": "session.resume", "token": "t" * 5000, "last_seq": 0}),
     ],
+    ids=lambda first: first[:40],
 )
 async def test_a_malformed_resume_is_invalid_request(engine: Engine, first: str) -> None:
     async with running_server(engine) as server:
@@ -395,3 +402,102 @@ async def test_shutdown_closes_a_resumed_connection_with_1001(engine: Engine) ->
             server.state.shutdown.set()
             assert await peer.ws.drain_to_close() == 1001
     await until_released(engine)
+
+
+async def test_a_storm_of_resumes_of_one_conversation_leaves_one_connection(
+    engine: Engine,
+) -> None:
+    async with running_server(engine) as server:
+        peer = await opened(server.http)
+        peer.drop()
+        peers = []
+        for _ in range(6):
+            p = Resuming(server.http, NATIVE)
+            p.resumable, p.seen, p.sent = peer.resumable, peer.seen, list(peer.sent)
+            peers.append(p)
+
+        async def resume(p: Resuming) -> None:
+            assert (await p.resume())["type"] == "session.resumed"
+
+        async with trio.open_nursery() as nursery:
+            for p in peers:
+                nursery.start_soon(resume, p)
+        closes = []
+        with trio.fail_after(10):
+            for p in peers:
+                with trio.move_on_after(1.0):
+                    while await p.recv() is not None:
+                        pass
+                closes.append(p.ws.close_code)
+        assert sorted(closes, key=str).count(4000) == 5 and closes.count(None) == 1
+        winner = peers[closes.index(None)]
+        await winner.send(append_msg(noise(1280, seed=8)))
+        await winner.until("response.audio.delta")
+        assert await winner.close() == 1000
+        await until_released(engine)
+        with trio.fail_after(5):
+            while server.state.connections:
+                await trio.sleep(0.02)
+
+
+async def test_hostile_messages_that_look_like_link_messages_go_to_the_rules(
+    engine: Engine,
+) -> None:
+    async with running_server(engine) as server:
+        peer = await opened(server.http)
+        await peer.send("[" * 100_000 + '"session.event_ack"' + "]" * 100_000)
+        error = await peer.until("error")
+        assert error["error"]["code"] == "invalid_request"  # the rules' own answer
+        await peer.send({"type": "session.ping", "pad": "session.event_ack" * 100})
+        await peer.until("session.pong")  # long: not the link's, the rules'
+        assert peer.link_errors == []
+        assert await peer.close() == 1000
+
+
+async def test_a_pending_tool_call_carries_over_a_resume() -> None:
+    """The model asked for a tool, the connection dropped before the client answered:
+    after the resume the client's tool output reaches the same call, and the model
+    speaks its answer."""
+    with running_engine(scripted(call_then_say("Sunny."))) as engine:
+        async with running_server(engine) as server:
+            peer = await opened(server.http, OPENAI)
+            tool = {"type": "function", "name": "get_weather", "description": "Weather."}
+            await peer.send(
+                {"type": "session.update", "session": {"type": "realtime", "tools": [tool]}}
+            )
+            await peer.until("session.updated")
+            pcm = voice(0.6)
+            for i in range(0, len(pcm), 9600):
+                audio = base64.b64encode(pcm[i : i + 9600]).decode()
+                await peer.send({"type": "input_audio_buffer.append", "audio": audio})
+            args = await peer.until("response.function_call_arguments.done", timeout=20)
+            peer.drop()
+            await trio.sleep(0.3)
+            assert (await peer.resume())["type"] == "session.resumed"
+            output = {
+                "type": "function_call_output",
+                "call_id": args["call_id"],
+                "output": '{"sky": "clear"}',
+            }
+            await peer.send({"type": "conversation.item.create", "item": output})
+            with trio.fail_after(20):
+                while True:
+                    done = await peer.until("response.done", timeout=20)
+                    first = done["response"]["output"][0]
+                    if first["type"] == "message":
+                        break
+            assert first["content"][0]["transcript"] == "Sunny."
+            await peer.close()
+
+
+async def test_a_resume_gets_through_while_the_server_drains(engine: Engine) -> None:
+    async with running_server(engine) as server:
+        peer = await opened(server.http)
+        peer.drop()
+        server.state.draining.set()
+        raw = await Resuming(server.http, NATIVE).open("plain=1")
+        assert raw.rejected_status == 503  # a new conversation: no
+        assert (await peer.resume())["type"] == "session.resumed"  # the open one goes on
+        await peer.send(append_msg(noise(1280, seed=4)))
+        await peer.until("response.audio.delta")
+        assert await peer.close() == 1000
