@@ -52,6 +52,7 @@ from realtime.models.base import VOICECHAT_FIGURES
 from realtime.testing.fake import FakeModel
 from tests.helpers import ServerProcess, running_engine, running_server
 from tests.resume.cut_proxy import cut_proxy
+from tests.test_clients_microphone import ArrayInput, ArrayOutput, _drive, _speech_like
 
 FRAME = VOICECHAT_FIGURES.frame_samples
 
@@ -491,3 +492,28 @@ async def test_a_resume_past_the_servers_journal_ends_in_one_clear_error(
     err = io.StringIO()
     assert report(caught.value, err) == 1
     assert err.getvalue().count("\n") == 1 and "resync_required" in err.getvalue()
+
+
+async def test_the_microphone_client_resumes_a_drop(engine: Engine, fake_model: FakeModel) -> None:
+    """A live microphone session whose connection is cut while it talks: it says so on
+    stderr, resumes, and every captured frame reaches the model once."""
+    source = ArrayInput(_speech_like(2.0, 48_000), 48_000)
+    sink = ArrayOutput(44_100)
+    async with running_server(engine) as server:
+        async with cut_proxy(int(server.http.rsplit(":", 1)[1])) as proxy:
+
+            async def cut_midway() -> None:
+                while len(fake_model.calls_named("push")) < 8:
+                    await trio.sleep(0.01)
+                proxy.cut()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cut_midway)
+                with trio.fail_after(30):
+                    result, _, err = await _drive(
+                        f"ws://127.0.0.1:{proxy.port}/v1/realtime", source, sink
+                    )
+    assert proxy.cuts == 1 and "connection lost: reconnecting" in err and "session resumed" in err
+    assert result.committed and result.done
+    assert result.frames_sent == result.audio_frames == 25  # 2 s: 25 frames of 80 ms
+    assert sum(fake_model.calls_named("push")) == 25 * FRAME  # each frame heard once
