@@ -2,7 +2,8 @@
 
     python examples/voicechat_file_client.py ws://127.0.0.1:8080/v1/realtime IN.wav OUT.wav \\
         [--system-prompt TEXT] [--seed N] [--extra-seconds 3] [--realtime] \\
-        [--events OUT.jsonl] [--api-key KEY] [--origin ORIGIN] [--open-timeout SECONDS]
+        [--events OUT.jsonl] [--api-key KEY] [--origin ORIGIN] [--open-timeout SECONDS] \\
+        [--no-resume]
 
 The input is prepared exactly as ``realtime generate`` prepares it (mono PCM16 at
 the rate the server's ``session.updated`` names, 16 kHz for VoiceChat, plus
@@ -122,6 +123,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None) -> 
                 realtime=args.realtime,
                 api_key=args.api_key,
                 origin=args.origin,
+                resume=args.resume,
                 open_timeout=args.open_timeout,
                 on_ready=on_ready,
                 on_event=on_event,

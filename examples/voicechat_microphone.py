@@ -147,6 +147,7 @@ async def _session(
                     seed=args.seed,
                     api_key=args.api_key,
                     origin=args.origin,
+                    resume=args.resume,
                     open_timeout=args.open_timeout,
                     meter=meter,
                     echo_cancelled=getattr(source, "echo", None) is not None,

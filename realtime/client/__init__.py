@@ -13,19 +13,39 @@ benchmarks measure a zero-cost server through this client.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final, TypeVar, overload
 
 import attrs
 import numpy as np
 import numpy.typing as npt
+import trio
 import trio_websocket
 
 from realtime.audio import float_to_pcm16, pcm16_from_base64
+from realtime.client.resume import (
+    CLOSE_NO_FRAME,
+    LINK_ERROR_CODES,
+    LINK_EVENT_TYPES,
+    OUTBOX_MAX_BYTES,
+    OUTBOX_MAX_SECONDS,
+    RESUME_ANSWER_SECONDS,
+    EventCounter,
+    InputLost,
+    Outbox,
+    Resumed,
+    ResumeOffer,
+    ack_message,
+    backoff,
+    resumable_url,
+    resume_message,
+    resume_url,
+)
 from realtime.models.base import VOICECHAT_FIGURES
 from realtime.session.close_codes import CLOSE_CODE_NAMES, CLOSE_TRY_AGAIN
 
@@ -106,6 +126,34 @@ class ServerError(ClientError):
         super().__init__(f"server error {code}: {message}")
         self.code = code
         self.message = message
+
+
+class ResumeFailed(ServerError):
+    """The connection dropped and the server would not resume the session
+    (``resume_failed``: it ended or expired meanwhile, or the replica that held it is
+    gone) or could not (``resync_required``: it no longer holds the events this
+    client missed; start a new session)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        ClientError.__init__(
+            self,
+            f"the connection dropped and the server could not resume the conversation "
+            f"({code}: {message})",
+        )
+        self.code = code
+        self.message = message
+
+
+class ResumeExpired(ClientError):
+    """The connection dropped and no resume got through within the grace period the
+    server announced (``last`` says what the last try met)."""
+
+    def __init__(self, grace: float, tries: int, last: str) -> None:
+        super().__init__(
+            f"the connection dropped and could not be restored within the server's "
+            f"{grace:g} s grace period ({tries} tries; last: {last})"
+        )
+        self.last = last
 
 
 class ProtocolViolation(ClientError):
@@ -540,10 +588,19 @@ class RealtimeClient:
     returned as an :class:`ErrorEvent` (the server goes on after ``invalid_request``).
     """
 
-    def __init__(self, ws: trio_websocket.WebSocketConnection, *, raise_errors: bool = True):
+    def __init__(
+        self,
+        ws: trio_websocket.WebSocketConnection,
+        *,
+        raise_errors: bool = True,
+        link: Link | None = None,
+    ):
         self.ws = ws
-        """The trio-websocket connection underneath, for what this class does not wrap."""
+        """The trio-websocket connection underneath, for what this class does not wrap
+        (after a resume, the new one)."""
         self.raise_errors = raise_errors
+        self.link = link
+        """What resuming needs (None: the session was opened without ``resumable=1``)."""
         self.created: SessionCreated | None = None
         self.updated: SessionUpdated | None = None
         self.finished = False
@@ -588,21 +645,57 @@ class RealtimeClient:
         detail = f"code {code}" + (f" ({name})" if name else "") + (f": {reason}" if reason else "")
         return ServerClosed(code, reason, f"server closed the connection{context} [{detail}]")
 
+    @property
+    def resumable(self) -> bool:
+        """The server offered to resume this session after a dropped connection."""
+        return self.link is not None and self.link.offer is not None
+
+    @property
+    def resumes(self) -> int:
+        """How many times the session was resumed on a new connection."""
+        return self.link.resumes if self.link is not None else 0
+
+    def _may_resume(self, exc: trio_websocket.ConnectionClosed) -> bool:
+        """The connection dropped (no close frame) in a session the server offered to
+        resume, before its answer ended."""
+        code = exc.reason.code if exc.reason is not None else CLOSE_NO_FRAME
+        return self.resumable and not self.finished and code == CLOSE_NO_FRAME
+
     async def send_raw(self, message: str | bytes) -> None:
-        """Send one frame as is (pre-encoded messages, or invalid ones in tests)."""
+        """Send one frame as is (pre-encoded messages, or invalid ones in tests).
+
+        In a resumable session a message that meets a dropped connection is kept, and
+        sent again once the session is resumed (if the server had not taken it)."""
+        link = self.link
+        if link is not None:
+            link.outbox.add(message, trio.current_time())
         try:
+            # Read self.ws after the outbox took the message, with no wait between:
+            # a resume swaps it only once everything in the outbox went out.
             await self.ws.send_message(message)
         except trio_websocket.ConnectionClosed as exc:
-            raise self._closed_error(exc) from None
+            if not self._may_resume(exc):
+                raise self._closed_error(exc) from None
 
     async def receive(self) -> ServerEvent:
-        """The next server event; raises :class:`ServerClosed` when the socket closes."""
-        try:
-            message = await self.ws.get_message()
-        except trio_websocket.ConnectionClosed as exc:
-            raise self._closed_error(exc) from None
-        self.received_at = time.perf_counter()
-        event = parse_event(message)
+        """The next server event; raises :class:`ServerClosed` when the socket closes.
+
+        In a resumable session a dropped connection is resumed here (reconnect with
+        backoff, replay, re-send), so the events go on as if nothing happened;
+        :class:`ResumeFailed` or :class:`ResumeExpired` when it cannot be."""
+        while True:
+            try:
+                message = await self.ws.get_message()
+            except trio_websocket.ConnectionClosed as exc:
+                if not self._may_resume(exc):
+                    raise self._closed_error(exc) from None
+                assert self.link is not None
+                await self.link.resume(self)
+                continue
+            self.received_at = time.perf_counter()
+            event = parse_event(message)
+            if self.link is None or await self.link.counted(self, event):
+                break
         if isinstance(event, AudioDelta):
             return event
         if is_final(event):
@@ -675,6 +768,140 @@ def _error_exception(event: ErrorEvent) -> ServerError | ServerBusy:
     if event.code == "server_busy":
         return ServerBusy(f"server busy: {event.message}", event.message or None)
     return ServerError(event.code, event.message)
+
+
+# --- resuming -------------------------------------------------------------------------
+
+Opener = Callable[[str], Awaitable[trio_websocket.WebSocketConnection]]
+
+
+class Link:
+    """What a resumable session's client keeps across connections: the server's
+    offer, the event count and its acks, the outbox of what it sent; and how it
+    resumes (the rules are :mod:`realtime.client.resume`; this is their I/O)."""
+
+    def __init__(
+        self,
+        url: str,
+        opener: Opener,
+        outbox: Outbox,
+        connect_timeout: float,
+        on_change: Callable[[str], None] | None = None,
+    ) -> None:
+        self.url = url
+        self.on_change = on_change
+        """Told ``"reconnecting"`` when a drop is seen, ``"resumed"`` once it is over."""
+        self.opener = opener
+        self.outbox = outbox
+        self.connect_timeout = connect_timeout
+        self.counter = EventCounter(trio.current_time())
+        self.offer: ResumeOffer | None = None
+        self.resumes = 0
+
+    async def counted(self, client: RealtimeClient, event: ServerEvent) -> bool:
+        """Count a session event (and acknowledge when due); False for the link's own
+        messages, which the caller never sees."""
+        if isinstance(event, UnknownEvent) and event.type in LINK_EVENT_TYPES:
+            if event.type == "session.resumable":
+                self.offer = ResumeOffer.parse(event.raw)
+            return False
+        if isinstance(event, ErrorEvent) and event.code in LINK_ERROR_CODES:
+            if event.code == "invalid_ack":
+                return False  # the server keeps the events a little longer; no harm
+            raise ResumeFailed(event.code, event.message)
+        seq = self.counter.received(trio.current_time())
+        if seq is not None and self.offer is not None:
+            with contextlib.suppress(trio_websocket.ConnectionClosed):
+                await client.ws.send_message(ack_message(seq))  # a drop shows on receive
+        return True
+
+    async def resume(self, client: RealtimeClient) -> None:
+        """Reconnect with backoff until the session is resumed on a new connection and
+        everything the server had not taken is sent again; then swap it in."""
+        offer = self.offer
+        assert offer is not None
+        if self.on_change is not None:
+            self.on_change("reconnecting")
+        deadline = trio.current_time() + offer.grace_seconds
+        url = resume_url(self.url, offer.replica)
+        last = "no try yet"
+        attempt = 0
+        while True:
+            wait = backoff(attempt)
+            if trio.current_time() + wait >= deadline:
+                raise ResumeExpired(offer.grace_seconds, attempt, last)
+            await trio.sleep(wait)
+            attempt += 1
+            try:
+                with trio.fail_after(min(self.connect_timeout, deadline - trio.current_time())):
+                    ws = await self.opener(url)
+            except trio.TooSlowError:
+                last = "timed out"
+                continue
+            except (ServerUnreachable, BusyUpgrade) as exc:
+                last = str(exc)
+                continue
+            except UpgradeRejected as exc:
+                if exc.status not in (429, 502, 504):
+                    raise
+                last = str(exc)
+                continue
+            try:
+                if await self._resumed_on(client, ws, offer):
+                    if self.on_change is not None:
+                        self.on_change("resumed")
+                    return
+                last = "the new connection dropped too"
+            except BaseException:
+                await _abandon(ws)
+                raise
+            await _abandon(ws)
+
+    async def _resumed_on(
+        self, client: RealtimeClient, ws: trio_websocket.WebSocketConnection, offer: ResumeOffer
+    ) -> bool:
+        """One resume on the new connection ``ws``: True once it is the client's."""
+        try:
+            with trio.fail_after(RESUME_ANSWER_SECONDS):
+                await ws.send_message(resume_message(offer, self.counter.seq))
+                answer = parse_event(await ws.get_message())
+        except (trio_websocket.ConnectionClosed, trio.TooSlowError):
+            return False
+        if isinstance(answer, ErrorEvent):
+            if answer.code == "server_busy":
+                return False
+            if answer.code in LINK_ERROR_CODES:
+                raise ResumeFailed(answer.code, answer.message)
+            raise ServerError(answer.code, answer.message)
+        resumed = Resumed.parse(answer.raw) if isinstance(answer, UnknownEvent) else None
+        if resumed is None or answer.raw.get("type") != "session.resumed":
+            raise ProtocolViolation(f"expected session.resumed, got {str(answer.raw)[:200]}")
+        if resumed.last_seq != self.counter.seq:
+            raise ProtocolViolation(
+                f"session.resumed says last_seq {resumed.last_seq}; "
+                f"this client received {self.counter.seq}"
+            )
+        try:
+            self.outbox.confirm(resumed.received)
+        except InputLost as exc:
+            raise ResumeFailed("input_lost", str(exc)) from None
+        done = resumed.received
+        try:
+            # What the sender adds meanwhile (it fails on the old socket) joins in.
+            while done < self.outbox.count:
+                for number, message in self.outbox.since(done):
+                    await ws.send_message(message)
+                    done = number
+        except trio_websocket.ConnectionClosed:
+            return False
+        client.ws = ws  # no wait since the last check: nothing sent is left behind
+        self.resumes += 1
+        return True
+
+
+async def _abandon(ws: trio_websocket.WebSocketConnection) -> None:
+    with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+        await ws.aclose()
 
 
 # --- connecting -----------------------------------------------------------------------
@@ -773,6 +1000,66 @@ def check_url(url: str) -> None:
         raise BadURL(f"URL has no host: {url!r} (ws://HOST:PORT/v1/realtime)")
 
 
+@attrs.frozen(slots=True)
+class _Settings:
+    """How :func:`connect` opens each of a session's connections."""
+
+    headers: list[tuple[bytes, bytes]]
+    subprotocols: Sequence[str] | None
+    connect_timeout: float
+    disconnect_timeout: float
+    message_queue_size: int
+    receive_buffer_size: int
+
+
+async def _hold(
+    url: str,
+    settings: _Settings,
+    *,
+    task_status: trio.TaskStatus[trio_websocket.WebSocketConnection] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Open a WebSocket to ``url`` and hand it to the starter, then keep it (its reader
+    task) until cancelled. Every way it can fail to open is a :class:`ClientError`
+    raised to the starter; once open, how it ends is the connection's own news."""
+    started = False
+    try:
+        async with trio_websocket.open_websocket_url(
+            url,
+            subprotocols=settings.subprotocols,
+            extra_headers=settings.headers,
+            message_queue_size=settings.message_queue_size,
+            receive_buffer_size=settings.receive_buffer_size,
+            max_message_size=MAX_MESSAGE_SIZE,
+            connect_timeout=settings.connect_timeout,
+            disconnect_timeout=settings.disconnect_timeout,
+        ) as ws:
+            task_status.started(ws)
+            started = True
+            await trio.sleep_forever()
+    except trio_websocket.ConnectionRejected as exc:
+        if not started:
+            raise _rejected(url, exc) from None
+    except (trio_websocket.HandshakeError, OSError) as exc:
+        if not started:
+            raise _unreachable(url, exc) from None
+    except ValueError as exc:  # a URL trio-websocket cannot parse
+        if not started:
+            raise BadURL(f"bad WebSocket URL {url!r}: {exc}") from None
+
+
+def _one_error(
+    group: BaseExceptionGroup[BaseException], raised: BaseException | None
+) -> BaseException:
+    """What :func:`connect`'s nursery ends with, as one exception: the body's own
+    (``raised``) when there is one; its tasks never fail but by cancellation."""
+    if raised is not None:
+        return raised
+    others = [e for e in group.exceptions if not isinstance(e, trio.Cancelled)]
+    if len(others) == 1:
+        return others[0]
+    return group if others else group.exceptions[0]
+
+
 @asynccontextmanager
 async def connect(
     url: str,
@@ -785,6 +1072,10 @@ async def connect(
     disconnect_timeout: float = 5.0,
     message_queue_size: int = 256,
     receive_buffer_size: int = 65536,
+    resume: bool = True,
+    outbox_max_bytes: int = OUTBOX_MAX_BYTES,
+    outbox_max_seconds: float = OUTBOX_MAX_SECONDS,
+    on_link: Callable[[str], None] | None = None,
 ) -> AsyncIterator[RealtimeClient]:
     """Open ``url`` (``ws://HOST:PORT/v1/realtime``) and yield a :class:`RealtimeClient`.
 
@@ -792,34 +1083,54 @@ async def connect(
     :class:`BadURL`, :class:`ServerUnreachable`, :class:`Unauthorized`,
     :class:`Forbidden`, :class:`BusyUpgrade` (HTTP 503: a :class:`ServerBusy`) or
     :class:`UpgradeRejected`.
+
+    With ``resume`` (the default) the session is asked to be resumable
+    (``resumable=1``): where the server offers it, a dropped connection is resumed
+    within the server's grace period without the caller seeing it (the client keeps
+    what it sent, up to ``outbox_max_bytes`` and ``outbox_max_seconds``, to send it
+    again). A server that offers nothing is served as without it. ``on_link`` is told
+    ``"reconnecting"`` when a drop is seen and ``"resumed"`` when it is over (a
+    terminal client says so).
     """
     check_url(url)
     headers = auth_headers(api_key)
     if origin is not None:
         headers.append((b"origin", origin.encode()))
-    opened = False
+    settings = _Settings(
+        headers,
+        subprotocols,
+        connect_timeout,
+        disconnect_timeout,
+        message_queue_size,
+        receive_buffer_size,
+    )
+    raised: BaseException | None = None
     try:
-        async with trio_websocket.open_websocket_url(
-            url,
-            subprotocols=subprotocols,
-            extra_headers=headers,
-            message_queue_size=message_queue_size,
-            receive_buffer_size=receive_buffer_size,
-            max_message_size=MAX_MESSAGE_SIZE,
-            connect_timeout=connect_timeout,
-            disconnect_timeout=disconnect_timeout,
-        ) as ws:
-            opened = True
-            yield RealtimeClient(ws, raise_errors=raise_errors)
-    except trio_websocket.ConnectionRejected as exc:
-        raise _rejected(url, exc) from None
-    except (trio_websocket.HandshakeError, OSError) as exc:
-        if opened and not isinstance(exc, trio_websocket.DisconnectionTimeout):
-            raise
-        if opened:
-            return  # the session is over; a slow close handshake is not the user's error
-        raise _unreachable(url, exc) from None
-    except ValueError as exc:  # a URL trio-websocket cannot parse
-        if opened:
-            raise
-        raise BadURL(f"bad WebSocket URL {url!r}: {exc}") from None
+        async with trio.open_nursery() as nursery:
+            try:
+
+                async def opener(target: str) -> trio_websocket.WebSocketConnection:
+                    ws: trio_websocket.WebSocketConnection = await nursery.start(
+                        _hold, target, settings
+                    )
+                    return ws
+
+                link = None
+                if resume:
+                    outbox = Outbox(outbox_max_bytes, outbox_max_seconds)
+                    link = Link(url, opener, outbox, connect_timeout, on_link)
+                ws = await opener(resumable_url(url) if resume else url)
+                client = RealtimeClient(ws, raise_errors=raise_errors, link=link)
+                try:
+                    yield client
+                finally:
+                    # The session is over; a slow close handshake is not the user's error.
+                    with trio.CancelScope(shield=True), trio.move_on_after(disconnect_timeout):
+                        await client.ws.aclose()
+            except BaseException as exc:
+                raised = exc
+                raise
+            finally:
+                nursery.cancel_scope.cancel()  # the readers of every connection opened
+    except BaseExceptionGroup as group:
+        raise _one_error(group, raised) from None

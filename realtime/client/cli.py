@@ -59,7 +59,7 @@ EXIT_EPILOG: Final = """\
 exit status:
   0    the answer ended with response.done
   1    the server sent an error, closed early or stalled (or the session did not
-       open within --open-timeout)
+       open within --open-timeout, or a dropped connection could not be resumed)
   2    usage error (bad arguments; for the microphone client: no usable audio device)
   3    the server is unreachable (nothing listens at HOST:PORT)
   4    wrong URL: not ws:// or wss://, or no /v1/realtime at that path (e.g. HTTP 404)
@@ -140,9 +140,9 @@ def _seconds(value: float) -> bool:
 
 
 def add_connection_options(parser: argparse.ArgumentParser) -> None:
-    """``--api-key``, ``--origin``, ``--retry`` and ``--open-timeout``: what a client
-    shows a server that checks them, how long it keeps trying a busy one, and how long
-    it waits for its session to open."""
+    """``--api-key``, ``--origin``, ``--retry``, ``--no-resume`` and ``--open-timeout``:
+    what a client shows a server that checks them, how long it keeps trying a busy one,
+    whether it resumes after a drop, and how long it waits for its session to open."""
     parser.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     parser.add_argument("--origin", default=None, help="send this Origin header (browser-like)")
     parser.add_argument(
@@ -152,6 +152,13 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="when the server (or its balancer) is busy, wait and try again up to N times "
         "(its Retry-After, else 1, 2, 4 ... up to 30 s; default 0: exit 7 at once)",
+    )
+    parser.add_argument(
+        "--no-resume",
+        dest="resume",
+        action="store_false",
+        help="do not ask for a resumable session: a dropped connection ends it (by default "
+        "the client reconnects and resumes within the grace period the server offers)",
     )
     parser.add_argument(
         "--open-timeout",
@@ -217,6 +224,21 @@ async def retrying_busy(
             )
             await trio.sleep(wait)
     raise AssertionError("not reached")  # pragma: no cover
+
+
+class LinkNotices:
+    """One line on ``err`` when the connection drops and when the session is resumed
+    (``on_link`` of :func:`realtime.client.connect`)."""
+
+    def __init__(self, err: TextIO | None = None) -> None:
+        self.err = err
+
+    def __call__(self, change: str) -> None:
+        text = {
+            "reconnecting": "connection lost: reconnecting to resume the session",
+            "resumed": "session resumed",
+        }.get(change, change)
+        print(text, file=self.err if self.err is not None else sys.stderr, flush=True)
 
 
 def redact_audio(event: Event) -> Event:

@@ -32,6 +32,7 @@ from realtime.client.cli import (
     AudioDeltaChecker,
     Event,
     FrameFramer,
+    LinkNotices,
     TranscriptPrinter,
     open_session,
 )
@@ -152,6 +153,7 @@ async def run_file_client(
     realtime: bool = False,
     api_key: str | None = None,
     origin: str | None = None,
+    resume: bool = True,
     on_ready: Callable[[SessionUpdated], None] | None = None,
     on_event: Callable[[Event], None] | None = None,
     printer: TranscriptPrinter | None = None,
@@ -170,6 +172,9 @@ async def run_file_client(
     any failure to get a session (none opened within ``open_timeout`` seconds: the
     server reads the system prompt first), server error, early close, protocol
     violation, or ``event_timeout`` seconds without an event once it is open.
+    With ``resume`` (the default) a dropped connection is resumed where the server
+    offers it (:func:`realtime.client.connect`): the answer is the same as without
+    the drop.
     """
     audio = _nonempty_audio(audio)
     started = time.perf_counter()
@@ -184,7 +189,9 @@ async def run_file_client(
         if on_event is not None:
             on_event(event)
 
-    async with connect(url, api_key=api_key, origin=origin) as conn:
+    async with connect(
+        url, api_key=api_key, origin=origin, resume=resume, on_link=LinkNotices()
+    ) as conn:
         updated = await open_session(conn, open_timeout, system_prompt=system_prompt, seed=seed)
         assert conn.created is not None
         seen(conn.created.raw)

@@ -46,6 +46,7 @@ from realtime.client.cli import (
     PCM16,
     AudioDeltaChecker,
     FrameFramer,
+    LinkNotices,
     TranscriptPrinter,
     open_session,
 )
@@ -712,6 +713,7 @@ async def run_microphone_client(
     seed: int = 0,
     api_key: str | None = None,
     origin: str | None = None,
+    resume: bool = True,
     out: TextIO | None = None,
     err: TextIO | None = None,
     drain_timeout: float = 10.0,
@@ -744,7 +746,9 @@ async def run_microphone_client(
     )
     if not echo_cancelled:
         print(ECHO_WARNING, file=err, flush=True)
-    async with connect(url, api_key=api_key, origin=origin) as conn:
+    async with connect(
+        url, api_key=api_key, origin=origin, resume=resume, on_link=LinkNotices(err)
+    ) as conn:
         updated = await open_session(conn, open_timeout, system_prompt=system_prompt, seed=seed)
         print("[connected: speak now; Ctrl-C to finish, twice to quit]", file=err, flush=True)
         audio = SessionAudio.from_updated(updated)

@@ -23,7 +23,7 @@
 
 import { Call, CallAudio, MicError } from "./call.js";
 import { DASH, RETRY_DEFAULT_S, RETRY_LIMIT_MS, answerLimitSeconds, readyReason, sessionUpdate } from "./format.js";
-import { listMics, probeModels, probeReady, realtimeUrl, subprotocols } from "./net.js";
+import { CallSocket, listMics, probeModels, probeReady, realtimeUrl, subprotocols } from "./net.js";
 import { $, Downloads, EventLog, Figures, ServedModel, StatusView, Transcript, Waveform, makeMeters } from "./views.js";
 
 // The page's pure units, as tests import them from the module the page runs.
@@ -146,7 +146,7 @@ class App {
   connect(audio) {
     let ws;
     try {
-      ws = new WebSocket(realtimeUrl(), subprotocols(this.key));
+      ws = new CallSocket(realtimeUrl(), subprotocols(this.key));
     } catch (err) {
       throw new Error(`cannot open the WebSocket (is the API key a plain token?): ${err.message}`);
     }
@@ -265,7 +265,12 @@ class App {
 
   async explainClose(call, event) {
     const { status } = this;
-    if (event.code === 1013 || call.busy) {
+    if (event.resumeError) {
+      const { code, message } = event.resumeError;
+      status.set("error", "connection lost");
+      status.notice("error", "The connection was lost.", code === "resync_required" ? "The server no longer holds what the page missed; start a new conversation." : "The conversation could not be resumed; start a new one.");
+      status.error(`could not resume the conversation (${code}: ${message})`);
+    } else if (event.code === 1013 || call.busy) {
       // The close reason is the server's message too (shortened to fit a close frame).
       status.busy(call.busyMessage || event.reason);
       const why = event.reason ? `: ${event.reason}` : ", try again later";

@@ -10,14 +10,16 @@ import { AnswerWatch, MicWatch, Timing } from "./watches.js";
 // (session.created: session.update sent) -> live (session.updated: audio both ways)
 // -> finishing (Stop: silence out while the answer finishes) -> committing (the
 // commit, or a cut, sent; a cut may follow the commit) -> done (response.done or
-// response.cancelled). A call may end from any phase (the server ends it, the socket
-// closes).
+// response.cancelled). A dropped connection (no close frame) in a resumable session
+// goes to reconnecting, and back to the phase it left once resumed. A call may end
+// from any phase (the server ends it, the socket closes, the resume fails).
 export const CALL_STATES = Object.freeze({
   connecting: Object.freeze(["configuring", "done"]),
-  configuring: Object.freeze(["live", "done"]),
-  live: Object.freeze(["finishing", "committing", "done"]),
-  finishing: Object.freeze(["committing", "done"]),
-  committing: Object.freeze(["committing", "done"]),
+  configuring: Object.freeze(["live", "reconnecting", "done"]),
+  live: Object.freeze(["finishing", "committing", "reconnecting", "done"]),
+  finishing: Object.freeze(["committing", "reconnecting", "done"]),
+  committing: Object.freeze(["committing", "reconnecting", "done"]),
+  reconnecting: Object.freeze(["configuring", "live", "finishing", "committing", "done"]),
   done: Object.freeze([]),
 });
 
@@ -201,9 +203,39 @@ export class Call {
     this.ending = null; // "done" or "cancelled": how the server ended it
     this.cutting = false; // the second Stop: response.cancel sent
     this.started = new Date().toISOString();
+    this.resumeTo = null; // the phase a reconnecting call goes back to
     ws.onmessage = (e) => this.receive(e.data);
     ws.onerror = () => {}; // the details (close code) arrive with onclose
     ws.onclose = (e) => app.closed(this, e);
+    ws.onreconnecting = () => this.reconnecting();
+    ws.onresumed = () => this.resumed();
+  }
+
+  // The phase the call is in, or goes back to once its connection is resumed.
+  get phase() {
+    return this.state === "reconnecting" ? this.resumeTo : this.state;
+  }
+
+  // The connection dropped: the socket reconnects; the microphone's frames are kept
+  // for the server, the answer waits.
+  reconnecting() {
+    if (!this.current) return;
+    this.resumeTo = this.state;
+    this.enter("reconnecting");
+    const { ui } = this.app;
+    ui.stats.dataset.drops = String(Number(ui.stats.dataset.drops || 0) + 1);
+    this.app.status.set("reconnecting", "connection lost: reconnecting…");
+    this.app.log.event("×", "connection lost", "reconnecting");
+  }
+
+  resumed() {
+    if (!this.current) return;
+    this.enter(this.resumeTo);
+    const { ui } = this.app;
+    ui.stats.dataset.resumes = String(this.ws.resumes);
+    this.app.log.event("→", "session.resume", `resumed (${this.ws.resumes})`);
+    const labels = { live: "live: speak now", configuring: "configuring" };
+    this.app.status.set(this.state, labels[this.state] || "finishing the answer…");
   }
 
   get current() {
@@ -221,8 +253,7 @@ export class Call {
   }
 
   send(message, silence = false) {
-    if (this.ws.readyState !== WebSocket.OPEN) return false;
-    this.ws.send(JSON.stringify(message));
+    if (!this.ws.send(JSON.stringify(message))) return false;
     if (message.type === "input_audio_buffer.append") this.app.log.append(this.format.frameMs, silence);
     else this.app.log.event("→", message.type, summarize(message));
     return true;
@@ -317,13 +348,13 @@ export class Call {
   }
 
   checkMic() {
-    if (!this.current || this.state !== "live" || !this.micWatch) return;
+    if (!this.current || this.phase !== "live" || !this.micWatch) return;
     this.app.status.micWarning(this.micWatch.check(performance.now()));
   }
 
   // A frame from the capture worklet: the microphone's, or (after Stop) its silence.
   captured(frame) {
-    if (!this.current || (this.state !== "live" && this.state !== "finishing")) return;
+    if (!this.current || (this.phase !== "live" && this.phase !== "finishing")) return;
     const silence = frame.silence === true;
     const { figures } = this.app;
     const index = figures.values.appendsSent;
@@ -383,7 +414,8 @@ export class Call {
   // Stop: a live call ends the user's turn and lets the answer finish; during that,
   // a second Stop cuts the answer; a call still setting up is closed.
   stop() {
-    if (this.state === "live") this.finish();
+    if (this.state === "reconnecting") this.ws.close(1000, "stopped by the user");
+    else if (this.state === "live") this.finish();
     else if (this.state === "finishing" || this.state === "committing") this.cut();
     else if (this.state !== "done") this.ws.close(1000, "stopped by the user");
   }

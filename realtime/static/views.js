@@ -153,6 +153,7 @@ const HINTS = {
   live: "Speak now. Stop ends your turn and lets the answer finish.",
   finishing: "Your microphone is off; the answer is finishing (up to {limit} s). Stop again cuts it.",
   committing: "The answer is ending. Stop again cuts it.",
+  reconnecting: "The connection dropped; the conversation waits while the page reconnects. Stop ends it.",
   waiting: "Waiting for a free conversation; Cancel stops waiting.",
   closed: "The conversation has ended. Play any turn again, or Start talking for a new one.",
   done: "The answer has ended.",

@@ -203,6 +203,8 @@ def _cut(page: Any) -> None:
 
 # What a figure that is not measured shows; its data-* attribute is absent then.
 DASH = "\u2014"
+# The page's WebSocket, with its query (?resumable=1: the page asks for resume).
+REALTIME_SOCKET = re.compile(r"/v1/realtime(\?.*)?$")
 LIVE_FIGURES = (
     "latencyMs",
     "targetMs",
@@ -873,6 +875,7 @@ def test_browser_app_units(demo_server: ServerProcess, browser: _Browser) -> Non
         "live",
         "finishing",
         "committing",
+        "reconnecting",
         "done",
     }
     assert units["states"]["done"] == [] and units["walk"] == "done"
@@ -1000,7 +1003,7 @@ def test_browser_page_follows_the_session_figures(
     bound."""
     server = _FiguresServer()
     page = browser.new_page()
-    page.route_web_socket("**/v1/realtime", server.route)
+    page.route_web_socket(REALTIME_SOCKET, server.route)
     page.goto(demo_server.http + "/")
     page.click("#start")
     _wait_state(page, "live", 15_000)
@@ -1132,7 +1135,7 @@ def test_browser_full_server_refusing_the_upgrade(browser: _Browser, tmp_path: P
         # The conversation is free by the time /ready says so: from then on the
         # WebSocket goes to a stand-in server that takes it.
         server = _FiguresServer()
-        page.route_web_socket("**/v1/realtime", server.route)
+        page.route_web_socket(REALTIME_SOCKET, server.route)
         page.click("#retry")
         page.wait_for_selector('#notice[data-kind="waiting"]', timeout=10_000)
         assert "Retry-After" in page.text_content("#notice-text")
