@@ -2,7 +2,7 @@
 the demo server through a TCP proxy that cuts the connection mid-answer; the page
 shows reconnecting, resumes on its own, and the answer plays on, every frame once.
 
-Skips like tests/test_browser.py when Chromium or Playwright is missing.
+Skips like tests/static/test_browser.py when Chromium or Playwright is missing.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import trio
 
 from tests.helpers import ServerProcess
 from tests.resume.cut_proxy import proxy_thread
-from tests.test_browser import (
+from tests.static.test_browser import (
     _Browser,
     _evaluate,
     _open_browser,

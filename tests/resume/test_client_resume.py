@@ -46,13 +46,13 @@ from realtime.client.resume import (
     resumable_url,
     resume_url,
 )
-from realtime.engine.runner import Engine
+from realtime.engine.facade import Engine
 from realtime.limits import Limits
 from realtime.models.base import VOICECHAT_FIGURES
 from realtime.testing.fake import FakeModel
+from tests.client.test_microphone import ArrayInput, ArrayOutput, _drive, _speech_like
 from tests.helpers import ServerProcess, running_engine, running_server
 from tests.resume.cut_proxy import cut_proxy
-from tests.test_clients_microphone import ArrayInput, ArrayOutput, _drive, _speech_like
 
 FRAME = VOICECHAT_FIGURES.frame_samples
 

@@ -5,7 +5,7 @@ connection mid-answer. The resume (``?resume=1&replica=NAME``) reaches the repli
 holds the conversation (HAProxy's ``use-server``; its log names the server), and the
 answer equals one with no drop, bit for bit.
 
-Skips like tests/test_fleet.py without ``haproxy``.
+Skips like tests/deploy/test_fleet.py without ``haproxy``.
 """
 
 from __future__ import annotations
@@ -24,9 +24,7 @@ from trio_websocket import ConnectionRejected, open_websocket_url
 from realtime.client import AudioDelta, ResponseDone, connect
 from realtime.models.base import VOICECHAT_FIGURES
 from realtime.testing.servers import ServerProcess
-from tests.helpers import http, start_realtime_server
-from tests.resume.cut_proxy import CutProxy, cut_proxy
-from tests.test_fleet import (
+from tests.deploy.test_fleet import (
     free_port,
     in_conversations,
     port_of,
@@ -34,6 +32,8 @@ from tests.test_fleet import (
     run_haproxy,
     wait_for,
 )
+from tests.helpers import http, start_realtime_server
+from tests.resume.cut_proxy import CutProxy, cut_proxy
 
 pytestmark = pytest.mark.slow
 
