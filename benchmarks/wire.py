@@ -155,10 +155,13 @@ async def connect(url: str, model: str | None, *, retry_busy: bool = True) -> As
     """A connection to ``url``. With ``retry_busy``, a ``server_busy`` refusal is
     retried (up to 5 s): a server may release its slot a moment after the previous
     session's last event (mlx-vlm's does), and the benchmark measures sessions, not
-    that race. Without it the first event is left for the caller to read."""
+    that race. Without it the first event is left for the caller to read. Sessions are
+    not resumable (``resume=False``): a benchmark measures the protocol every client
+    gets, not the resume journal a client asks for (docs/resume.md), and mlx-vlm's
+    peer takes the same URL."""
     busy = 0
     for _ in range(BUSY_RETRIES if retry_busy else 1):
-        async with rc.connect(url, raise_errors=False, disconnect_timeout=10) as conn:
+        async with rc.connect(url, raise_errors=False, disconnect_timeout=10, resume=False) as conn:
             client = Client(conn, model)
             client.busy_retries = busy
             if not retry_busy:
