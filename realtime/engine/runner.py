@@ -186,6 +186,11 @@ class _Queued:
     """A ToolResult under way: its next step runs when the scheduler picks it again."""
     slice_seconds: float | None = None
     """A sliced command's last slice: what its next is expected to cost."""
+    slice_steps: int = 0
+    """Model steps its last slice ran, where the engine sizes its slices
+    (:class:`~realtime.models.base.SizedSlices`; 0: none, or not sized)."""
+    ask: int | None = None
+    """Steps its next slice may run (None: as many as it likes), set as it starts."""
 
 
 @attrs.define(slots=True)
@@ -215,6 +220,10 @@ many frame times after it is queued, gives way to a waiting frame unless overdue
 many (:meth:`Engine._yields`), and a conversation with a frame in the last this many
 frame times counts as streaming (:meth:`Engine._streams`): while one does, that work
 takes only its share of engine time (:meth:`Engine._held_now`)."""
+
+STEPS_MOST: Final = 64
+"""Most steps the engine asks of one sized slice (the model's own most bounds it too:
+:attr:`~realtime.models.base.SizedSlices.most_steps`)."""
 
 AHEAD_STEPS: Final = 16
 """Most steps of work no one waits for (a voice chain built ahead of need) in one idle
@@ -399,6 +408,8 @@ class Engine:
         self._sessions: dict[str, _Active] = {}  # engine thread only
         self._openings: set[str] = set()  # engine thread only: Opens under way
         self._slices: collections.deque[float] = collections.deque(maxlen=16)
+        self._step_seconds: collections.deque[float] = collections.deque(maxlen=16)
+        """Engine seconds a model step of the last sized slices took (engine thread)."""
         """The last slices of any sliced command: the dearest is a first slice's expected
         cost (an opening's first slice builds its session). Engine thread only."""
         self._after_frames = False  # engine thread only
@@ -1011,11 +1022,8 @@ class Engine:
                 return False
             if not self._share.may_run(now, self._share_of(streams, costs)):
                 return True
-            cost = entry.item.slice_seconds
-            cost = max(self._slices, default=0.0) if cost is None else cost
-            lasts = self._recent(now, entry.key)
-            deadline = min(lasts) + 2 * self._frame_seconds if lasts else None
-            step = admission.gather_cost(costs, streams)
+            cost = self._least_cost(entry.item)
+            deadline, step = self._next_frame(now, entry.key, streams, costs)
             if fairshare.fits(now, cost, deadline, step):
                 return False
             # It will make a frame late wherever it runs: just after the frames ran, once
@@ -1025,6 +1033,45 @@ class Engine:
             return not (self._after_frames and caught_up)
 
         return held
+
+    def _next_frame(
+        self, now: float, key: str, streams: int, costs: dict[int, float]
+    ) -> tuple[float | None, float]:
+        """The deadline of the next frame expected of a conversation but ``key`` (None:
+        none) and the step it will take; under ``_state_lock``."""
+        lasts = self._recent(now, key)
+        deadline = min(lasts) + 2 * self._frame_seconds if lasts else None
+        return deadline, admission.gather_cost(costs, streams)
+
+    def _per_step(self, item: _Queued) -> float | None:
+        """What one model step of a sized slice costs: its own last slice's, else the
+        dearest of the recent sized slices' (None: none measured)."""
+        if item.slice_steps > 0 and item.slice_seconds is not None:
+            return item.slice_seconds / item.slice_steps
+        return max(self._step_seconds, default=None)
+
+    def _least_cost(self, item: _Queued) -> float:
+        """What the next slice costs at least: a sized one's next is one step at most
+        (:meth:`_per_step`); another, or a first slice, costs its last (a first, the
+        dearest of the recent slices)."""
+        if item.slice_steps > 0:
+            per_step = self._per_step(item)
+            if per_step is not None:
+                return per_step
+        cost = item.slice_seconds
+        return max(self._slices, default=0.0) if cost is None else cost
+
+    def _ask(self, entry: Entry[str, _Queued]) -> int | None:
+        """Steps the slice starting now may run (:func:`realtime.engine.fairshare.slice_steps`):
+        what fits before another conversation's next frame; None while none streams."""
+        with self._state_lock:
+            now = time.monotonic()
+            streams = self._streams(now, entry.key)
+            if streams == 0:
+                return None
+            deadline, step = self._next_frame(now, entry.key, streams, self._step_times.costs())
+        room = fairshare.gap(now, deadline, step)
+        return fairshare.slice_steps(STEPS_MOST, room, self._per_step(entry.item))
 
     def _held(self, entry: Entry[str, _Queued]) -> bool:
         """Model work that is not a frame and still wants to run (a stopped one runs at
@@ -1231,6 +1278,7 @@ class Engine:
             self._observer.command_started(kind)
         done = False
         error: EngineError | None = None
+        item.ask = self._ask(entry) if isinstance(command, Open) else None
         with self._beating((item,)) as timing:
             try:
                 step = self._open_step if isinstance(command, Open) else self._feed_step
@@ -1246,6 +1294,8 @@ class Engine:
         item.engine_seconds += timing.seconds
         item.slice_seconds = timing.seconds
         self._slices.append(timing.seconds)
+        if item.slice_steps > 0:
+            self._step_seconds.append(timing.seconds / item.slice_steps)
         self._count_extra(timing.seconds, entry.key)
         if error is None and not done:
             with self._state_lock:
@@ -1353,8 +1403,14 @@ class Engine:
                 raise EngineError("open_failed", str(exc), during="open") from exc
             self._openings.add(sid)
             item.began = True
+        opening, item.slice_steps = item.opening, 0
         try:
-            session = item.opening.advance()
+            if isinstance(opening, model.SizedSlices):
+                ask = opening.most_steps if item.ask is None else item.ask
+                session = opening.advance_steps(min(opening.most_steps, ask))
+                item.slice_steps = opening.steps_run
+            else:
+                session = opening.advance()
         except model.SessionInitializationError as exc:
             raise EngineError("open_failed", str(exc), during="open") from exc
         if session is None:

@@ -623,8 +623,27 @@ class VoiceChatOpening:
     _prefill: Prefill | None = attrs.field(default=None, init=False)
     _parts: tuple[LanguagePart, VoicePart] | None = attrs.field(default=None, init=False)
     _use: PromptUse | None = attrs.field(default=None, init=False)
+    _steps: int = attrs.field(default=0, init=False)
+    _ran: int = attrs.field(default=0, init=False)
+
+    @property
+    def most_steps(self) -> int:
+        """:data:`~realtime.models.voicechat.prompt.STEPS_PER_SLICE`
+        (:class:`~realtime.models.base.SizedSlices`)."""
+        from realtime.models.voicechat.prompt import STEPS_PER_SLICE
+
+        return STEPS_PER_SLICE
+
+    @property
+    def steps_run(self) -> int:
+        return self._ran
 
     def advance(self) -> VoiceChatSession | None:
+        return self.advance_steps(self.most_steps)
+
+    def advance_steps(self, steps: int) -> VoiceChatSession | None:
+        """The next slice, its prefill's share at most ``steps`` model steps."""
+        self._steps, self._ran = steps, 0
         try:
             if self._use is None:
                 self._start()
@@ -661,7 +680,7 @@ class VoiceChatOpening:
     def _wait_for_prefill(self) -> None:
         prefill = self._prefill
         assert prefill is not None
-        prefill.advance()
+        self._ran = prefill.advance(self._steps)
         if prefill.done:
             self._parts = prefill.parts()
             self._prefill = None

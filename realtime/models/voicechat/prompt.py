@@ -509,29 +509,35 @@ class Prefill:
         assert self.language is not None and self.chain is not None
         return self.language, self.chain.voice(len(self.ids))
 
-    def advance(self) -> None:
+    def advance(self, most: int = STEPS_PER_SLICE) -> int:
         """Run the next slice: the chain and the language cache first, then up to
-        :data:`STEPS_PER_SLICE` language-model steps (and as many chain steps while the
-        chain is shorter than the prompt) a slice."""
+        ``most`` (1 to :data:`STEPS_PER_SLICE`) language-model steps (and as many chain
+        steps while the chain is shorter than the prompt) a slice; the steps it ran (0:
+        the first slice). The steps are chained through the caches, so how many run in
+        one graph changes no value."""
         if self.error is not None:
             raise self.error
         if self.done:
-            return
+            return 0
+        most = max(1, min(STEPS_PER_SLICE, most))
+        ran = 0
         try:
             if self.chain is None:
                 self.chain = self._begin()
             else:
-                before = self.chain.steps
-                self.chain.extend(len(self.ids))
+                before, language = self.chain.steps, self._next
+                self.chain.extend(len(self.ids), most)
                 if self.chain.steps != before:
                     self._states.keep(self.chain)
-                self._language_steps()
+                self._language_steps(most)
+                ran = max(self.chain.steps - before, self._next - language)
             if self._next == len(self.ids) and self.chain.steps >= len(self.ids):
                 self._finish()
         except Exception as exc:
             self.error = exc
             self.abandon()
             raise
+        return ran
 
     def _begin(self) -> VoiceChain:
         import mlx.core as mx
@@ -541,8 +547,8 @@ class Prefill:
         self._embeds = stt.embed_tokens(mx.array([list(self.ids)], dtype=mx.int32))
         return self._states.chain(self._runtime, self.seed, len(self.ids), self.scope)
 
-    def _language_steps(self) -> None:
-        """Up to :data:`STEPS_PER_SLICE` of the language model's prefill steps as one
+    def _language_steps(self, most: int = STEPS_PER_SLICE) -> None:
+        """Up to ``most`` of the language model's prefill steps as one
         graph: ``embed(pad) + prompt[i] + w * embed(pad)`` through the cache, as
         ``_run_timeline_step`` runs them (the heads' outputs are never evaluated: no
         later step reads them)."""
@@ -551,7 +557,7 @@ class Prefill:
         model = self._runtime.model
         stt = model.stt_model
         pad = mx.array([[model.config.pad_token_id]], dtype=mx.int32)
-        end = min(self._next + STEPS_PER_SLICE, len(self.ids))
+        end = min(self._next + most, len(self.ids))
         for index in range(self._next, end):
             fused = stt.embed_tokens(pad) + self._embeds[:, index : index + 1]
             fused = fused + model.config.function_channel_weight * stt.embed_tokens(pad)
@@ -823,9 +829,9 @@ class PromptStates:
     def ahead(self, runtime: Any, steps: int, quiet: bool) -> AheadSlice:
         """One slice of work no opening waits for, first of these that is left: (``quiet``:
         no conversation is open, so nothing it takes delays a frame) one state file
-        written; a slice of a read whose clients left (:data:`STEPS_PER_SLICE` steps,
-        when ``steps`` holds them or ``quiet``); up to ``steps`` steps of the chain built
-        ahead."""
+        written; a slice of a read whose clients left (up to ``steps`` steps, at most
+        :data:`STEPS_PER_SLICE`; that many when ``quiet``); up to ``steps`` steps of the
+        chain built ahead."""
         import time
 
         began = time.perf_counter()
@@ -833,16 +839,19 @@ class PromptStates:
             if quiet and self._unwritten:
                 self._write_one()
                 return AheadSlice(0, True)
-            if (steps >= STEPS_PER_SLICE or quiet) and self._finish_orphan(began):
-                return AheadSlice(STEPS_PER_SLICE, True)
+            if steps > 0 or quiet:
+                ran = self._finish_orphan(began, STEPS_PER_SLICE if quiet else steps)
+                if ran is not None:
+                    return AheadSlice(ran, True)
             if steps > 0 and self.building:
                 return AheadSlice(self._build(runtime, steps), True)
             return AheadSlice(0, bool(self._unwritten) or self.building or bool(self._orphans))
         finally:
             self.ahead_seconds += time.perf_counter() - began
 
-    def _finish_orphan(self, began: float) -> bool:
-        """One slice of the oldest read whose clients left; whether one ran. A read
+    def _finish_orphan(self, began: float, most: int) -> int | None:
+        """One slice (at most ``most`` steps) of the oldest read whose clients left; the
+        steps it ran, None when none is left. A read
         that a retry joined is its client's again; one past :data:`ORPHAN_SECONDS` of
         engine time, or that fails, is dropped."""
         import time
@@ -852,18 +861,18 @@ class PromptStates:
                 del self._orphans[prefill]  # a retry joined it: its opening drives it
                 continue
             try:
-                prefill.advance()
+                ran = prefill.advance(most)
             except Exception:
                 log.debug("finishing an abandoned prompt read failed", exc_info=True)
                 self._drop_orphan(prefill, finished=False)
-                return True
+                return 0
             self._orphans[prefill] += time.perf_counter() - began
             if prefill.done:
                 self._drop_orphan(prefill, finished=True)
             elif self._orphans[prefill] > ORPHAN_SECONDS:
                 self._drop_orphan(prefill, finished=False)
-            return True
-        return False
+            return ran
+        return None
 
     def _build(self, runtime: Any, steps: int) -> int:
         chain = self.chain(runtime, self.ahead_seed, self.ahead_tokens)
