@@ -545,7 +545,9 @@ class Prefill:
         stt = self._runtime.model.stt_model
         self._cache = stt.make_cache()
         self._embeds = stt.embed_tokens(mx.array([list(self.ids)], dtype=mx.int32))
-        return self._states.chain(self._runtime, self.seed, len(self.ids), self.scope)
+        chain = self._states.chain(self._runtime, self.seed, len(self.ids), self.scope)
+        self._states.keep(chain)  # a new chain (or fork) is counted from its first slice
+        return chain
 
     def _language_steps(self, most: int = STEPS_PER_SLICE) -> None:
         """Up to ``most`` of the language model's prefill steps as one
@@ -671,6 +673,13 @@ class PromptStates:
         if chain.steps < steps and self._warmed(chain):
             return chain.fork()
         return chain
+
+    def _counts(self, chain: VoiceChain | None) -> bool:
+        """Whether ``chain`` is held in the store (counted in its bytes)."""
+        return chain is not None and any(
+            self.store.peek(VoiceKey(chain.seed, warmed, chain.scope)) is chain
+            for warmed in (False, True)
+        )
 
     def _warmed(self, chain: VoiceChain) -> bool:
         return self.sealed and self.store.peek(VoiceKey(chain.seed, True, chain.scope)) is chain
@@ -869,7 +878,9 @@ class PromptStates:
             self._orphans[prefill] += time.perf_counter() - began
             if prefill.done:
                 self._drop_orphan(prefill, finished=True)
-            elif self._orphans[prefill] > ORPHAN_SECONDS:
+            elif self._orphans[prefill] > ORPHAN_SECONDS or not self._counts(prefill.chain):
+                # Over its time, or its chain no longer fits the bound (no client holds
+                # it: it would only grow outside the count, and never be kept).
                 self._drop_orphan(prefill, finished=False)
             return ran
         return None
