@@ -724,6 +724,11 @@ class DemoTurnOpening:
         inner = self._inner
         return inner.steps_run if isinstance(inner, base.SizedSlices) else 0
 
+    @property
+    def steps_left(self) -> int:
+        inner = self._inner
+        return inner.steps_left if isinstance(inner, base.SizedSlices) else 0
+
     def advance(self) -> DemoTurnSession | None:
         return self._wrap(self._inner.advance())
 

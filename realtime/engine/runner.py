@@ -410,6 +410,9 @@ class Engine:
         self._slices: collections.deque[float] = collections.deque(maxlen=16)
         self._step_seconds: collections.deque[float] = collections.deque(maxlen=16)
         """Engine seconds a model step of the last sized slices took (engine thread)."""
+        self._wholes: collections.deque[float] = collections.deque(maxlen=16)
+        """The last slices that could not be cut (a first slice, an opening's last):
+        the dearest is what the next such slice is expected to cost (engine thread)."""
         """The last slices of any sliced command: the dearest is a first slice's expected
         cost (an opening's first slice builds its session). Engine thread only."""
         self._after_frames = False  # engine thread only
@@ -1051,15 +1054,18 @@ class Engine:
         return max(self._step_seconds, default=None)
 
     def _least_cost(self, item: _Queued) -> float:
-        """What the next slice costs at least: a sized one's next is one step at most
-        (:meth:`_per_step`); another, or a first slice, costs its last (a first, the
-        dearest of the recent slices)."""
-        if item.slice_steps > 0:
+        """What the next slice costs at least: a sized one with steps left, one step
+        (:meth:`_per_step`); a whole one (a first slice, or the session opening), the
+        dearest of the recent whole slices; another, its last."""
+        opening = item.opening
+        if isinstance(opening, model.SizedSlices) and opening.steps_left > 0:
             per_step = self._per_step(item)
             if per_step is not None:
                 return per_step
-        cost = item.slice_seconds
-        return max(self._slices, default=0.0) if cost is None else cost
+        whole = item.slice_seconds is None or isinstance(opening, model.SizedSlices)
+        if whole or item.slice_seconds is None:
+            return max(self._wholes, default=max(self._slices, default=0.0))
+        return item.slice_seconds
 
     def _ask(self, entry: Entry[str, _Queued]) -> int | None:
         """Steps the slice starting now may run (:func:`realtime.engine.fairshare.slice_steps`):
@@ -1296,6 +1302,8 @@ class Engine:
         self._slices.append(timing.seconds)
         if item.slice_steps > 0:
             self._step_seconds.append(timing.seconds / item.slice_steps)
+        elif isinstance(command, Open):
+            self._wholes.append(timing.seconds)
         self._count_extra(timing.seconds, entry.key)
         if error is None and not done:
             with self._state_lock:

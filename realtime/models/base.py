@@ -406,6 +406,12 @@ class SizedSlices(Protocol):
         """Model steps the last slice ran (0: it ran none, e.g. it built the session)."""
         ...
 
+    @property
+    def steps_left(self) -> int:
+        """Model steps left to run (0: the next slice is whole, it builds or opens the
+        session and cannot be cut; the engine expects it to cost what such slices did)."""
+        ...
+
     def advance_steps(self, steps: int) -> ModelSession | None:
         """:meth:`Opening.advance`, running at most ``steps`` (at least 1) model steps."""
         ...

@@ -329,6 +329,10 @@ class FakeOpening:
     def steps_run(self) -> int:
         return self._ran
 
+    @property
+    def steps_left(self) -> int:
+        return len(self._slices)
+
     def advance(self) -> base.ModelSession | None:
         return self.advance_steps(self._most)
 

@@ -638,6 +638,13 @@ class VoiceChatOpening:
     def steps_run(self) -> int:
         return self._ran
 
+    @property
+    def steps_left(self) -> int:
+        """The shared read's steps left (0 before the first slice and once it is read:
+        the next slice begins the opening, or opens the session, whole)."""
+        prefill = self._prefill
+        return 0 if self._use is None or prefill is None else prefill.steps_left
+
     def advance(self) -> VoiceChatSession | None:
         return self.advance_steps(self.most_steps)
 
@@ -649,6 +656,8 @@ class VoiceChatOpening:
                 self._start()
             elif self._prefill is not None:
                 self._wait_for_prefill()
+                if self._prefill is None:
+                    return None  # read: the session opens in a slice of its own
             if self._use is None or self._prefill is not None:
                 return None
             return self._open()

@@ -504,6 +504,15 @@ class Prefill:
     def done(self) -> bool:
         return self.language is not None
 
+    @property
+    def steps_left(self) -> int:
+        """Prefill steps left to run (the language model's or the chain's, whichever is
+        further behind); all of them before its first slice."""
+        if self.done:
+            return 0
+        chain = 0 if self.chain is None else self.chain.steps
+        return max(len(self.ids) - self._next, len(self.ids) - chain)
+
     def parts(self) -> tuple[LanguagePart, VoicePart]:
         """The finished prefill's parts for one opening (its own voice part)."""
         assert self.language is not None and self.chain is not None
