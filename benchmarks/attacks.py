@@ -462,7 +462,7 @@ async def ready_and_shutdown() -> list[Outcome]:
             "9",
             "SIGTERM with three streams and a client that stopped reading (bound 5 s)",
             code == 0 and elapsed < 5.0 and closes == [1001, 1001, 1001],
-            f"exit {code} after {elapsed:.2f} s; streams closed {closes}",
+            f"exit {code} after {elapsed:.2f} s; streams closed {[c and int(c) for c in closes]}",
         ),
     ]
 
