@@ -23,6 +23,7 @@ import collections
 import concurrent.futures
 import contextlib
 import logging
+import math
 import queue
 import socket
 import threading
@@ -408,13 +409,13 @@ class Engine:
         self._sessions: dict[str, _Active] = {}  # engine thread only
         self._openings: set[str] = set()  # engine thread only: Opens under way
         self._slices: collections.deque[float] = collections.deque(maxlen=16)
+        """The last slices of any sliced command: the dearest is a first slice's expected
+        cost (an opening's first slice builds its session). Engine thread only."""
         self._step_seconds: collections.deque[float] = collections.deque(maxlen=16)
         """Engine seconds a model step of the last sized slices took (engine thread)."""
         self._wholes: collections.deque[float] = collections.deque(maxlen=16)
         """The last slices that could not be cut (a first slice, an opening's last):
         the dearest is what the next such slice is expected to cost (engine thread)."""
-        """The last slices of any sliced command: the dearest is a first slice's expected
-        cost (an opening's first slice builds its session). Engine thread only."""
         self._after_frames = False  # engine thread only
         """The last thing the engine ran was a frame step: the next frame of each stream
         is furthest off, the moment for a slice that fits no gap."""
@@ -1047,24 +1048,28 @@ class Engine:
         return deadline, admission.gather_cost(costs, streams)
 
     def _per_step(self, item: _Queued) -> float | None:
-        """What one model step of a sized slice costs: its own last slice's, else the
-        dearest of the recent sized slices' (None: none measured)."""
+        """What one model step of a sized slice may cost: the dearest of its own last
+        slice's and the recent sized slices' (a step's cost varies with the opening and
+        its position in the prompt; None: none measured)."""
+        own = []
         if item.slice_steps > 0 and item.slice_seconds is not None:
-            return item.slice_seconds / item.slice_steps
-        return max(self._step_seconds, default=None)
+            own.append(item.slice_seconds / item.slice_steps)
+        return max([*own, *self._step_seconds], default=None)
 
     def _least_cost(self, item: _Queued) -> float:
         """What the next slice costs at least: a sized one with steps left, one step
         (:meth:`_per_step`); a whole one (a first slice, or the session opening), the
-        dearest of the recent whole slices; another, its last."""
+        dearest of the recent whole slices (unknown: more than any gap); another, its
+        last."""
         opening = item.opening
         if isinstance(opening, model.SizedSlices) and opening.steps_left > 0:
             per_step = self._per_step(item)
             if per_step is not None:
                 return per_step
-        whole = item.slice_seconds is None or isinstance(opening, model.SizedSlices)
-        if whole or item.slice_seconds is None:
-            return max(self._wholes, default=max(self._slices, default=0.0))
+        if item.slice_seconds is None or isinstance(opening, model.SizedSlices):
+            # Nothing measured yet (a fresh engine): fits no gap, so it runs just after
+            # the frames, where any cost does least harm.
+            return max(self._wholes, default=max(self._slices, default=math.inf))
         return item.slice_seconds
 
     def _ask(self, entry: Entry[str, _Queued]) -> int | None:
