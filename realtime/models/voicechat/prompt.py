@@ -853,6 +853,10 @@ class PromptStates:
         import time
 
         began = time.perf_counter()
+        for prefill in list(self._orphans):  # pushed out of the bound by later entries
+            chain = prefill.chain
+            if prefill.users <= 0 and chain is not None and not self._counts(chain):
+                self._drop_orphan(prefill, finished=False)
         try:
             if quiet and self._unwritten:
                 self._write_one()
