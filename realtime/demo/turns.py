@@ -697,8 +697,34 @@ class DemoTurnOpening:
         self._model = model
         self._tool = tool
 
+    @property
+    def most_steps(self) -> int:
+        """The inner opening's (:class:`~realtime.models.base.SizedSlices`; 1 when its
+        slices cannot be sized)."""
+        inner = self._inner
+        return inner.most_steps if isinstance(inner, base.SizedSlices) else 1
+
+    @property
+    def steps_run(self) -> int:
+        inner = self._inner
+        return inner.steps_run if isinstance(inner, base.SizedSlices) else 0
+
+    @property
+    def steps_left(self) -> int:
+        inner = self._inner
+        return inner.steps_left if isinstance(inner, base.SizedSlices) else 0
+
     def advance(self) -> DemoTurnSession | None:
-        session = self._inner.advance()
+        return self._wrap(self._inner.advance())
+
+    def advance_steps(self, steps: int) -> DemoTurnSession | None:
+        """The inner opening's slice of at most ``steps`` steps, when it sizes them."""
+        inner = self._inner
+        if isinstance(inner, base.SizedSlices):
+            return self._wrap(inner.advance_steps(steps))
+        return self._wrap(inner.advance())
+
+    def _wrap(self, session: base.ModelSession | None) -> DemoTurnSession | None:
         return None if session is None else DemoTurnSession(session, self._model, self._tool)
 
     def abandon(self) -> None:

@@ -164,6 +164,11 @@ class Queued:
     """A ToolResult under way: its next step runs when the scheduler picks it again."""
     slice_seconds: float | None = None
     """A sliced command's last slice: what its next is expected to cost."""
+    slice_steps: int = 0
+    """Model steps its last slice ran, where the engine sizes its slices
+    (:class:`~realtime.models.base.SizedSlices`; 0: none, or not sized)."""
+    ask: int | None = None
+    """Steps its next slice may run (None: as many as it likes), set as it starts."""
 
 
 def settle(

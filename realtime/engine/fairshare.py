@@ -11,7 +11,10 @@ conversation streams, a slice runs only with credit in the bucket (and when it f
 before the next frame's deadline, or else right after a frame step: :func:`fits`,
 :func:`recovered`); its measured time
 is then charged, so the bucket may go into debt by one slice and that debt is paid
-back in wall time before the next one. So however many conversations open or feed at
+back in wall time before the next one. A slice that can be cut finer (an opening's
+prefill) is asked for as many model steps as fit the gap before the next frame
+(:func:`slice_steps`), so it fits whatever one step costs on the machine now.
+So however many conversations open or feed at
 once, and whatever one slice costs, the work together takes at most its share of
 each stretch of time (plus one slice and the bucket's ``BURST_FRAMES``), where the
 old rule ("one slice every two frame times") gave a slice of 150 ms 150 ms of every
@@ -130,6 +133,28 @@ def fits(now: float, cost: float, next_deadline: float | None, step: float) -> b
     its deadline. A slice that does not fit waits for the moment just after the frames
     ran, when the next one is furthest off (the engine's rule)."""
     return next_deadline is None or now + cost + step <= next_deadline
+
+
+def gap(now: float, next_deadline: float | None, step: float) -> float | None:
+    """Seconds a slice started at ``now`` may take and still let the next frame expected
+    (due at ``next_deadline``, a ``step`` long) end by its deadline; ``None``: no frame is
+    expected, so nothing bounds it."""
+    return None if next_deadline is None else next_deadline - step - now
+
+
+def slice_steps(most: int, room: float | None, per_step: float | None) -> int:
+    """Model steps of the next slice of work that can be cut finer (an opening's prefill,
+    1 to ``most`` steps): as many as ``room`` seconds hold (:func:`gap`) at ``per_step``
+    seconds a step (measured on its last slices); ``most`` when nothing bounds it, one
+    while the cost of a step is unknown or no room is left. So a slice fits the gap the
+    frames leave whatever the machine's speed, down to one step (which cannot be cut:
+    it fits or it waits, :func:`fits`)."""
+    most = max(1, most)
+    if room is None:
+        return most
+    if per_step is None or per_step <= 0.0 or room <= 0.0:
+        return 1
+    return max(1, min(most, int(room / per_step)))
 
 
 LATENESS_WINDOW_SECONDS: Final = 2.0

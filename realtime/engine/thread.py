@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import queue
 import threading
 import time
@@ -62,6 +63,10 @@ from realtime.models.prompt_cache import KeepsStates
 from realtime.observe import CommandKind
 
 log = logging.getLogger(__name__)
+
+STEPS_MOST: Final = 64
+"""Most steps the engine asks of one sized slice (the model's own most bounds it too:
+:attr:`~realtime.models.base.SizedSlices.most_steps`)."""
 
 AHEAD_STEPS: Final = 16
 """Most steps of work no one waits for (a voice chain built ahead of need) in one idle
@@ -114,6 +119,11 @@ class EngineThread:
         self._slices: deque[float] = deque(maxlen=16)
         """The last slices of any sliced command: the dearest is a first slice's expected
         cost (an opening's first slice builds its session)."""
+        self._step_seconds: deque[float] = deque(maxlen=16)
+        """Engine seconds a model step of the last sized slices took."""
+        self._wholes: deque[float] = deque(maxlen=16)
+        """The last slices that could not be cut (a first slice, an opening's last):
+        the dearest is what the next such slice is expected to cost."""
         self._after_frames = False
         """The last thing the engine ran was a frame step: the next frame of each stream
         is furthest off, the moment for a slice that fits no gap."""
@@ -466,11 +476,8 @@ class EngineThread:
                 return False
             if not self._line.share.may_run(now, self._share_of(streams, costs)):
                 return True
-            cost = entry.item.slice_seconds
-            cost = max(self._slices, default=0.0) if cost is None else cost
-            lasts = self._recent(now, entry.key)
-            deadline = min(lasts) + 2 * self._line.frame_seconds if lasts else None
-            step = admission.gather_cost(costs, streams)
+            cost = self._least_cost(entry.item)
+            deadline, step = self._next_frame(now, entry.key, streams, costs)
             if fairshare.fits(now, cost, deadline, step):
                 return False
             # It will make a frame late wherever it runs: just after the frames ran, once
@@ -480,6 +487,53 @@ class EngineThread:
             return not (self._after_frames and caught_up)
 
         return held
+
+    def _next_frame(
+        self, now: float, key: str, streams: int, costs: dict[int, float]
+    ) -> tuple[float | None, float]:
+        """The deadline of the next frame expected of a conversation but ``key`` (None:
+        none) and the step it will take; under ``_line.lock``."""
+        lasts = self._recent(now, key)
+        deadline = min(lasts) + 2 * self._line.frame_seconds if lasts else None
+        return deadline, admission.gather_cost(costs, streams)
+
+    def _per_step(self, item: Queued) -> float | None:
+        """What one model step of a sized slice may cost: the dearest of its own last
+        slice's and the recent sized slices' (a step's cost varies with the opening and
+        its position in the prompt; None: none measured)."""
+        own = []
+        if item.slice_steps > 0 and item.slice_seconds is not None:
+            own.append(item.slice_seconds / item.slice_steps)
+        return max([*own, *self._step_seconds], default=None)
+
+    def _least_cost(self, item: Queued) -> float:
+        """What the next slice costs at least: a sized one with steps left, one step
+        (:meth:`_per_step`); a whole one (a first slice, or the session opening), the
+        dearest of the recent whole slices (unknown: more than any gap); another, its
+        last."""
+        opening = item.opening
+        if isinstance(opening, model.SizedSlices) and opening.steps_left > 0:
+            per_step = self._per_step(item)
+            if per_step is not None:
+                return per_step
+        if item.slice_seconds is None or isinstance(opening, model.SizedSlices):
+            # Nothing measured yet (a fresh engine): fits no gap, so it runs just after
+            # the frames, where any cost does least harm.
+            return max(self._wholes, default=max(self._slices, default=math.inf))
+        return item.slice_seconds
+
+    def _ask(self, entry: Entry[str, Queued]) -> int | None:
+        """Steps the slice starting now may run (:func:`realtime.engine.fairshare.slice_steps`):
+        what fits before another conversation's next frame; None while none streams."""
+        with self._line.lock:
+            now = time.monotonic()
+            streams = self._streams(now, entry.key)
+            if streams == 0:
+                return None
+            costs = self._line.capacity.step_times.costs()
+            deadline, step = self._next_frame(now, entry.key, streams, costs)
+        room = fairshare.gap(now, deadline, step)
+        return fairshare.slice_steps(STEPS_MOST, room, self._per_step(entry.item))
 
     def _held(self, entry: Entry[str, Queued]) -> bool:
         """Model work that is not a frame and still wants to run (a stopped one runs at
@@ -663,6 +717,7 @@ class EngineThread:
             self._line.observer.command_started(kind)
         done = False
         error: EngineError | None = None
+        item.ask = self._ask(entry) if isinstance(command, Open) else None
         with self._beating((item,)) as timing:
             try:
                 step = self._open_step if isinstance(command, Open) else self._feed_step
@@ -678,6 +733,10 @@ class EngineThread:
         item.engine_seconds += timing.seconds
         item.slice_seconds = timing.seconds
         self._slices.append(timing.seconds)
+        if item.slice_steps > 0:
+            self._step_seconds.append(timing.seconds / item.slice_steps)
+        elif isinstance(command, Open):
+            self._wholes.append(timing.seconds)
         self._count_extra(timing.seconds, entry.key)
         if error is None and not done:
             with self._line.lock:
@@ -795,8 +854,14 @@ class EngineThread:
                 raise EngineError("open_failed", str(exc), during="open") from exc
             self._openings.add(sid)
             item.began = True
+        opening, item.slice_steps = item.opening, 0
         try:
-            session = item.opening.advance()
+            if isinstance(opening, model.SizedSlices):
+                ask = opening.most_steps if item.ask is None else item.ask
+                session = opening.advance_steps(min(opening.most_steps, ask))
+                item.slice_steps = opening.steps_run
+            else:
+                session = opening.advance()
         except model.SessionInitializationError as exc:
             raise EngineError("open_failed", str(exc), during="open") from exc
         if session is None:

@@ -390,6 +390,34 @@ class Opening(Protocol):
         ...
 
 
+@runtime_checkable
+class SizedSlices(Protocol):
+    """An :class:`Opening` whose slices run as many model steps as the engine asks, 1 to
+    :attr:`most_steps`: the engine sizes each slice to the time it may take beside the
+    other conversations' frames (:mod:`realtime.engine.fairshare`). The slicing is only
+    where the work pauses: the session it opens is the same whatever the sizes."""
+
+    @property
+    def most_steps(self) -> int:
+        """The steps of a slice when nothing asks for less."""
+        ...
+
+    @property
+    def steps_run(self) -> int:
+        """Model steps the last slice ran (0: it ran none, e.g. it built the session)."""
+        ...
+
+    @property
+    def steps_left(self) -> int:
+        """Model steps left to run (0: the next slice is whole, it builds or opens the
+        session and cannot be cut; the engine expects it to cost what such slices did)."""
+        ...
+
+    def advance_steps(self, steps: int) -> ModelSession | None:
+        """:meth:`Opening.advance`, running at most ``steps`` (at least 1) model steps."""
+        ...
+
+
 def open_now(opening: Opening, control: StepControl | None = None) -> ModelSession:
     """Run every slice of ``opening`` in turn, calling ``control.step()`` before each
     (a stop raises SessionStopped): an open that nothing else shares the thread with."""

@@ -95,6 +95,10 @@ class FakeOptions:
     prefill_token_delay: float = 0.0
     """Seconds each system-prompt token's prefill slice takes (one token per character,
     as :meth:`FakeModel.count_tokens` counts), after ``open_delay``'s slices."""
+    prefill_steps_per_slice: int = 1
+    """Most of those steps (``open_delay``'s 10 ms ones, then the tokens') one slice runs:
+    the engine asks for fewer to fit the gap between other conversations' frames
+    (:class:`realtime.models.base.SizedSlices`), as it does of VoiceChat's prefill."""
     hang_on_frame: int | None = None
     """Block on this frame until ``FakeModel.unhang`` is set (a model call that never
     returns)."""
@@ -302,17 +306,43 @@ class FakeToolFeed:
 
 
 class FakeOpening:
-    """An opening whose slices sleep the given seconds each on the engine thread, then
-    make the session (:class:`realtime.models.base.Opening`)."""
+    """An opening whose steps sleep the given seconds each on the engine thread, up to
+    ``most`` steps a slice, then make the session (:class:`realtime.models.base.Opening`,
+    :class:`realtime.models.base.SizedSlices`)."""
 
-    def __init__(self, slices: Sequence[float], make: Callable[[], base.ModelSession]) -> None:
+    def __init__(
+        self, slices: Sequence[float], make: Callable[[], base.ModelSession], most: int = 1
+    ) -> None:
         self._slices = deque(slices)
         self._make = make
+        self._most = max(1, most)
+        self._ran = 0
         self.abandoned = False
+        self.asked: list[int] = []
+        """The steps each slice was asked for."""
+
+    @property
+    def most_steps(self) -> int:
+        return self._most
+
+    @property
+    def steps_run(self) -> int:
+        return self._ran
+
+    @property
+    def steps_left(self) -> int:
+        return len(self._slices)
 
     def advance(self) -> base.ModelSession | None:
+        return self.advance_steps(self._most)
+
+    def advance_steps(self, steps: int) -> base.ModelSession | None:
+        self.asked.append(steps)
+        self._ran = 0
         if self._slices:
-            time.sleep(self._slices.popleft())
+            while self._slices and self._ran < max(1, min(steps, self._most)):
+                time.sleep(self._slices.popleft())
+                self._ran += 1
             return None
         return self._make()
 
@@ -350,6 +380,8 @@ class FakeModel:
         self.batches: list[int] = []
         """The rows of every :meth:`step` call, in order."""
         self.prompt_scopes: list[str | None] = []
+        self.openings: list[FakeOpening] = []
+        """Every opening begun, in order."""
         """The prompt-cache scope of every opening, in order (the tenant's name)."""
 
     @property
@@ -398,7 +430,10 @@ class FakeModel:
             self.sessions.append(session)
             return session
 
-        return FakeOpening(slices, opened)
+        opening = FakeOpening(slices, opened, options.prefill_steps_per_slice)
+        with self.lock:
+            self.openings.append(opening)
+        return opening
 
     def step(self, frames: Sequence[base.Frame]) -> list[base.RowResult]:
         """Each row's frame as its session would run it alone (so batched outputs equal

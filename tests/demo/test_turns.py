@@ -729,3 +729,20 @@ def test_generate_stream_on_the_demo_takes_its_turns(
     printed = capsys.readouterr().out
     assert "[assistant] (demo) I" in printed, printed
     assert "[user] (demo) speech" in printed
+
+
+def test_the_demo_turns_pass_the_engines_slice_sizes_to_the_network() -> None:
+    """The engine cuts an opening's slices to the gap between other conversations'
+    frames; the demo's turn layer hands each size to the network's opening."""
+    from realtime.testing.fake import FakeModel, FakeOptions
+
+    inner = FakeModel(FakeOptions(prefill_token_delay=1e-4, prefill_steps_per_slice=4))
+    model = DemoTurnModel(inner, _Letters(), SILENCE_CODES)
+    opening = model.begin_session(system_prompt="p" * 10, seed=0, max_streaming_seconds=None)
+    assert isinstance(opening, base.SizedSlices) and opening.most_steps == 4
+    assert opening.advance_steps(1) is None and opening.steps_run == 1
+    assert opening.advance_steps(3) is None and opening.steps_run == 3
+    assert opening.advance_steps(4) is None and opening.steps_run == 4
+    assert opening.advance_steps(4) is None and opening.steps_run == 2
+    assert isinstance(opening.advance_steps(4), DemoTurnSession)
+    assert inner.openings[-1].asked == [1, 3, 4, 4, 4]

@@ -18,8 +18,10 @@ from realtime.engine.fairshare import (
     ShareBucket,
     extra_share,
     fits,
+    gap,
     keeps_real_time,
     recovered,
+    slice_steps,
 )
 
 FRAME = 0.08
@@ -84,6 +86,35 @@ def test_a_slice_fits_when_the_next_frame_still_ends_by_its_deadline() -> None:
     assert fits(0.0, 0.05, None, 0.02)  # no frame expected
     assert fits(0.0, 0.05, 0.08, 0.02)
     assert not fits(0.0, 0.07, 0.08, 0.02)
+
+
+def test_a_slice_is_cut_to_the_steps_that_fit_the_gap() -> None:
+    """An opening's slice of up to four prefill steps: as many as the gap before the next
+    frame holds at the measured cost of a step, at least one, all four when no frame is
+    expected (nothing streams)."""
+    room = gap(0.0, 0.16, 0.02)
+    assert room == pytest.approx(0.14)
+    assert gap(0.0, None, 0.02) is None
+    assert slice_steps(4, None, 0.03) == 4  # nothing streams: whole slices
+    assert slice_steps(4, room, 0.03) == 4
+    assert slice_steps(4, room, 0.05) == 2
+    assert slice_steps(4, room, 0.08) == 1  # a cold step on a loaded machine: one
+    assert slice_steps(4, room, 0.3) == 1  # one step cannot be cut: it fits or it waits
+    assert slice_steps(4, -0.01, 0.03) == 1  # no room left (it runs after the frames)
+    assert slice_steps(4, room, None) == 1  # the step not measured yet: the least
+
+
+@given(
+    st.integers(1, 16),
+    st.floats(-1.0, 1.0, allow_nan=False),
+    st.floats(1e-4, 1.0, allow_nan=False),
+)
+def test_a_cut_slice_fits_its_room_unless_it_is_one_step(
+    most: int, room: float, per_step: float
+) -> None:
+    steps = slice_steps(most, room, per_step)
+    assert 1 <= steps <= most
+    assert steps == 1 or steps * per_step <= room
 
 
 def test_real_time_is_kept_while_few_frames_are_more_than_a_frame_late() -> None:

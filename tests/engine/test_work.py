@@ -274,6 +274,32 @@ def test_openings_dearer_than_a_frame_keep_a_stream_in_real_time() -> None:
         assert model.slices - before >= 3  # the openings still progress
 
 
+def test_an_opening_s_slices_are_cut_to_the_gap_between_a_stream_s_frames() -> None:
+    """An opening whose slice is four prefill steps of 40 ms (160 ms, two frame periods:
+    a cold slice on a loaded machine) beside one live stream. A slice that long fits no
+    gap, so whenever it ran the next frame was late (before: 6 of 30 by 25-64 ms); now the engine
+    asks for as many steps as fit before the stream's next frame (three here), and for
+    all four once the stream has ended."""
+    late = Deadlines()
+    model = FakeModel(
+        FakeOptions(frame_delay=0.015, prefill_token_delay=0.04, prefill_steps_per_slice=4)
+    )
+    with engine_of(model, capacity=2, observer=late) as engine:
+        open_now(engine, "victim")
+        assert engine.try_reserve("b")
+        opening = engine.submit(Open("b", "p" * 48, 0, None))
+        stream(engine, "victim", 30)
+        streamed = len(model.openings[-1].asked)
+        opening.result(10)
+        asked = model.openings[-1].asked
+        assert len(late.late) == 30
+        # Frames late by more than a quarter frame (before: 6 of 30, 25-64 ms); the
+        # first frames meet the whole slice that began before the stream did.
+        assert sum(x > 0.02 for x in late.late[2:]) <= 1, [round(x, 3) for x in late.late]
+        assert 0 < min(asked[1:streamed]) < 4, asked  # cut while the stream ran
+        assert asked[-1] == 4, asked  # alone: whole slices
+
+
 def test_an_opening_progresses_beside_a_stream_that_is_always_late() -> None:
     """On an engine whose frames never keep their deadlines (100 ms against 80), an
     opening beside the stream still progresses: its slices wait for the frames to catch

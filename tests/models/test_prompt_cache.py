@@ -10,10 +10,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from realtime.models.base import InferenceError, PromptUse, UsesPrompt, open_session
+from realtime.models.base import (
+    InferenceError,
+    PromptUse,
+    SizedSlices,
+    UsesPrompt,
+    open_session,
+)
 from realtime.models.prompt_cache import CacheFigures, CachesPrompts, PromptCache
 from realtime.models.voicechat.model import VoiceChatModel
 from realtime.models.voicechat.prompt import VoiceChain, VoiceKey
+from realtime.models.voicechat.reference import ReferenceSession
 from realtime.models.voicechat.session import VoiceChatSession
 from tests.engine.test_isolation import LONG_PROMPT, audio_for, digest, digest_mlx_vlm
 from tests.models_fixtures import push_all
@@ -182,6 +189,32 @@ def test_concurrent_openings_of_a_new_prompt_prefill_once(model: VoiceChatModel)
     assert (figures.misses, figures.shared, figures.hits) == (3, 2, 0)
     for session in sessions.values():
         assert digest(push_all(session, audio_for(2, 6))) == expected
+
+
+def test_a_prompt_read_one_step_a_slice_opens_as_mlx_vlms_constructor(
+    model: VoiceChatModel,
+) -> None:
+    """Beside streaming conversations the engine cuts an opening's slices down to one
+    prefill step (one language-model step and one voice-chain step) to fit the gap
+    between their frames: the slicing is only where the read pauses, so a cold prompt
+    read in the smallest slices, or in slices of every size, opens bit for bit as
+    mlx-vlm's constructor does."""
+    for seed, sizes in ((11, [1]), (12, [1, 3, 2, 4, 1])):
+        opening = model.begin_session(
+            system_prompt=LONG_PROMPT, seed=seed, max_streaming_seconds=None
+        )
+        assert isinstance(opening, SizedSlices) and opening.most_steps == 4
+        ran: list[tuple[int, int]] = []
+        session: VoiceChatSession | ReferenceSession | None = None
+        while session is None:
+            asked = sizes[len(ran) % len(sizes)]
+            session = opening.advance_steps(asked)
+            ran.append((asked, opening.steps_run))
+        assert ran[0][1] == 0 and ran[-1][1] == 0  # it begins the read; it opens
+        assert all(steps == asked for asked, steps in ran[1:-2])
+        assert 0 < ran[-2][1] <= ran[-2][0]
+        assert sum(steps for _, steps in ran) == session.prompt_use.tokens
+        assert digest(push_all(session, audio_for(seed, 6))) == theirs(model, seed, LONG_PROMPT)
 
 
 def test_the_byte_bound_evicts_and_an_evicted_prompt_opens_cold(model: VoiceChatModel) -> None:

@@ -17,6 +17,7 @@ import logging
 import os
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 
@@ -74,6 +75,32 @@ async def test_an_attacker_stays_within_its_share_and_deletes_no_other_recording
     directory never holds more than the bound (sampled every 5 ms), the attacker's
     recording stops at its share, and all 9 files of the others are still there."""
     caplog.set_level(logging.INFO)
+    attack = await junk_beside_recordings(engine, tmp_path)
+    assert attack.victims_left == 9, attack  # before: 0 of 9 left
+    assert attack.most <= attack.bound, attack  # before: 42 MB in a 3 MB bound
+    assert attack.written <= attack.share, attack
+    assert "share of" in (tmp_path / (attack.attacker + ".md")).read_text()
+    stopped = [r.getMessage() for r in caplog.records if "stopped at" in r.getMessage()]
+    assert len(stopped) == 1 and attack.attacker in stopped[0], stopped
+
+
+@attrs.frozen
+class JunkAttack:
+    most: int
+    """The most the directory held while the attacker sent (sampled every 5 ms)."""
+    bound: int
+    share: int
+    victims_left: int
+    """Of the other conversations' 9 files."""
+    attacker: str
+    written: int
+    """What the attacker's recording holds."""
+
+
+async def junk_beside_recordings(engine: Engine, tmp_path: Path) -> JunkAttack:
+    """Three conversations recorded (9 files), then an attacker sends the red team's 40
+    refused 1 MiB messages and 2,000 pings, the bound six recordings' worth and the
+    share a third of it (``--max-sessions 2``)."""
     async with running_server(engine) as server:
         server.state.recording = Recording(tmp_path, 10**9)
         await recorded_session(server)
@@ -114,11 +141,6 @@ async def test_an_attacker_stays_within_its_share_and_deletes_no_other_recording
             attacking = False
         most = max(most, recorded_bytes(tmp_path))
     left = names(tmp_path)
-    assert set(victims) <= set(left), (victims, left)  # before: 0 of 9 left
-    assert most <= bound, (most, bound)  # before: 42 MB in a 3 MB bound
     [attacker] = sorted({n.split(".")[0] for n in left} - {v.split(".")[0] for v in victims})
     written = sum((tmp_path / (attacker + suffix)).stat().st_size for suffix in SUFFIXES)
-    assert written <= share, (written, share)
-    assert "share of" in (tmp_path / (attacker + ".md")).read_text()
-    stopped = [r.getMessage() for r in caplog.records if "stopped at" in r.getMessage()]
-    assert len(stopped) == 1 and attacker in stopped[0], stopped
+    return JunkAttack(most, bound, share, len(set(victims) & set(left)), attacker, written)

@@ -212,13 +212,10 @@ async def streaming_client(port: int, stop: trio.Event, opened: list[int]) -> in
     return client.close_code
 
 
-async def test_sigterm_with_three_streams_and_a_non_reader_that_keeps_sending() -> None:
-    """Three conversations streaming and one client that stopped
-    reading but goes on sending, ``--max-sessions 4``, shutdown timeout 3 s: SIGTERM
-    exits 0 within drain + shutdown timeout + 2 s = 5 s. Before: 8.1 s. Once its
-    session ended, nothing read the app's queue, which the client's appends had
-    filled: the connection's reader waited in its put (not on the socket, so the abort
-    did not end it) until Hypercorn's graceful timeout (shutdown timeout + 2 s)."""
+async def sigterm_beside_a_non_reader() -> tuple[int, list[int | None], float, str]:
+    """Three conversations streaming and one client that stopped reading but goes on
+    sending, ``--max-sessions 4``, shutdown timeout 3 s, then SIGTERM: the exit code,
+    the streams' close codes, the seconds from the signal to the exit, the log."""
     with start_server_process(
         argv=[sys.executable, "-c", SERVE_FAKE_FOUR], cwd=REPO, name="stall4"
     ) as server:
@@ -258,6 +255,17 @@ async def test_sigterm_with_three_streams_and_a_non_reader_that_keeps_sending() 
             done.set()
         await client.aclose()
         output = server.output()
+    return code, closes, elapsed, output
+
+
+async def test_sigterm_with_three_streams_and_a_non_reader_that_keeps_sending() -> None:
+    """Three conversations streaming and one client that stopped
+    reading but goes on sending, ``--max-sessions 4``, shutdown timeout 3 s: SIGTERM
+    exits 0 within drain + shutdown timeout + 2 s = 5 s. Before: 8.1 s. Once its
+    session ended, nothing read the app's queue, which the client's appends had
+    filled: the connection's reader waited in its put (not on the socket, so the abort
+    did not end it) until Hypercorn's graceful timeout (shutdown timeout + 2 s)."""
+    code, closes, elapsed, output = await sigterm_beside_a_non_reader()
     assert code == 0, output
     assert closes == [1001, 1001, 1001], (closes, output)
     # The documented bound: drain (0) + shutdown timeout (3 s) + 2 s.

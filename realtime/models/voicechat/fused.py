@@ -219,8 +219,9 @@ def frame_inputs(model: Any, batch: int) -> list[tuple[Callable[..., Any], list[
         variants = [[zeros]]
         if isinstance(module, FusedMambaRMSNormGated):
             variants = [[zeros, zeros]]
-        elif isinstance(module, FusedRoPE) and batch > 1:
-            # A batch's rows each at their own position: one offset per row.
+        elif isinstance(module, FusedRoPE):
+            # A batch's rows each at their own position: one offset per row (one
+            # conversation's two TTS rows too, when it steps beside rows of other ages).
             variants.append([zeros, mx.zeros((shape[0],), dtype=mx.int32)])
         dims = tuple(getattr(module, k, None) for k in ("eps", "group_size", "dims", "base"))
         for inputs in variants:

@@ -67,13 +67,39 @@ class VoiceChatOpening:
     _prefill: Prefill | None = attrs.field(default=None, init=False)
     _parts: tuple[LanguagePart, VoicePart] | None = attrs.field(default=None, init=False)
     _use: PromptUse | None = attrs.field(default=None, init=False)
+    _steps: int = attrs.field(default=0, init=False)
+    _ran: int = attrs.field(default=0, init=False)
+
+    @property
+    def most_steps(self) -> int:
+        """:data:`~realtime.models.voicechat.prompt.STEPS_PER_SLICE`
+        (:class:`~realtime.models.base.SizedSlices`)."""
+        return STEPS_PER_SLICE
+
+    @property
+    def steps_run(self) -> int:
+        return self._ran
+
+    @property
+    def steps_left(self) -> int:
+        """The shared read's steps left (0 before the first slice and once it is read:
+        the next slice begins the opening, or opens the session, whole)."""
+        prefill = self._prefill
+        return 0 if self._use is None or prefill is None else prefill.steps_left
 
     def advance(self) -> VoiceChatSession | ReferenceSession | None:
+        return self.advance_steps(self.most_steps)
+
+    def advance_steps(self, steps: int) -> VoiceChatSession | ReferenceSession | None:
+        """The next slice, its prefill's share at most ``steps`` model steps."""
+        self._steps, self._ran = steps, 0
         try:
             if self._use is None:
                 self._start()
             elif self._prefill is not None:
                 self._wait_for_prefill()
+                if self._prefill is None:
+                    return None  # read: the session opens in a slice of its own
             if self._use is None or self._prefill is not None:
                 return None
             return self._open()
@@ -105,7 +131,7 @@ class VoiceChatOpening:
     def _wait_for_prefill(self) -> None:
         prefill = self._prefill
         assert prefill is not None
-        prefill.advance()
+        self._ran = prefill.advance(self._steps)
         if prefill.done:
             self._parts = prefill.parts()
             self._prefill = None

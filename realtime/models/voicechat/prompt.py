@@ -513,34 +513,49 @@ class Prefill:
     def done(self) -> bool:
         return self.language is not None
 
+    @property
+    def steps_left(self) -> int:
+        """Prefill steps left to run (the language model's or the chain's, whichever is
+        further behind); all of them before its first slice."""
+        if self.done:
+            return 0
+        chain = 0 if self.chain is None else self.chain.steps
+        return max(len(self.ids) - self._next, len(self.ids) - chain)
+
     def parts(self) -> tuple[LanguagePart, VoicePart]:
         """The finished prefill's parts for one opening (its own voice part)."""
         assert self.language is not None and self.chain is not None
         return self.language, self.chain.voice(len(self.ids))
 
-    def advance(self) -> None:
+    def advance(self, most: int = STEPS_PER_SLICE) -> int:
         """Run the next slice: the chain and the language cache first, then up to
-        :data:`STEPS_PER_SLICE` language-model steps (and as many chain steps while the
-        chain is shorter than the prompt) a slice."""
+        ``most`` (1 to :data:`STEPS_PER_SLICE`) language-model steps (and as many chain
+        steps while the chain is shorter than the prompt) a slice; the steps it ran (0:
+        the first slice). The steps are chained through the caches, so how many run in
+        one graph changes no value."""
         if self.error is not None:
             raise self.error
         if self.done:
-            return
+            return 0
+        most = max(1, min(STEPS_PER_SLICE, most))
+        ran = 0
         try:
             if self.chain is None:
                 self.chain = self._begin()
             else:
-                before = self.chain.steps
-                self.chain.extend(len(self.ids))
+                before, language = self.chain.steps, self._next
+                self.chain.extend(len(self.ids), most)
                 if self.chain.steps != before:
                     self._states.keep(self.chain)
-                self._language_steps()
+                self._language_steps(most)
+                ran = max(self.chain.steps - before, self._next - language)
             if self._next == len(self.ids) and self.chain.steps >= len(self.ids):
                 self._finish()
         except Exception as exc:
             self.error = exc
             self.abandon()
             raise
+        return ran
 
     def _begin(self) -> VoiceChain:
         import mlx.core as mx
@@ -548,10 +563,12 @@ class Prefill:
         stt = self._runtime.model.stt_model
         self._cache = stt.make_cache()
         self._embeds = stt.embed_tokens(mx.array([list(self.ids)], dtype=mx.int32))
-        return self._states.chain(self._runtime, self.seed, len(self.ids), self.scope)
+        chain = self._states.chain(self._runtime, self.seed, len(self.ids), self.scope)
+        self._states.keep(chain)  # a new chain (or fork) is counted from its first slice
+        return chain
 
-    def _language_steps(self) -> None:
-        """Up to :data:`STEPS_PER_SLICE` of the language model's prefill steps as one
+    def _language_steps(self, most: int = STEPS_PER_SLICE) -> None:
+        """Up to ``most`` of the language model's prefill steps as one
         graph: ``embed(pad) + prompt[i] + w * embed(pad)`` through the cache, as
         ``_run_timeline_step`` runs them (the heads' outputs are never evaluated: no
         later step reads them); the sequence read runs one chunk in one pass instead
@@ -562,7 +579,7 @@ class Prefill:
         stt = model.stt_model
         pad = mx.array([[model.config.pad_token_id]], dtype=mx.int32)
         read = self._states.read
-        if read.sequence:
+        if read.sequence:  # a chunk is one pass: its size (--prefill sequence:N) is the knob
             from realtime.models.voicechat.sequence import read_chunk
 
             end = min(self._next + read.chunk, len(self.ids))
@@ -571,7 +588,7 @@ class Prefill:
                 mx.eval(*arrays(self._cache))
             self._next = end
             return
-        end = min(self._next + STEPS_PER_SLICE, len(self.ids))
+        end = min(self._next + most, len(self.ids))
         for index in range(self._next, end):
             fused = stt.embed_tokens(pad) + self._embeds[:, index : index + 1]
             fused = fused + model.config.function_channel_weight * stt.embed_tokens(pad)
@@ -689,6 +706,13 @@ class PromptStates:
         if chain.steps < steps and self._warmed(chain):
             return chain.fork()
         return chain
+
+    def _counts(self, chain: VoiceChain | None) -> bool:
+        """Whether ``chain`` is held in the store (counted in its bytes)."""
+        return chain is not None and any(
+            self.store.peek(VoiceKey(chain.seed, warmed, chain.scope)) is chain
+            for warmed in (False, True)
+        )
 
     def _warmed(self, chain: VoiceChain) -> bool:
         return self.sealed and self.store.peek(VoiceKey(chain.seed, True, chain.scope)) is chain
@@ -848,26 +872,33 @@ class PromptStates:
     def ahead(self, runtime: Any, steps: int, quiet: bool) -> AheadSlice:
         """One slice of work no opening waits for, first of these that is left: (``quiet``:
         no conversation is open, so nothing it takes delays a frame) one state file
-        written; a slice of a read whose clients left (:data:`STEPS_PER_SLICE` steps,
-        when ``steps`` holds them or ``quiet``); up to ``steps`` steps of the chain built
-        ahead."""
+        written; a slice of a read whose clients left (up to ``steps`` steps, at most
+        :data:`STEPS_PER_SLICE`; that many when ``quiet``); up to ``steps`` steps of the
+        chain built ahead."""
         import time
 
         began = time.perf_counter()
+        for prefill in list(self._orphans):  # pushed out of the bound by later entries
+            chain = prefill.chain
+            if prefill.users <= 0 and chain is not None and not self._counts(chain):
+                self._drop_orphan(prefill, finished=False)
         try:
             if quiet and self._unwritten:
                 self._write_one()
                 return AheadSlice(0, True)
-            if (steps >= STEPS_PER_SLICE or quiet) and self._finish_orphan(began):
-                return AheadSlice(STEPS_PER_SLICE, True)
+            if steps > 0 or quiet:
+                ran = self._finish_orphan(began, STEPS_PER_SLICE if quiet else steps)
+                if ran is not None:
+                    return AheadSlice(ran, True)
             if steps > 0 and self.building:
                 return AheadSlice(self._build(runtime, steps), True)
             return AheadSlice(0, bool(self._unwritten) or self.building or bool(self._orphans))
         finally:
             self.ahead_seconds += time.perf_counter() - began
 
-    def _finish_orphan(self, began: float) -> bool:
-        """One slice of the oldest read whose clients left; whether one ran. A read
+    def _finish_orphan(self, began: float, most: int) -> int | None:
+        """One slice (at most ``most`` steps) of the oldest read whose clients left; the
+        steps it ran, None when none is left. A read
         that a retry joined is its client's again; one past :data:`ORPHAN_SECONDS` of
         engine time, or that fails, is dropped."""
         import time
@@ -877,18 +908,20 @@ class PromptStates:
                 del self._orphans[prefill]  # a retry joined it: its opening drives it
                 continue
             try:
-                prefill.advance()
+                ran = prefill.advance(most)
             except Exception:
                 log.debug("finishing an abandoned prompt read failed", exc_info=True)
                 self._drop_orphan(prefill, finished=False)
-                return True
+                return 0
             self._orphans[prefill] += time.perf_counter() - began
             if prefill.done:
                 self._drop_orphan(prefill, finished=True)
-            elif self._orphans[prefill] > ORPHAN_SECONDS:
+            elif self._orphans[prefill] > ORPHAN_SECONDS or not self._counts(prefill.chain):
+                # Over its time, or its chain no longer fits the bound (no client holds
+                # it: it would only grow outside the count, and never be kept).
                 self._drop_orphan(prefill, finished=False)
-            return True
-        return False
+            return ran
+        return None
 
     def _build(self, runtime: Any, steps: int) -> int:
         chain = self.chain(runtime, self.ahead_seed, self.ahead_tokens)

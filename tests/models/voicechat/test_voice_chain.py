@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from realtime.models.voicechat.model import VoiceChatModel
-from realtime.models.voicechat.prompt import VoiceChain
+from realtime.models.voicechat.prompt import VoiceChain, nbytes
 
 
 def cold_state(model: VoiceChatModel, seed: int, steps: int) -> tuple[Any, Any]:
@@ -98,3 +98,102 @@ def test_a_chain_extended_slice_by_slice_equals_one_run(demo_model: VoiceChatMod
         assert_equal_state(chain, inner, key, steps)
     with pytest.raises(ValueError):
         chain.voice(14)
+
+
+def live_chains() -> list[VoiceChain]:
+    """Every voice chain the process holds (in the store or not)."""
+    import gc
+
+    gc.collect()
+    return [o for o in gc.get_objects() if isinstance(o, VoiceChain) and not o.failed]
+
+
+async def test_many_seeds_chains_stay_within_the_cache_bound_through_a_server(
+    demo_model: VoiceChatModel,
+) -> None:
+    """Voice chains are one bounded resource of the server, not one per seed: clients
+    of four new seeds open a prompt each (every other one leaves half way through its
+    read), beside the chain the server builds ahead at idle and a warmed prompt's
+    pinned chain; another opens a longer prompt of the warmed seed. After each,
+    ``/health``'s bytes are within ``--prompt-cache-bytes`` and equal what the store
+    holds, every chain the process still holds is one the store counts, the pinned
+    bytes never grow, and older seeds' chains were evicted."""
+    import trio
+
+    from realtime.launch.server import engine_for
+    from realtime.launch.warm import Keeping, WarmPrompt
+    from realtime.limits import Limits
+    from tests.engine.test_isolation import LONG_PROMPT
+    from tests.helpers import ahttp, connect, running_server
+    from tests.models.test_prompt_cache import OTHER_PROMPT
+
+    demo_model.set_prompt_cache_bytes(1 << 30)
+    opening = demo_model.begin_session(
+        system_prompt=OTHER_PROMPT, seed=99, max_streaming_seconds=None
+    )
+    while opening.advance() is None:
+        pass
+    del opening  # it holds the store it opened in (replaced below)
+    one = demo_model.prompt_cache_figures().bytes  # one seed's chain and one prompt
+    bound = 3 * one
+    limits = Limits(prompt_cache_bytes=bound, max_system_prompt_tokens=96)
+    engine = engine_for(
+        lambda: demo_model,
+        limits,
+        warm=[WarmPrompt("warm", text="Be brief.")],
+        keeping=Keeping(None, build_ahead=True),
+    )
+    engine.start()
+    store = demo_model._prompts.store
+
+    async def health() -> dict[str, int]:
+        """/health once no work runs at idle (the chain built ahead, reads whose client
+        left), so the store and the chains hold still."""
+        with trio.fail_after(120):
+            while True:
+                status, body = await ahttp("GET", server.http + "/health")
+                assert status == 200
+                cache: dict[str, int] = body["prompt_cache"]
+                assert cache["max_bytes"] == bound and cache["bytes"] <= bound, cache
+                if not cache["building"] and not cache["orphans"]:
+                    break
+                await trio.sleep(0.05)
+        await trio.sleep(0.05)
+        status, body = await ahttp("GET", server.http + "/health")
+        cache = body["prompt_cache"]
+        assert cache["max_bytes"] == bound and cache["bytes"] <= bound, cache
+        held = [store.peek(key) for key in store.held()]
+        assert cache["bytes"] == sum(
+            c.nbytes if isinstance(c, VoiceChain) else nbytes(c) for c in held
+        )
+        counted = {id(c) for c in held}
+        outside = [(c.seed, c.steps, c.nbytes) for c in live_chains() if id(c) not in counted]
+        assert not outside, outside
+        return cache
+
+    try:
+        async with running_server(engine, limits=limits) as server:
+            pinned = (await health())["pinned_bytes"]
+            assert pinned > 0
+            for seed in range(1, 5):
+                async with connect(server.url) as client:
+                    if seed % 2:
+                        await client.configure(seed=seed, system_prompt=OTHER_PROMPT)
+                    else:  # leaves as soon as its read begins
+                        assert (await client.recv())["type"] == "session.created"
+                        session = {"seed": seed, "system_prompt": LONG_PROMPT}
+                        await client.send({"type": "session.update", "session": session})
+                        await trio.sleep(0.05)
+                with trio.fail_after(60):
+                    while engine.reserved:  # until its session is closed
+                        await trio.sleep(0.01)
+                cache = await health()
+                assert cache["pinned_bytes"] == pinned
+            async with connect(server.url) as client:  # longer than the warmed prompt
+                await client.configure(seed=0, system_prompt=LONG_PROMPT)
+            cache = await health()
+            assert cache["pinned_bytes"] == pinned and cache["evictions"] > 0
+    finally:
+        engine.shutdown()
+        demo_model.keep_states(None, 0, ahead_seed=0, ahead_tokens=0)
+        demo_model.set_prompt_cache_bytes(1 << 30)
