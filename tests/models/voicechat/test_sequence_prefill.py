@@ -112,7 +112,7 @@ def test_a_sequence_read_opens_in_fewer_slices_streams_and_is_cached_apart(
 ) -> None:
     """With the seed's voice chain long enough (a step read of the prompt ran first, in
     a model sharing the chain's store), a sequence read of a 100-token prompt takes a
-    slice to begin and one a chunk; it streams audio; its state is a hit for the
+    slice to begin, one a chunk and one to open; it streams audio; its state is a hit for the
     sequence read and a miss for the step read, and the reverse."""
     tokens = step_model.count_tokens(LONG_PROMPT)
     opened(step_model, 3, LONG_PROMPT)  # builds seed 3's chain and the step read's part
@@ -120,7 +120,8 @@ def test_a_sequence_read_opens_in_fewer_slices_streams_and_is_cached_apart(
     step_model._prompts.read = chunked  # the same store: the chain is shared
     slices, session = slices_to_open(step_model, 3, LONG_PROMPT)
     assert session.prompt_use == PromptUse(tokens=tokens, cached=0)  # a miss: keyed apart
-    assert slices == 1 + -(-tokens // 16)  # the lookup, then one slice a chunk (the last opens)
+    # The lookup, one slice a chunk, then the session opens in a slice of its own.
+    assert slices == 2 + -(-tokens // 16)
     events = push_all(session, audio_for(3, 6))
     assert sum(isinstance(e, AudioDelta) for e in events) >= 5
     keys = [k for k in step_model._prompts.store.held() if isinstance(k, LanguageKey)]
