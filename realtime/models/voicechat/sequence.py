@@ -89,7 +89,7 @@ class SequenceToolResult:
     def _run(self, end: int) -> int | None:
         from realtime.models.voicechat.keys import drawing_from
         from realtime.models.voicechat.row import StepRow
-        from realtime.models.voicechat.step import _kept, _silence
+        from realtime.models.voicechat.step import _silence, pad_tts_step
 
         session = self._session
         row = StepRow(session._inner, session._key, None, session._seat)
@@ -122,15 +122,7 @@ class SequenceToolResult:
             for k in range(steps):
                 if k == 0 and not started:
                     continue  # the timeline's first step has no TTS step
-                current = mx.array([[pad]], dtype=mx.int32)
-                out = model.tts_model.tts_model.step(
-                    inner._previous_code,
-                    current,
-                    _kept(current.shape),
-                    inner._tts_cache,
-                    guidance=True,
-                )
-                inner._previous_code = out.codes
+                pad_tts_step(inner, pad)
         pending.append(inner._previous_code)
         mx.eval(*pending)
         recorded = None

@@ -624,6 +624,18 @@ _silence: Final = PerModel(_encoded_silence)
 """Each loaded model's encoded silence, built on first use."""
 
 
+def pad_tts_step(inner: Any, pad: int) -> Any:
+    """The TTS's step on PAD in a timeline step nothing is heard in (its cache follows
+    the timeline): its codes, kept as the next step's previous ones. Run under the
+    row's key (``drawing_from``)."""
+    current = mx.array([[pad]], dtype=mx.int32)
+    out = inner.model.tts_model.tts_model.step(
+        inner._previous_code, current, _kept(current.shape), inner._tts_cache, guidance=True
+    )
+    inner._previous_code = out.codes
+    return out.codes
+
+
 def inserted_step(row: StepRow, forced_function: int | None) -> int:
     """One timeline step that consumes no audio, as the model was trained to take a
     tool's response (NVIDIA's function-calling insertions): user audio is encoded
@@ -652,17 +664,8 @@ def inserted_step(row: StepRow, forced_function: int | None) -> int:
     function_id = mx.argmax(output.function_logits[:, -1], axis=-1)
     pending = [function_id]
     if started:
-        current = mx.array([[pad]], dtype=mx.int32)
         with drawing_from(row.key):
-            out = model.tts_model.tts_model.step(
-                inner._previous_code,
-                current,
-                _kept(current.shape),
-                inner._tts_cache,
-                guidance=True,
-            )
-        inner._previous_code = out.codes
-        pending.append(out.codes)
+            pending.append(pad_tts_step(inner, pad))
     mx.eval(*pending)
     recorded = (
         int(np.asarray(function_id).reshape(-1)[0])
