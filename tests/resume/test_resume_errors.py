@@ -306,14 +306,28 @@ async def test_a_detached_session_holds_its_slot_and_shows_in_health(engine: Eng
         assert raw.rejected_status == 503
         assert json.loads(raw.rejected_body)["error"]["code"] == "server_busy"
         assert (await peer.resume())["type"] == "session.resumed"
-        # Attached again: the default answer, server_busy and 1013 after the upgrade.
+        # Attached again, still refused before the upgrade: a resume may have gone past
+        # a balancer's connection limit, which then does not count this conversation.
+        raw = await Resuming(server.http, NATIVE).open("plain=1")
+        assert raw.rejected_status == 503
+        assert json.loads(raw.rejected_body)["error"]["code"] == "server_busy"
+        status, health = await ahttp("GET", server.http + "/health")
+        assert health["detached"] == 0
+        await peer.close()
+
+
+async def test_beside_a_conversation_that_is_not_resumable_a_new_client_gets_1013(
+    engine: Engine,
+) -> None:
+    """The default answer stays: server_busy and 1013 after the upgrade."""
+    async with running_server(engine) as server:
+        plain = await Resuming(server.http, NATIVE).open("plain=1")
+        assert (await plain.recv_json() or {}).get("type") == "session.created"
         raw = await Resuming(server.http, NATIVE).open("plain=1")
         busy = await raw.recv_json()
         assert busy is not None and busy["error"]["code"] == "server_busy"
         assert await raw.drain_to_close() == 1013
-        status, health = await ahttp("GET", server.http + "/health")
-        assert health["detached"] == 0
-        await peer.close()
+        plain.reset()
 
 
 async def test_shutdown_ends_a_detached_session(engine: Engine) -> None:
