@@ -140,7 +140,7 @@ class ServerState:
 
     def tails(self) -> int:
         """Ended sessions whose unacknowledged last events wait for a resume (no slot)."""
-        return sum(link.ended for link in self.resumes.holders())
+        return sum(link.ended for link in self.resumes.holders(trio.current_time()))
 
     def abort_connections(self) -> int:
         """Reset every open WebSocket's TCP connection; how many were found."""
@@ -625,7 +625,10 @@ class RealtimeApp:
                 return
             token, last_seq = asked
             link = state.resumes.find(
-                token, tenant.name if tenant is not None else None, scope.get("path", "")
+                token,
+                tenant.name if tenant is not None else None,
+                scope.get("path", ""),
+                trio.current_time(),
             )
             result: Resumed | str = "resume_failed"
             if link is not None:

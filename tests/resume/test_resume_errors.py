@@ -199,7 +199,9 @@ async def test_a_resume_client_that_stops_reading_is_dropped(
             with trio.fail_after(5):
                 while server.state.connections:
                     await trio.sleep(0.02)
-            assert len(server.state.resumes) == 0
+            # Nothing holds a slot; only the unread tail waits (its grace) for a resume.
+            assert server.state.detached() == 0 and server.state.tails() == 1
+            assert not server.state.resumable_held()
         finally:
             stalled.reset()
 
