@@ -40,8 +40,9 @@ LINK_MESSAGE_CHARS: Final = 1024
 under it): anything longer goes to the rules, whose parser bounds what a client sends."""
 
 TAIL_CLOSE_SECONDS: Final = 10.0
-"""How long a resumed tail's connection has to answer the session's close frame after
-the replay before it is aborted (the tail then waits for another resume)."""
+"""How long a closed connection of a resumable session may take to answer the close
+frame (after a resumed tail's replay: then it is aborted, and the tail waits for
+another resume)."""
 
 ErrorText = Callable[[str, str], str]
 """``(code, message) -> serialized error event`` in the endpoint's own error shape."""
@@ -175,13 +176,17 @@ class Link:
         socket = self.socket
         if socket is None:
             return
+        if self._digest is None or code == CLOSE_GOING_AWAY or not self.received:
+            await socket.close(code, reason)  # no tail could be kept: a plain close
+            return
         if self._receiving is not None:
             self._receiving.cancel()  # the receiver parks; what is left is read here
         await socket.close(code, reason)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._drain, socket)
-            await self._answered.wait()
-            nursery.cancel_scope.cancel()
+        with trio.move_on_after(TAIL_CLOSE_SECONDS):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._drain, socket)
+                await self._answered.wait()
+                nursery.cancel_scope.cancel()
 
     async def _drain(self, socket: Transport) -> None:
         self._heard(await self._close_answer(socket))
