@@ -543,11 +543,12 @@ class GuardedWSStream(WSStream):
         if (
             isinstance(event, StreamClosed)
             and not self._close_answered
+            and self._peer_close is None
             and not self.closed
             and self.app_put is not None
             and self.state is ASGIWebsocketState.CLOSED
         ):
-            # The app closed and the connection ended with no close frame answering:
+            # The app closed and the connection ended with no close frame from the client:
             # Hypercorn reports 1000 as for a completed handshake; the app (a resumable
             # session's end) tells whether the client read everything by this code.
             self.closed = True

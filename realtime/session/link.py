@@ -386,8 +386,11 @@ class Link:
             deadline, self.deadline = self.deadline, math.inf  # no expiry while replaying
             try:
                 replayed = await self._replay(socket, last_seq)
-                if replayed is None or self.ended:
-                    return "resync_required" if replayed is None else "resume_failed"
+                if replayed is None:
+                    return "resync_required"
+                if self.ended or self.closing is not None:
+                    # It was closed while detached (or while replaying): that was its tail.
+                    return await self._close_tail(socket, replayed)
                 # No await from the replay's last check to here: no event slips between.
                 self.socket = socket
                 attachment = self._current = Attachment(socket)
@@ -410,11 +413,16 @@ class Link:
         replayed = await self._replay(socket, last_seq)
         if replayed is None:
             return "resync_required"
-        assert self.closing is not None
+        return await self._close_tail(socket, replayed)
+
+    async def _close_tail(self, socket: Transport, replayed: int) -> Resumed:
+        """After an ended session's replay: its own close again; once the client
+        answers it, the session's token resumes nothing any more."""
+        code, reason = self.closing or (CLOSE_NORMAL, "")
         answered = False
         with trio.move_on_after(TAIL_CLOSE_SECONDS):
             try:
-                await socket.close(*self.closing)
+                await socket.close(code, reason)
             except TransportClosed:
                 pass
             else:
