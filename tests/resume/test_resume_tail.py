@@ -13,7 +13,7 @@ import trio
 from realtime.engine.facade import Engine
 from realtime.limits import Limits
 from realtime.session.link import Link
-from tests.helpers import running_server
+from tests.helpers import ahttp, running_server
 from tests.resume.test_resume_errors import NATIVE, OPENAI, opened, refused, until_released
 
 IDLE = 1.0
@@ -42,6 +42,9 @@ async def test_a_drop_after_the_servers_close_resumes_the_tail(engine: Engine, p
                 await trio.sleep(0.02)
         assert server.state.tails() == 1 and server.state.detached() == 0
         assert not server.state.resumable_held()
+        _, health = await ahttp("GET", server.http + "/health")
+        assert health["resume_tails"] == 1 and health["detached"] == 0
+        assert health["sessions_active"] == 0
         written = link.journal.sent
         assert written > read
 
