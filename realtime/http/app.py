@@ -494,11 +494,17 @@ class RealtimeApp:
         if wants_resume:
             await self._resume(scope, receive, send, dialect, tenant)
             return
-        if state.engine.refusal() == "busy" and state.resumable_held():
-            # A resumable session may hold its slot unseen by a balancer's per-server
-            # connection count (detached: no TCP connection; resumed past the
-            # balancer's limit: uncounted): refused before the upgrade, a balancer
-            # retries this client on another replica (docs/resume.md).
+        if (
+            state.replica_id is not None
+            and state.engine.refusal() == "busy"
+            and state.resumable_held()
+        ):
+            # A replica behind a balancer (--replica-id): a resumable session may hold
+            # its slot unseen by the balancer's per-server connection count (detached:
+            # no TCP connection; resumed past the balancer's limit: uncounted), so a new
+            # client is refused before the upgrade and the balancer retries it on
+            # another replica (docs/resume.md). A server on its own keeps the seed's
+            # answer: server_busy and close 1013 after the upgrade.
             state.observer.connection_refused("busy")
             why = " (a conversation waits for a resume)" if state.detached() else ""
             message = busy_message(state.engine, "busy") + why
