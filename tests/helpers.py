@@ -71,9 +71,11 @@ async def running_server(
     api_key: str | None = None,
     allowed_origins: Sequence[str] = (),
     tenants: Tenants | None = None,
+    replica_id: str | None = None,
 ) -> AsyncIterator[Server]:
     """The real app on Hypercorn on 127.0.0.1 (free port), in this trio run
-    (``tenants``: several keys, as ``--api-keys-file`` gives them)."""
+    (``tenants``: several keys, as ``--api-keys-file`` gives them; ``replica_id``: as
+    ``--replica-id`` names a replica behind a balancer)."""
     limits = limits or Limits()
     state = ServerState(
         engine=engine,
@@ -81,6 +83,7 @@ async def running_server(
         api_key=api_key,
         allowed_origins=tuple(allowed_origins),
         tenants=tenants,
+        replica_id=replica_id,
     )
     stop = trio.Event()
     async with trio.open_nursery() as nursery:

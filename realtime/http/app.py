@@ -132,6 +132,16 @@ class ServerState:
         """Resumable sessions waiting for a resume now (each holds its slot)."""
         return sum(link.detached for link in self.resumes.holders())
 
+    def resumable_held(self) -> bool:
+        """Whether a resumable session holds a slot now (detached or attached): a
+        balancer may not count it (a resume past its connection limit), so a full
+        replica refuses new clients before the upgrade (docs/resume.md)."""
+        return any(not link.ended for link in self.resumes.holders())
+
+    def tails(self) -> int:
+        """Ended sessions whose unacknowledged last events wait for a resume (no slot)."""
+        return sum(link.ended for link in self.resumes.holders(trio.current_time()))
+
     def abort_connections(self) -> int:
         """Reset every open WebSocket's TCP connection; how many were found."""
         return sum(transport.abort() for transport in list(self.transports))
@@ -484,12 +494,20 @@ class RealtimeApp:
         if wants_resume:
             await self._resume(scope, receive, send, dialect, tenant)
             return
-        if state.detached() and state.engine.refusal() == "busy":
-            # A detached session holds a slot with no TCP connection, which a balancer's
-            # per-server connection count cannot see: refused before the upgrade, a
-            # balancer retries this client on another replica (docs/resume.md).
+        if (
+            state.replica_id is not None
+            and state.engine.refusal() == "busy"
+            and state.resumable_held()
+        ):
+            # A replica behind a balancer (--replica-id): a resumable session may hold
+            # its slot unseen by the balancer's per-server connection count (detached:
+            # no TCP connection; resumed past the balancer's limit: uncounted), so a new
+            # client is refused before the upgrade and the balancer retries it on
+            # another replica (docs/resume.md). A server on its own keeps the seed's
+            # answer: server_busy and close 1013 after the upgrade.
             state.observer.connection_refused("busy")
-            message = busy_message(state.engine, "busy") + " (a conversation waits for a resume)"
+            why = " (a conversation waits for a resume)" if state.detached() else ""
+            message = busy_message(state.engine, "busy") + why
             await _refuse_upgrade(
                 scope, send, 503, "server_busy", message, headers=[(b"retry-after", b"1")]
             )
@@ -613,7 +631,10 @@ class RealtimeApp:
                 return
             token, last_seq = asked
             link = state.resumes.find(
-                token, tenant.name if tenant is not None else None, scope.get("path", "")
+                token,
+                tenant.name if tenant is not None else None,
+                scope.get("path", ""),
+                trio.current_time(),
             )
             result: Resumed | str = "resume_failed"
             if link is not None:
@@ -847,6 +868,7 @@ def create_http_app(state: ServerState) -> QuartTrio:
             "session_active": engine.is_reserved(),
             "sessions_active": engine.reserved,
             "detached": state.detached(),
+            "resume_tails": state.tails(),
             "capacity": engine.capacity,
             "batch_frames": engine.batch_frames,
             "cpu_blas": cpu_blas.active().name,

@@ -484,6 +484,8 @@ class GuardedWSStream(WSStream):
         """A frame broke the protocol: the close it calls for, not yet sent."""
         self._peer_close: int | None = None
         """The client's own close frame's code (it hung up), for the app's disconnect."""
+        self._close_answered = False
+        """The client's close frame answered the app's close (the closing handshake)."""
 
     @property
     def app_put(self) -> Callable[[Any], Awaitable[None]] | None:
@@ -538,6 +540,20 @@ class GuardedWSStream(WSStream):
             self.closed = True
             await self.app_put({"type": "websocket.disconnect", "code": self._peer_close})
             return
+        if (
+            isinstance(event, StreamClosed)
+            and not self._close_answered
+            and self._peer_close is None
+            and not self.closed
+            and self.app_put is not None
+            and self.state is ASGIWebsocketState.CLOSED
+        ):
+            # The app closed and the connection ended with no close frame from the client:
+            # Hypercorn reports 1000 as for a completed handshake; the app (a resumable
+            # session's end) tells whether the client read everything by this code.
+            self.closed = True
+            await self.app_put({"type": "websocket.disconnect", "code": 1006})
+            return
         await super().handle(event)
 
     async def _early_data(self) -> None:
@@ -583,6 +599,9 @@ class GuardedWSStream(WSStream):
                     and connection.state is ConnectionState.REMOTE_CLOSING
                 ):
                     self._peer_close = int(event.code)
+                answer = connection.state is ConnectionState.CLOSED
+                if isinstance(event, CloseConnection) and answer:
+                    self._close_answered = True
                 yield event
 
         return guarded

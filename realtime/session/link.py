@@ -24,7 +24,7 @@ from typing import Any, Final
 import attrs
 import trio
 
-from realtime.session.close_codes import CLOSE_NORMAL
+from realtime.session.close_codes import CLOSE_GOING_AWAY, CLOSE_NORMAL
 from realtime.session.lifetime import Transport, TransportClosed
 from realtime.session.resume import Journal, Registry, new_token
 
@@ -38,6 +38,11 @@ RESUME_TYPES: Final = ("session.event_ack", "session.resume")
 LINK_MESSAGE_CHARS: Final = 1024
 """The link looks only at messages this short (an ack or a ``session.resume`` is well
 under it): anything longer goes to the rules, whose parser bounds what a client sends."""
+
+TAIL_CLOSE_SECONDS: Final = 10.0
+"""How long a closed connection of a resumable session may take to answer the close
+frame (after a resumed tail's replay: then it is aborted, and the tail waits for
+another resume)."""
 
 ErrorText = Callable[[str, str], str]
 """``(code, message) -> serialized error event`` in the endpoint's own error shape."""
@@ -113,6 +118,15 @@ class Link:
         """The socket a write is under way to (None: none)."""
         self._resuming = trio.Lock()
         self._digest: bytes | None = None
+        self.closing: tuple[int, str] | None = None
+        """The server's close of the session (code, reason), once it decided one: a
+        resumed tail ends with it again."""
+        self.settled = False
+        """The client has the session's end: its close frame answered the server's."""
+        self._answered = trio.Event()
+        """Set once the socket the server closed has answered or dropped."""
+        self.tail_until = -math.inf
+        """Trio time an ended session's unread tail stops being resumable."""
 
     # --- the clock ------------------------------------------------------------------
 
@@ -154,9 +168,45 @@ class Link:
             await socket.send(text)
 
     async def close(self, code: int, reason: str) -> None:
+        """Close the attached socket, and wait for the client's close frame (or the
+        drop) that says whether it read every event before it: the session's end is
+        final only then (:meth:`end`). Bounded by the caller (the lifetime aborts a
+        connection whose close has not gone through in time, which answers it)."""
+        self.closing = (code, reason)
         socket = self.socket
-        if socket is not None:
-            await socket.close(code, reason)
+        if socket is None:
+            return
+        if self._digest is None or code == CLOSE_GOING_AWAY or not self.received:
+            await socket.close(code, reason)  # no tail could be kept: a plain close
+            return
+        if self._receiving is not None:
+            self._receiving.cancel()  # the receiver parks; what is left is read here
+        await socket.close(code, reason)
+        with trio.move_on_after(TAIL_CLOSE_SECONDS):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._drain, socket)
+                await self._answered.wait()
+                nursery.cancel_scope.cancel()
+
+    async def _drain(self, socket: Transport) -> None:
+        self._heard(await self._close_answer(socket))
+
+    def _heard(self, answered: bool) -> None:
+        if answered:
+            self.settled = True
+        self._answered.set()
+
+    async def _close_answer(self, socket: Transport) -> bool:
+        """Read a closed socket to its end: True when the client's close frame came
+        (it read everything before the server's), False when it dropped. Acks count;
+        everything else is too late for the session and dropped."""
+        while True:
+            try:
+                frame = await socket.receive()
+            except TransportClosed as closed:
+                return closed.code is not None
+            if isinstance(frame, str) and len(frame) <= LINK_MESSAGE_CHARS:
+                self._link_message(frame)
 
     def abort(self) -> bool:
         abort: Callable[[], object] | None = getattr(self.socket, "abort", None)
@@ -164,6 +214,8 @@ class Link:
 
     async def receive(self) -> str | bytes | None:
         while True:
+            if self.closing is not None:
+                await trio.sleep_forever()  # the close reads the rest (``close``)
             socket = self.socket
             if socket is None:
                 await self._wait_or_expire()
@@ -175,6 +227,9 @@ class Link:
                 except TransportClosed as closed:
                     if socket is not self.socket:
                         continue  # replaced meanwhile: read the new one
+                    if self.closing is not None:
+                        self._heard(closed.code is not None)
+                        continue
                     if closed.code == CLOSE_NORMAL or not self.received:
                         # The client hung up, or left before saying anything (it may
                         # never have read the token): no grace, the slot is freed.
@@ -263,7 +318,9 @@ class Link:
         """Register a fresh token and announce it (right after the greeting)."""
         offer = self.terms
         token = new_token()
-        self._digest = offer.registry.add(token, self, offer.tenant, offer.path)
+        self._digest = offer.registry.add(
+            token, self, offer.tenant, offer.path, trio.current_time()
+        )
         journal = self.journal
         notice = {
             "type": "session.resumable",
@@ -276,9 +333,19 @@ class Link:
         await self.send_notice(json.dumps(notice, separators=(",", ":")))
 
     def end(self) -> None:
-        """The session is over: its token resumes nothing any more (idempotent)."""
-        self.ended = True
-        if self._digest is not None:
+        """The session is over (idempotent). Its token resumes nothing any more, unless
+        the server closed it and the client may not have read the last events: then
+        they stay resumable for the grace (the tail; the slot is freed as always)."""
+        first, self.ended = not self.ended, True
+        if self._digest is not None and first and self._unread_tail():
+            self.tail_until = trio.current_time() + self.terms.grace
+            self.terms.registry.keep_until(self._digest, self.tail_until)
+            log.info(
+                "session %s: ended before its client read the end; its last events wait "
+                "for a resume",
+                self.session_id,
+            )
+        elif self._digest is not None and self.tail_until == -math.inf:
             self.terms.registry.remove(self._digest)
             self._digest = None
         current, self._current = self._current, None
@@ -286,12 +353,30 @@ class Link:
             current.released.set()
         self._wake()
 
+    def _unread_tail(self) -> bool:
+        """Whether the session's end may not have reached the client: the server
+        closed it (not for shutdown), the client neither answered the close frame nor
+        acknowledged every event, and it had said something (so read the token)."""
+        return (
+            self.closing is not None
+            and self.closing[0] != CLOSE_GOING_AWAY
+            and not self.settled
+            and not self.expired
+            and self.received > 0
+            and self.journal.floor < self.journal.sent
+        )
+
     async def resume(self, socket: Transport, last_seq: int) -> Resumed | str:
-        """Attach ``socket`` after ``session.resumed`` and the replay; the error code
+        """Attach ``socket`` after ``session.resumed`` and the replay (an ended
+        session's tail: replay it, then close again); the error code
         (``resume_failed``, ``resync_required``) when it cannot."""
         async with self._resuming:
             now = trio.current_time()
-            if self.ended or now >= self.deadline:
+            if self.ended:
+                if self._digest is None or now >= self.tail_until:
+                    return "resume_failed"
+                return await self._resume_tail(socket, last_seq, now)
+            if now >= self.deadline:
                 return "resume_failed"
             if not self.journal.holds_after(last_seq, now):
                 return "resync_required"
@@ -301,8 +386,11 @@ class Link:
             deadline, self.deadline = self.deadline, math.inf  # no expiry while replaying
             try:
                 replayed = await self._replay(socket, last_seq)
-                if replayed is None or self.ended:
-                    return "resync_required" if replayed is None else "resume_failed"
+                if replayed is None:
+                    return "resync_required"
+                if self.ended or self.closing is not None:
+                    # It was closed while detached (or while replaying): that was its tail.
+                    return await self._close_tail(socket, replayed)
                 # No await from the replay's last check to here: no event slips between.
                 self.socket = socket
                 attachment = self._current = Attachment(socket)
@@ -316,6 +404,40 @@ class Link:
                 if self.socket is not socket:  # failed or cancelled: the grace goes on
                     self.deadline = deadline
                     self._wake()
+
+    async def _resume_tail(self, socket: Transport, last_seq: int, now: float) -> Resumed | str:
+        """The events of an ended session after ``last_seq``, then its own close; once
+        the client answers that close the tail is done (its token resumes nothing)."""
+        if not self.journal.holds_after(last_seq, now):
+            return "resync_required"
+        replayed = await self._replay(socket, last_seq)
+        if replayed is None:
+            return "resync_required"
+        return await self._close_tail(socket, replayed)
+
+    async def _close_tail(self, socket: Transport, replayed: int) -> Resumed:
+        """After an ended session's replay: its own close again; once the client
+        answers it, the session's token resumes nothing any more."""
+        code, reason = self.closing or (CLOSE_NORMAL, "")
+        answered = False
+        with trio.move_on_after(TAIL_CLOSE_SECONDS):
+            try:
+                await socket.close(code, reason)
+            except TransportClosed:
+                pass
+            else:
+                answered = await self._close_answer(socket)
+        if answered and self._digest is not None:
+            self.settled = True
+            self.terms.registry.remove(self._digest)
+            self._digest = None
+        elif not answered:
+            abort: Callable[[], object] | None = getattr(socket, "abort", None)
+            if abort is not None:
+                abort()
+        attachment = Attachment(socket)
+        attachment.released.set()
+        return Resumed(None, attachment, replayed)
 
     async def _replay(self, socket: Transport, last_seq: int) -> int | None:
         """``session.resumed`` and the journal after ``last_seq`` to ``socket``, with the

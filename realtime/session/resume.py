@@ -8,6 +8,7 @@ the bounds are tested as plain functions. :mod:`realtime.session.link` drives th
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import secrets
 from collections import deque
@@ -133,16 +134,26 @@ class Registration(Generic[H]):
     holder: H
     tenant: str | None
     path: str
+    expires: float = math.inf
+    """When the entry resumes nothing any more (an ended session's tail: its grace)."""
 
 
 @attrs.define(slots=True, eq=False)
 class Registry(Generic[H]):
-    """Resume tokens (by SHA-256) of the sessions that may still be resumed."""
+    """Resume tokens (by SHA-256) of the sessions that may still be resumed: running
+    ones, and ended ones whose last events the client may not have read (their
+    tails), each until its grace ends."""
 
     _entries: dict[bytes, Registration[H]] = attrs.field(factory=dict)
 
-    def add(self, token: str, holder: H, tenant: str | None, path: str) -> bytes:
-        """Register a session under ``token``; the key to :meth:`remove` it with."""
+    def add(
+        self, token: str, holder: H, tenant: str | None, path: str, now: float | None = None
+    ) -> bytes:
+        """Register a session under ``token``; the key to :meth:`remove` it with.
+        Forgets the entries expired at ``now`` (so they are bounded by the sessions
+        that end within a grace)."""
+        if now is not None:
+            self.sweep(now)
         digest = token_digest(token)
         self._entries[digest] = Registration(holder, tenant, path)
         return digest
@@ -150,9 +161,25 @@ class Registry(Generic[H]):
     def remove(self, digest: bytes) -> None:
         self._entries.pop(digest, None)
 
-    def find(self, token: object, tenant: str | None, path: str) -> H | None:
-        """The session ``token`` resumes, if the same tenant asks at the same endpoint;
-        None for anything else (one answer for every failure: a guess learns nothing)."""
+    def keep_until(self, digest: bytes, expires: float) -> None:
+        """Keep an entry only until ``expires`` (an ended session's tail)."""
+        entry = self._entries.get(digest)
+        if entry is not None:
+            entry.expires = expires
+
+    def sweep(self, now: float) -> None:
+        """Forget the entries whose time is over."""
+        for digest in [d for d, entry in self._entries.items() if entry.expires <= now]:
+            del self._entries[digest]
+
+    def find(
+        self, token: object, tenant: str | None, path: str, now: float | None = None
+    ) -> H | None:
+        """The session ``token`` resumes, if the same tenant asks at the same endpoint
+        (before the entry expires, at ``now``); None for anything else (one answer for
+        every failure: a guess learns nothing)."""
+        if now is not None:
+            self.sweep(now)
         if not isinstance(token, str) or not 0 < len(token) <= 4 * TOKEN_BYTES:
             return None
         entry = self._entries.get(token_digest(token))
@@ -160,7 +187,10 @@ class Registry(Generic[H]):
             return None
         return entry.holder
 
-    def holders(self) -> list[H]:
+    def holders(self, now: float | None = None) -> list[H]:
+        """Every registered session (those not expired at ``now``, when given)."""
+        if now is not None:
+            self.sweep(now)
         return [entry.holder for entry in self._entries.values()]
 
     def __len__(self) -> int:

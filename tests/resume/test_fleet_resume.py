@@ -42,10 +42,10 @@ FRAME = VOICECHAT_FIGURES.frame_samples
 
 async def start_named_fleet(
     stack: contextlib.ExitStack, tmp: Path, *serve_args: str
-) -> tuple[list[ServerProcess], int, Path]:
+) -> tuple[list[ServerProcess], int, Path, Path]:
     """Two replicas named replica1 and replica2 (``--replica-id``, as the config's
-    server names) behind the shipped config: the replicas, the front's port and
-    HAProxy's log."""
+    server names) behind the shipped config: the replicas, the front's port,
+    HAProxy's log and its runtime API's socket."""
     replicas = [
         stack.enter_context(
             start_realtime_server(*serve_args, "--replica-id", f"replica{i}", log_dir=tmp)
@@ -57,7 +57,7 @@ async def start_named_fleet(
     log = tmp / "haproxy.log"
     stack.enter_context(run_haproxy(config, log))
     await wait_for(lambda: in_conversations(stats, "status") == ["UP"] * 2, "both UP")
-    return replicas, front, log
+    return replicas, front, log, stats
 
 
 async def _answer(
@@ -104,7 +104,7 @@ async def test_a_resume_through_haproxy_lands_on_its_replica_bit_for_bit(
     by its count: the resume goes past maxconn, and the replica replaces the old one)."""
     pcm = (np.random.default_rng(11).standard_normal(24 * FRAME) * 3000).astype(np.int16)
     with contextlib.ExitStack() as stack:
-        _, front, log = await start_named_fleet(stack, tmp_path)
+        _, front, log, _ = await start_named_fleet(stack, tmp_path)
         url = f"ws://127.0.0.1:{front}/v1/realtime"
         clean, _, _ = await _answer(url, pcm)
         async with cut_proxy(front) as proxy:
@@ -158,7 +158,7 @@ async def test_new_clients_beside_a_detached_and_a_resumed_conversation(tmp_path
     elsewhere); the resume lands on its replica whatever came meanwhile."""
     outcomes: dict[str, list[str]] = {}
     with contextlib.ExitStack() as stack:
-        replicas, front, _ = await start_named_fleet(stack, tmp_path)
+        replicas, front, _, _ = await start_named_fleet(stack, tmp_path)
         new = f"ws://127.0.0.1:{front}/v1/realtime"
         async with cut_proxy(front) as proxy:
             opening = f"ws://127.0.0.1:{proxy.port}/v1/realtime?resumable=1"
@@ -190,6 +190,42 @@ async def test_new_clients_beside_a_detached_and_a_resumed_conversation(tmp_path
             await ws.aclose(1000)
     print("new clients beside a detached, then a resumed conversation:", outcomes)
     assert outcomes["full"] == ["HTTP 503"], outcomes  # busy before the upgrade, not 1013
+    # Never server_busy after the upgrade: the held replica refuses them before it.
     for seen in (outcomes["detached"], outcomes["resumed"]):
-        assert set(seen) <= {"session.created", "server_busy", "HTTP 503"}, outcomes
+        assert set(seen) <= {"session.created", "HTTP 503"}, outcomes
         assert "session.created" in seen, outcomes  # the other replica is free
+
+
+async def test_new_clients_beside_a_conversation_resumed_past_maxconn(tmp_path: Path) -> None:
+    """A resume that HAProxy sends past maxconn (``backend resumes``: the client's
+    side of the old connection closed, HAProxy still counts its server side for
+    ``timeout client-fin``) holds its replica's slot uncounted once the old connection
+    is gone; every new client is still served, by the free
+    replica (the held one refuses them with HTTP 503 before the upgrade, HAProxy
+    retries the other), never ``server_busy`` after the upgrade."""
+    with contextlib.ExitStack() as stack:
+        _, front, log, stats = await start_named_fleet(stack, tmp_path)
+        new = f"ws://127.0.0.1:{front}/v1/realtime"
+        async with cut_proxy(front) as proxy:
+            opening = f"ws://127.0.0.1:{proxy.port}/v1/realtime?resumable=1"
+            async with open_websocket_url(opening) as ws:
+                assert json.loads(await ws.get_message())["type"] == "session.created"
+                offer = json.loads(await ws.get_message())
+                await ws.send_message(json.dumps({"type": "session.update", "session": {}}))
+                assert json.loads(await ws.get_message())["type"] == "session.updated"
+                proxy.cut()
+            held = int(offer["replica"][-1]) - 1
+            resume = f"{new}?resume=1&replica={offer['replica']}"
+            async with open_websocket_url(resume) as ws:
+                hello = {"type": "session.resume", "token": offer["token"], "last_seq": 2}
+                await ws.send_message(json.dumps(hello))
+                assert json.loads(await ws.get_message())["type"] == "session.resumed"
+                # The replaced connection ends; HAProxy then counts nothing on the held
+                # replica, which still serves the resumed conversation.
+                await wait_for(lambda: in_conversations(stats, "scur")[held] == "0", "old one gone")
+                outcomes = [await _open_outcome(new) for _ in range(6)]
+                await ws.aclose(1000)
+        await trio.sleep(0.5)  # HAProxy logs a request once it ends
+    print("new clients beside a conversation resumed past maxconn:", outcomes)
+    assert outcomes == ["session.created"] * 6, outcomes
+    assert re.search(rf"resumes/{offer['replica']}\b", log.read_text()), log.read_text()

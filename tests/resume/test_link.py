@@ -269,3 +269,69 @@ async def test_a_cancelled_resume_leaves_the_grace_running(
             await link.receive()
     assert raised.value.outcome == "resume_expired"
     assert trio.current_time() - start == pytest.approx(30.0)
+
+
+async def test_an_unread_tail_is_kept_for_the_grace_then_resumes_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The server closed the session, the client neither answered the close nor
+    acknowledged everything: its end waits for a resume for the grace (the replay,
+    then the same close), and after the grace it is gone."""
+    socket = Socket()
+    link, registry = make_link(socket, grace=30.0)
+    await link.offer()
+    token = socket.json()[0]["token"]
+    socket.feed('{"type":"session.update"}')
+    await link.receive()
+    for i in range(1, 4):
+        await link.send(f'{{"n":{i}}}')
+    socket.feed(json.dumps({"type": "session.event_ack", "seq": 1}))
+    socket.feed(TransportClosed(None))  # dropped after the close went out
+    await link.close(1008, "idle")
+    assert socket.closed == (1008, "idle") and not link.settled
+    link.end()
+    assert link.ended and registry.find(token, "acme", "/v1/realtime") is link
+    assert link.journal.floor == 1  # the ack read while closing counts
+    await trio.sleep(29.0)
+    again = Socket()
+    again.feed(TransportClosed(1008))  # this time the client answers the close
+    resumed = await link.resume(again, 1)
+    assert isinstance(resumed, Resumed) and resumed.replayed == 2
+    assert resumed.attachment.released.is_set()
+    assert [event.get("n") for event in again.json()[1:]] == [2, 3]
+    assert again.closed == (1008, "idle") and link.settled
+    assert registry.find(token, "acme", "/v1/realtime") is None  # done
+
+    # Another one that is never resumed: gone with its grace.
+    socket = Socket()
+    link, registry = make_link(socket, grace=30.0)
+    await link.offer()
+    token = socket.json()[0]["token"]
+    socket.feed('{"type":"session.update"}')
+    await link.receive()
+    await link.send('{"n":1}')
+    socket.feed(TransportClosed(None))
+    await link.close(1000, "done")
+    link.end()
+    await trio.sleep(30.0)
+    now = trio.current_time()
+    assert registry.find(token, "acme", "/v1/realtime", now) is None and len(registry) == 0
+    assert await link.resume(Socket(), 0) == "resume_failed"
+
+
+async def test_an_answered_close_or_a_full_ack_ends_the_session_for_good(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    for answer, ack in ((TransportClosed(1000), 0), (TransportClosed(None), 1)):
+        socket = Socket()
+        link, registry = make_link(socket)
+        await link.offer()
+        socket.feed('{"type":"session.update"}')
+        await link.receive()
+        await link.send('{"n":1}')
+        if ack:
+            socket.feed(json.dumps({"type": "session.event_ack", "seq": ack}))
+        socket.feed(answer)
+        await link.close(1000, "done")
+        link.end()
+        assert len(registry) == 0

@@ -199,7 +199,9 @@ async def test_a_resume_client_that_stops_reading_is_dropped(
             with trio.fail_after(5):
                 while server.state.connections:
                     await trio.sleep(0.02)
-            assert len(server.state.resumes) == 0
+            # Nothing holds a slot; only the unread tail waits (its grace) for a resume.
+            assert server.state.detached() == 0 and server.state.tails() == 1
+            assert not server.state.resumable_held()
         finally:
             stalled.reset()
 
@@ -293,7 +295,9 @@ async def test_grace_zero_turns_resume_off(engine: Engine) -> None:
 
 
 async def test_a_detached_session_holds_its_slot_and_shows_in_health(engine: Engine) -> None:
-    async with running_server(engine) as server:
+    """On a replica behind a balancer (``--replica-id``) a new client beside a
+    resumable conversation is refused before the upgrade, detached or attached."""
+    async with running_server(engine, replica_id="r1") as server:
         peer = await opened(server.http)
         peer.drop()
         with trio.fail_after(2):
@@ -306,14 +310,50 @@ async def test_a_detached_session_holds_its_slot_and_shows_in_health(engine: Eng
         assert raw.rejected_status == 503
         assert json.loads(raw.rejected_body)["error"]["code"] == "server_busy"
         assert (await peer.resume())["type"] == "session.resumed"
-        # Attached again: the default answer, server_busy and 1013 after the upgrade.
+        # Attached again, still refused before the upgrade: a resume may have gone past
+        # a balancer's connection limit, which then does not count this conversation.
+        raw = await Resuming(server.http, NATIVE).open("plain=1")
+        assert raw.rejected_status == 503
+        assert json.loads(raw.rejected_body)["error"]["code"] == "server_busy"
+        status, health = await ahttp("GET", server.http + "/health")
+        assert health["detached"] == 0
+        await peer.close()
+
+
+async def test_a_server_on_its_own_answers_1013_beside_a_resumable_conversation(
+    engine: Engine,
+) -> None:
+    """Without ``--replica-id`` the seed's answer holds whatever the conversation that
+    holds the slot asked for: server_busy and close 1013 after the upgrade, while it
+    waits for its resume and once it is resumed."""
+    async with running_server(engine) as server:
+        peer = await opened(server.http)
+        peer.drop()
+        with trio.fail_after(2):
+            while not server.state.detached():
+                await trio.sleep(0.01)
+        for _ in range(2):
+            raw = await Resuming(server.http, NATIVE).open("plain=1")
+            busy = await raw.recv_json()
+            assert busy is not None and busy["error"]["code"] == "server_busy"
+            assert await raw.drain_to_close() == 1013
+            if server.state.detached():
+                assert (await peer.resume())["type"] == "session.resumed"
+        await peer.close()
+
+
+async def test_beside_a_conversation_that_is_not_resumable_a_new_client_gets_1013(
+    engine: Engine,
+) -> None:
+    """The default answer stays: server_busy and 1013 after the upgrade."""
+    async with running_server(engine, replica_id="r1") as server:
+        plain = await Resuming(server.http, NATIVE).open("plain=1")
+        assert (await plain.recv_json() or {}).get("type") == "session.created"
         raw = await Resuming(server.http, NATIVE).open("plain=1")
         busy = await raw.recv_json()
         assert busy is not None and busy["error"]["code"] == "server_busy"
         assert await raw.drain_to_close() == 1013
-        status, health = await ahttp("GET", server.http + "/health")
-        assert health["detached"] == 0
-        await peer.close()
+        plain.reset()
 
 
 async def test_shutdown_ends_a_detached_session(engine: Engine) -> None:

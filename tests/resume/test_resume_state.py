@@ -86,6 +86,24 @@ def test_the_registry_answers_the_same_tenant_at_the_same_endpoint_only() -> Non
     registry.remove(digest)  # twice is fine
 
 
+def test_an_ended_sessions_tail_expires_with_its_grace() -> None:
+    registry: Registry[str] = Registry()
+    tail, running = new_token(), new_token()
+    kept = registry.add(tail, "ended", "acme", "/v1/realtime", now=0.0)
+    registry.add(running, "running", "acme", "/v1/realtime", now=0.0)
+    registry.keep_until(kept, 30.0)  # it ended at 0 s, with a 30 s grace
+    assert registry.find(tail, "acme", "/v1/realtime", now=29.9) == "ended"
+    assert registry.holders(29.9) == ["ended", "running"]
+    assert registry.find(tail, "acme", "/v1/realtime", now=30.0) is None
+    assert registry.holders(30.0) == ["running"] and len(registry) == 1
+    # A running session's entry does not expire; an expired one is forgotten on add too.
+    registry.keep_until(registry.add(new_token(), "x", None, "/v1/realtime", now=31.0), 40.0)
+    registry.add(new_token(), "y", None, "/v1/realtime", now=40.0)
+    assert registry.holders() == ["running", "y"]
+    assert registry.find(running, "acme", "/v1/realtime", now=1e9) == "running"
+    registry.keep_until(kept, 99.0)  # gone already: nothing to keep
+
+
 def test_failed_resumes_are_bounded_per_address_and_refill() -> None:
     failed = FailedResumes(burst=3, refill_seconds=10.0)
     for _ in range(3):
