@@ -6,7 +6,6 @@ Nothing here keeps state: :mod:`realtime.live.rules` decides what is sent.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Final
 
 from realtime.openai.events import Invalid, new_id
@@ -29,10 +28,6 @@ def audio_delta(delta: str) -> Event:
     """``session.output_audio.delta``: on the primary WebSocket it carries no
     ``event_id`` and no timestamps (only reflected sideband audio has them)."""
     return {"type": "session.output_audio.delta", "delta": delta}
-
-
-def serialize(body: Event) -> str:
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
 
 
 def error(

@@ -46,7 +46,7 @@ from realtime.models.base import (
 from realtime.models.voicechat.tools import CallReader, Markers
 from realtime.observe import SessionOutcome
 from realtime.openai.clock import Deadlines, FrameClock
-from realtime.openai.events import Invalid, new_id
+from realtime.openai.events import Invalid, new_id, serialize
 from realtime.openai.turns import channels
 from realtime.session.close_codes import CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY, Close
 from realtime.session.rules import Output, Refusal
@@ -169,7 +169,7 @@ class LiveRules:
         return ev.error(message, code=code, type_="server_error")
 
     def serialize(self, event: ev.Event) -> str:
-        return ev.serialize(event)
+        return serialize(event)  # the one compact JSON writer of the OpenAI dialects
 
     @property
     def closed(self) -> bool:
