@@ -26,7 +26,6 @@ from realtime.models.base import (
 )
 from realtime.models.checkpoint import one_line
 from realtime.models.voicechat.events import convert
-from realtime.models.voicechat.sequence import SequenceToolResult
 from realtime.models.voicechat.tools import tool_response_text
 
 if TYPE_CHECKING:
@@ -178,11 +177,11 @@ class VoiceChatSession(Timeline):
         self._seat.release()
         return [convert(e, self._figures) for e in self._inner.cancel()]
 
-    def begin_tool_result(self, tool: ToolInput) -> VoiceChatToolResult | SequenceToolResult:
+    def begin_tool_result(self, tool: ToolInput) -> VoiceChatToolResult:
         """Start feeding a tool's output (its tokens made by
         :meth:`~realtime.models.voicechat.model.VoiceChatModel.tool_input`) to the model
         (:class:`VoiceChatToolResult`; a few steps a slice under ``--prefill sequence``,
-        :class:`~realtime.models.voicechat.sequence.SequenceToolResult`). InferenceError
+        :class:`~SequenceToolResult`). InferenceError
         when the session cannot take it."""
         self._check_open()
         if self._tool_chunk:
@@ -234,25 +233,98 @@ class VoiceChatToolResult:
         return len(self._ids) + 1
 
     def advance(self) -> bool:
-        """Run the next inserted step; True once the last has run."""
-        from realtime.models.voicechat.row import StepRow
-        from realtime.models.voicechat.step import inserted_step
-
+        """Run the next slice of inserted steps (:meth:`_run`); True once the last has run."""
         session = self._session
         session._check_open()
-        forced = self._ids[self._next] if self._next < len(self._ids) else None
         try:
-            recorded = inserted_step(
-                StepRow(session._inner, session._key, None, session._seat), forced
-            )
+            recorded = self._run()
         except Exception as exc:
             log.exception("feeding a tool result failed")
             raise session.failed(exc) from exc
-        self._next += 1
         if self._next < self.steps:
             return False
         self.closed_with = recorded
         return True
+
+    def _run(self) -> int | None:
+        """One inserted step; the function token it recorded."""
+        from realtime.models.voicechat.row import StepRow
+        from realtime.models.voicechat.step import inserted_step
+
+        session = self._session
+        forced = self._ids[self._next] if self._next < len(self._ids) else None
+        recorded = inserted_step(StepRow(session._inner, session._key, None, session._seat), forced)
+        self._next += 1
+        return recorded
+
+
+class SequenceToolResult(VoiceChatToolResult):
+    """A tool's output fed ``chunk`` inserted steps a slice (the tool feed of
+    ``--prefill sequence``; :class:`~realtime.models.base.ToolResultFeed`): the steps'
+    language-model inputs in one pass, their TTS steps one by one."""
+
+    def __init__(self, session: VoiceChatSession, ids: list[int], chunk: int) -> None:
+        super().__init__(session, ids)
+        self._chunk = max(1, chunk)
+
+    def _run(self) -> int | None:
+        """The next chunk of inserted steps; the function token the last recorded."""
+        from realtime.models.voicechat.keys import drawing_from
+        from realtime.models.voicechat.row import StepRow
+        from realtime.models.voicechat.sequence import cache_arrays
+        from realtime.models.voicechat.step import _silence, pad_tts_step
+
+        session = self._session
+        row = StepRow(session._inner, session._key, None, session._seat)
+        inner = row.inner
+        row.seat.release()
+        model, config = inner.model, inner.config
+        pad = config.pad_token_id
+        start = self._next
+        end = min(start + self._chunk, self.steps)
+        started = inner._timeline_index > 0
+        texts = [inner._text_tokens[-1] if started else pad] + [pad] * (end - start - 1)
+        first = inner._function_tokens[-1] if started else pad
+        functions = [first if start == 0 else self._ids[start - 1]]
+        functions += [self._ids[k - 1] for k in range(start + 1, end)]
+        stt = model.stt_model
+        fused = (
+            stt.embed_tokens(mx.array([texts], dtype=mx.int32))
+            + _silence(model)
+            + config.function_channel_weight * stt.embed_tokens(mx.array([functions], mx.int32))
+        )
+        output = stt(fused, cache=inner._language_cache)
+        last = end == self.steps
+        pending = []
+        function_id = None
+        if last:
+            function_id = mx.argmax(output.function_logits[:, -1], axis=-1)
+            pending.append(function_id)
+        pending += cache_arrays(inner._language_cache)
+        steps = end - start
+        with drawing_from(row.key):
+            for k in range(steps):
+                if k == 0 and not started:
+                    continue  # the timeline's first step has no TTS step
+                pad_tts_step(inner, pad)
+        pending.append(inner._previous_code)
+        mx.eval(*pending)
+        recorded = None
+        if last:
+            predicted = int(np.asarray(function_id).reshape(-1)[0])
+            forced = [self._ids[k] for k in range(start, end - 1)]
+            recorded = predicted
+        else:
+            forced = [self._ids[k] for k in range(start, end)]
+        for token in forced:
+            inner._text_tokens.append(pad)
+            inner._function_tokens.append(token)
+        if last:
+            inner._text_tokens.append(pad)
+            inner._function_tokens.append(recorded)
+        inner._timeline_index += steps
+        self._next = end
+        return recorded
 
 
 def _step_rows(rows: Sequence[Any], figures: ModelFigures) -> list[list[ModelEvent]]:
